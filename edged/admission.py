@@ -1,0 +1,98 @@
+"""Admission: admit a request to its class's queue, or shed it at once.
+
+Pure decisions over a lane's live figures; nothing here blocks, sleeps or sends.
+A shed is a value with a reason and a retry hint, not an exception.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from edged.config import ClassConfig
+
+# Weight of the newest observation in the service-time average: heavy enough to
+# follow a change of load within a few dozen requests, light enough to ignore one outlier.
+EWMA_WEIGHT = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    reason: str  # "queue_full" or "deadline": the stats counter it lands in
+    message: str
+    retry_after_ms: float
+
+
+class ServiceTimes:
+    """Average service time per request of each model on one lane, learned live."""
+
+    def __init__(self) -> None:
+        self._ns: dict[str, float] = {}
+
+    def observe(self, model: str, batch_ns: int, size: int) -> None:
+        per_request = batch_ns / size
+        current = self._ns.get(model)
+        self._ns[model] = per_request if current is None else current + EWMA_WEIGHT * (per_request - current)
+
+    def estimate_ns(self, model: str) -> int:
+        return int(self._ns.get(model, 0.0))
+
+
+class Backlog:
+    """What a lane has accepted and not yet answered: a count and its estimated work.
+
+    The socket loop only adds and the workers only take away, each to counters of
+    its own, so no lock is needed on the hot path of admission.
+    """
+
+    def __init__(self) -> None:
+        self._added = 0
+        self._added_ns = 0
+        self._finished = 0
+        self._finished_ns = 0
+        self._lock = threading.Lock()  # between a lane's own workers
+
+    def add(self, cost_ns: int) -> None:
+        self._added += 1
+        self._added_ns += cost_ns
+
+    def finish(self, cost_ns: int) -> None:
+        with self._lock:
+            self._finished += 1
+            self._finished_ns += cost_ns
+
+    @property
+    def depth(self) -> int:
+        return self._added - self._finished
+
+    @property
+    def work_ns(self) -> int:
+        return max(self._added_ns - self._finished_ns, 0)
+
+
+def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int) -> Shed | None:
+    """None to admit; a Shed when the queue is full or the deadline cannot be met."""
+    depth = backlog.depth
+    if depth >= klass.queue_capacity:
+        # One slot frees when the average job ahead finishes on one of the workers.
+        per_job_ns = backlog.work_ns / max(depth, 1)
+        return Shed(
+            "queue_full",
+            f"class {klass.name!r} has {depth} requests waiting or running, its capacity "
+            f"(classes.{klass.name}.queue_capacity = {klass.queue_capacity})",
+            _ms(per_job_ns / klass.workers),
+        )
+    finish_ns = backlog.work_ns / klass.workers + cost_ns
+    if finish_ns > budget_ns:
+        return Shed(
+            "deadline",
+            f"class {klass.name!r} cannot meet the deadline of {budget_ns / 1e6:.3f} ms: "
+            f"about {finish_ns / 1e6:.3f} ms of work is ahead of this request",
+            _ms(finish_ns - budget_ns),
+        )
+    return None
+
+
+def _ms(ns: float) -> float:
+    # Rounded up to 0.1 ms: a retry hint of 0 would invite an immediate, doomed retry.
+    return max(round(ns / 1e6 + 0.05, 1), 0.1)

@@ -1,0 +1,47 @@
+"""The one small interface every runtime sits behind, and the table that names them.
+
+A backend loads a model for one lane and returns a Runner; a Runner runs a batch.
+Backends are imported lazily by name, so the daemon never imports a runtime it
+does not use (and the server never imports one at all).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from edged.config import ClassConfig
+from edged.repository import ModelEntry
+
+BACKENDS = {
+    "onnxruntime": "edged.backends.onnxruntime_cpu:OnnxRuntimeCpu",
+}
+
+
+class BackendError(RuntimeError):
+    """A backend that cannot be used here; the message says why and how to fix it."""
+
+
+class Runner(Protocol):
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        """Run one (possibly batched) call; inputs were checked against the signature."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    def load(self, model: ModelEntry, lane: ClassConfig) -> Runner:
+        """Load `model` for one worker of `lane`; called on that worker's own thread."""
+        ...
+
+
+def backend_named(name: str) -> Backend:
+    """Import and build the backend registered as `name`."""
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r} (server.backend): choose one of {', '.join(BACKENDS)}")
+    module_name, class_name = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)()

@@ -1,0 +1,171 @@
+"""The `edged` command: serve, and talk to a daemon that serves."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.config import ConfigError, default_endpoint, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edged", description="A latency-first inference daemon.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the daemon in the foreground")
+    serve.add_argument("--config", type=Path, help="TOML config file (default: built-in defaults)")
+    serve.add_argument(
+        "--endpoint",
+        action="append",
+        metavar="URL",
+        help="ipc:// or tcp:// endpoint to bind, repeatable; replaces server.endpoints",
+    )
+    serve.set_defaults(run=_serve)
+
+    demo = commands.add_parser("demo", help="start a daemon on the demo models and show it answering")
+    demo.add_argument("--requests", type=int, default=500, help="requests per model (default 500)")
+    demo.set_defaults(run=_demo)
+
+    for name, helptext in (
+        ("models", "list the served models"),
+        ("health", "the daemon's state"),
+        ("stats", "per-class counters and latency percentiles"),
+    ):
+        sub = commands.add_parser(name, help=helptext)
+        _endpoint_option(sub)
+        sub.set_defaults(run=_control, op=name)
+
+    infer = commands.add_parser("infer", help="run one model and print its outputs and timing")
+    infer.add_argument("model")
+    _endpoint_option(infer)
+    infer.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="an input from a .npy file, repeatable; inputs not given are random",
+    )
+    infer.add_argument("--batch", type=int, default=1, help="batch size of random inputs (default 1)")
+    infer.add_argument("--class", dest="klass", help="priority class (default: the daemon's default)")
+    infer.add_argument("--deadline-ms", type=float, help="the request's time budget in the daemon")
+    infer.add_argument("--repeat", type=int, default=1, help="send it this many times and print latency percentiles")
+    infer.set_defaults(run=_infer)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"edged: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from edged.client import EdgedError
+
+        if isinstance(exc, EdgedError):
+            print(f"edged: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+def _endpoint_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--endpoint",
+        default=os.environ.get("EDGED_ENDPOINT") or default_endpoint(),
+        help="the daemon's endpoint (default: $EDGED_ENDPOINT, else the default ipc socket)",
+    )
+    parser.add_argument("--timeout-ms", type=float, default=5000.0, help="how long to wait for a reply")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from edged.daemon import Daemon
+    from edged.repository import RepositoryError
+    from edged.server import EndpointError
+
+    config = load_config(args.config)
+    if args.endpoint:
+        config = config.with_endpoints(args.endpoint)
+    # journald stamps each line itself; a terminal gets the time from us.
+    stamp = "" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s "
+    logging.basicConfig(level=config.log_level.upper(), format=stamp + "%(levelname)s %(name)s: %(message)s")
+    try:
+        return Daemon(config).run()
+    except (EndpointError, RepositoryError) as exc:
+        logging.getLogger("edged").error("%s", exc)
+        return 1
+
+
+def _control(args: argparse.Namespace) -> int:
+    from edged.client import Client
+
+    with Client(args.endpoint, timeout_ms=args.timeout_ms) as client:
+        result = getattr(client, args.op)()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _infer(args: argparse.Namespace) -> int:
+    from edged.client import Client
+
+    with Client(args.endpoint, timeout_ms=args.timeout_ms) as client:
+        model = _find_model(client.models(), args.model)
+        inputs = _inputs(model, args.input, args.batch)
+        latencies = []
+        for _ in range(args.repeat):
+            reply = client.infer_reply(args.model, inputs, klass=args.klass, deadline_ms=args.deadline_ms)
+            latencies.append(reply.header["timing_us"]["total"])
+    for name, array in reply.outputs.items():
+        print(f"{name}: {array.dtype} {list(array.shape)}")
+        print(np.array2string(array, precision=4, threshold=40, edgeitems=4))
+    timing = reply.header["timing_us"]
+    print(
+        f"timing (us, inside the daemon): queue {timing['queue']}, compute {timing['compute']}, total {timing['total']}"
+    )
+    if args.repeat > 1:
+        p50, p99 = np.percentile(latencies, [50, 99])
+        print(f"{args.repeat} requests: total p50 {p50:.0f} us, p99 {p99:.0f} us")
+    return 0
+
+
+def _find_model(models: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    for model in models:
+        if model["name"] == name:
+            return model
+    from edged.client import NotFound
+
+    raise NotFound(f"NOT_FOUND: the daemon serves no model {name!r}; it serves {[m['name'] for m in models]}")
+
+
+def _inputs(model: dict[str, Any], given: list[str], batch: int) -> dict[str, np.ndarray]:
+    from edged.protocol import DTYPES
+
+    files = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise SystemExit(f"edged: --input takes NAME=FILE.npy, got {item!r}")
+        files[name] = np.load(path)
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for spec in model["inputs"]:
+        if spec["name"] in files:
+            inputs[spec["name"]] = files[spec["name"]]
+            continue
+        shape = [batch if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec["shape"])]
+        inputs[spec["name"]] = rng.standard_normal(shape).astype(DTYPES[spec["dtype"]])
+    return inputs
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from edged.demo import run_demo
+
+    return run_demo(args.requests)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""From frames to a decision: decode, validate, answer the control ops, and admit
+or shed each inference request. Runs on the socket loop's thread and never blocks:
+everything that is answered here (errors, sheds, control ops) is answered at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from edged.admission import admit
+from edged.config import Config
+from edged.lanes import Job, Lane, ReplyFn
+from edged.protocol import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
+from edged.repository import ModelEntry
+
+STARTING, SERVING, DRAINING = "starting", "serving", "draining"
+
+
+class Dispatcher:
+    def __init__(self, config: Config, reply: ReplyFn) -> None:
+        self.config = config
+        self.state = STARTING
+        self.models: dict[str, ModelEntry] = {}
+        self.lanes: dict[str, Lane] = {}
+        self.invalid = 0  # requests refused before a class could be known
+        self._reply = reply
+        self._class_names = {c.name for c in config.classes}
+        self._started_ns = time.monotonic_ns()
+
+    def serve(self, models: list[ModelEntry], lanes: dict[str, Lane]) -> None:
+        """Open for inference once every lane is loaded and warm."""
+        self.models = {model.name: model for model in models}
+        self.lanes = lanes
+        self.state = SERVING
+
+    def handle(self, route: Any, frames: list[Buffer], received_ns: int) -> None:
+        """Answer or admit one request; every call leads to exactly one reply."""
+        try:
+            request = decode_request(frames, self.config.limits)
+            if request.op == "infer":
+                self._infer(route, request, received_ns)
+            elif request.op == "health":
+                self._reply(route, encode_reply(request.id, Status.OK, **self.health()))
+            elif request.op == "models":
+                models = [model.to_wire() for model in self.models.values()]
+                self._reply(route, encode_reply(request.id, Status.OK, models=models))
+            else:
+                self._reply(route, encode_reply(request.id, Status.OK, **self.stats()))
+        except ProtocolError as exc:
+            self.invalid += 1
+            self._reply(route, encode_reply(exc.request_id, exc.status, error=exc.message))
+
+    def health(self) -> dict[str, Any]:
+        return {"state": self.state, "uptime_s": round((time.monotonic_ns() - self._started_ns) / 1e9, 3)}
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "invalid": self.invalid,
+            "classes": {name: lane.stats.snapshot(lane.backlog.depth) for name, lane in self.lanes.items()},
+        }
+
+    def _infer(self, route: Any, request: Request, received_ns: int) -> None:
+        class_name = request.klass or self.config.default_class
+        if class_name not in self._class_names:
+            raise ProtocolError(
+                Status.NOT_FOUND,
+                f"unknown class {class_name!r}: this daemon has {sorted(self._class_names)}",
+                request.id,
+            )
+        if self.state != SERVING:
+            raise ProtocolError(Status.UNAVAILABLE, f"the daemon is {self.state}; retry later", request.id)
+        lane = self.lanes[class_name]
+        lane.stats.received += 1
+        model = self.models.get(request.model or "")
+        if model is None:
+            raise ProtocolError(
+                Status.NOT_FOUND,
+                f"unknown model {request.model!r}: this daemon serves {sorted(self.models)}",
+                request.id,
+            )
+        inputs = model.signature.bind(request)
+        budget_ns = int((request.deadline_ms or lane.klass.deadline_ms) * 1e6)
+        cost_ns = lane.service.estimate_ns(model.name)
+        shed = admit(lane.klass, lane.backlog, cost_ns, budget_ns - (time.monotonic_ns() - received_ns))
+        if shed is not None:
+            if shed.reason == "queue_full":
+                lane.stats.shed_queue_full += 1
+            else:
+                lane.stats.shed_deadline += 1
+            self._reply(
+                route,
+                encode_reply(request.id, Status.OVERLOADED, error=shed.message, retry_after_ms=shed.retry_after_ms),
+            )
+            return
+        lane.stats.admitted += 1
+        lane.submit(
+            Job(
+                route=route,
+                request_id=request.id,
+                model=model,
+                inputs=inputs,
+                output_names=tuple(request.outputs or model.signature.output_names),
+                received_ns=received_ns,
+                deadline_ns=received_ns + budget_ns,
+                cost_ns=cost_ns,
+            )
+        )

@@ -1,0 +1,267 @@
+"""Lanes: one per priority class, reserved at start-up, each with its own queue,
+worker threads and backend runners.
+
+A worker takes a job off its class's queue, answers it DEADLINE_EXCEEDED if its
+deadline passed while queued (it is not run), batches only what the class allows,
+runs the backend and hands each reply to the `reply` callback it was given: a
+lane never touches a socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edged.admission import Backlog, ServiceTimes
+from edged.backends import Backend, Runner
+from edged.config import ClassConfig
+from edged.metrics import ClassStats
+from edged.protocol import Buffer, RequestId, Status, encode_reply
+from edged.repository import ModelEntry
+
+log = logging.getLogger("edged.lanes")
+
+ReplyFn = Callable[[Any, list[Buffer]], None]
+WARMUP_RUNS = 5
+
+
+@dataclass(slots=True)
+class Job:
+    """An admitted inference request, as a lane sees it."""
+
+    route: Any  # opaque to the lane: where the transport sends the reply
+    request_id: RequestId
+    model: ModelEntry
+    inputs: dict[str, np.ndarray]
+    output_names: tuple[str, ...]
+    received_ns: int
+    deadline_ns: int
+    cost_ns: int  # estimated service time, charged to the backlog until answered
+
+    @property
+    def rows(self) -> int:
+        return next(iter(self.inputs.values())).shape[0]
+
+    def fits_with(self, other: Job) -> bool:
+        """Whether the two can share one batched backend call."""
+        return self.model is other.model and all(
+            array.shape[1:] == other.inputs[name].shape[1:] for name, array in self.inputs.items()
+        )
+
+
+_STOP = object()
+
+
+class Lane:
+    def __init__(
+        self,
+        klass: ClassConfig,
+        models: list[ModelEntry],
+        backend: Backend,
+        reply: ReplyFn,
+    ) -> None:
+        self.klass = klass
+        self.models = models
+        self.stats = ClassStats()
+        self.backlog = Backlog()
+        self.service = ServiceTimes()
+        self._backend = backend
+        self._reply = reply
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._ready = threading.Barrier(klass.workers + 1)
+        self._load_errors: list[BaseException] = []
+
+    # --- life cycle --------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers; returns once each has loaded and warmed every model."""
+        for index in range(self.klass.workers):
+            thread = threading.Thread(target=self._work, name=f"lane-{self.klass.name}-{index}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self._ready.wait()
+        if self._load_errors:
+            self.stop(timeout_s=1.0)
+            raise self._load_errors[0]
+
+    def submit(self, job: Job) -> None:
+        """Queue an admitted job (socket loop only)."""
+        self.backlog.add(job.cost_ns)
+        self._queue.put(job)
+
+    def reject_queued(self, message: str) -> int:
+        """Answer every job still queued UNAVAILABLE, without running it."""
+        count = 0
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return count
+            if job is _STOP:
+                self._queue.put(job)
+                return count
+            self._answer_unrun(job, Status.UNAVAILABLE, message)
+            count += 1
+
+    def stop(self, timeout_s: float) -> None:
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        end = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(end - time.monotonic(), 0.0))
+
+    # --- the worker --------------------------------------------------------
+
+    def _work(self) -> None:
+        runners: dict[str, Runner] = {}
+        try:
+            self._reserve_thread()
+            for model in self.models:
+                runners[model.name] = self._backend.load(model, self.klass)
+                self._warm(model, runners[model.name])
+        except BaseException as exc:  # reported by start(), on the caller's thread
+            self._load_errors.append(exc)
+            self._ready.wait()
+            return
+        self._ready.wait()
+        held: Job | None = None
+        while True:
+            job = held if held is not None else self._queue.get()
+            held = None
+            if job is _STOP:
+                break
+            batch = [job]
+            if self.klass.max_batch > 1 and job.model.signature.batchable:
+                held = self._fill(batch)
+                if held is _STOP:
+                    self._queue.put(_STOP)
+                    held = None
+            self._run(batch, runners[job.model.name])
+        for runner in runners.values():
+            runner.close()
+
+    def _reserve_thread(self) -> None:
+        # Both apply to the calling thread on Linux, and the backend's own
+        # threads, created from this one, inherit them.
+        if self.klass.cpu_affinity:
+            os.sched_setaffinity(0, self.klass.cpu_affinity)
+        if self.klass.nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.klass.nice)
+
+    def _warm(self, model: ModelEntry, runner: Runner) -> None:
+        """Run the model at batch 1 and at the class's largest batch before serving."""
+        names = model.signature.output_names
+        for rows in sorted({1, self.klass.max_batch if model.signature.batchable else 1}):
+            inputs = {
+                spec.name: np.zeros(
+                    [rows if i == 0 and model.signature.batchable else max(d, 1) for i, d in enumerate(spec.shape)],
+                    dtype=spec.dtype,
+                )
+                for spec in model.signature.inputs
+            }
+            for _ in range(WARMUP_RUNS):
+                start = time.perf_counter_ns()
+                runner.run(inputs, names)
+                elapsed = time.perf_counter_ns() - start
+            if rows == 1:
+                self.service.observe(model.name, elapsed, 1)
+
+    def _fill(self, batch: list[Job]) -> Any:
+        """Add compatible queued jobs to `batch`; returns a job that did not fit, if any.
+
+        Latency classes take only what is already queued; a class with batch_wait_us
+        may wait that long for more.
+        """
+        wait_until = time.monotonic_ns() + self.klass.batch_wait_us * 1000
+        while len(batch) < self.klass.max_batch:
+            try:
+                remaining_s = (wait_until - time.monotonic_ns()) / 1e9
+                job = self._queue.get(timeout=remaining_s) if remaining_s > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                return None
+            if job is _STOP or not job.fits_with(batch[0]):
+                return job
+            batch.append(job)
+        return None
+
+    def _run(self, batch: list[Job], runner: Runner) -> None:
+        taken_ns = time.monotonic_ns()
+        live = []
+        for job in batch:
+            if taken_ns > job.deadline_ns:
+                self.stats.record_expired()
+                self._answer_unrun(
+                    job, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued; it was not run"
+                )
+            else:
+                live.append(job)
+        if not live:
+            return
+        if len(live) == 1:
+            inputs, names = live[0].inputs, live[0].output_names
+        else:
+            inputs = {name: np.concatenate([job.inputs[name] for job in live]) for name in live[0].inputs}
+            names = live[0].model.signature.output_names
+        start = time.perf_counter_ns()
+        try:
+            outputs = runner.run(inputs, names)
+        except Exception as exc:
+            if len(live) > 1:
+                # Run each alone, so only the request that fails gets INTERNAL.
+                for job in live:
+                    self._run([job], runner)
+                return
+            self._finish(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
+            log.warning("backend error on %s: %s", live[0].model.name, exc)
+            return
+        compute_ns = time.perf_counter_ns() - start
+        self.service.observe(live[0].model.name, compute_ns, len(live))
+        with self.stats.lock:
+            self.stats.batches += 1
+        row = 0
+        for job in live:
+            rows = job.rows
+            produced = dict(zip(names, outputs))
+            result = {
+                name: produced[name][row : row + rows] if len(live) > 1 else produced[name] for name in job.output_names
+            }
+            row += rows
+            self._finish(job, taken_ns, compute_ns, outputs=result)
+
+    def _finish(
+        self,
+        job: Job,
+        taken_ns: int,
+        compute_ns: int,
+        *,
+        outputs: dict[str, np.ndarray] | None = None,
+        error: str | None = None,
+    ) -> None:
+        done_ns = time.monotonic_ns()
+        queue_us = (taken_ns - job.received_ns) // 1000
+        compute_us = compute_ns // 1000
+        total_us = (done_ns - job.received_ns) // 1000
+        timing = {"queue": queue_us, "compute": compute_us, "total": total_us}
+        if error is None:
+            try:
+                frames = encode_reply(job.request_id, Status.OK, outputs=outputs, timing_us=timing)
+            except ValueError as exc:  # an output the wire cannot carry, such as float64
+                error = f"the model's output cannot be sent: {exc}"
+        if error is not None:
+            frames = encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing)
+        self.stats.record_done(error is None, queue_us, compute_us, total_us)
+        self.backlog.finish(job.cost_ns)
+        self._reply(job.route, frames)
+
+    def _answer_unrun(self, job: Job, status: Status, message: str) -> None:
+        self.backlog.finish(job.cost_ns)
+        self._reply(job.route, encode_reply(job.request_id, status, error=message))

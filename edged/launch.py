@@ -1,0 +1,69 @@
+"""Start a daemon as a child process and wait until it serves: for `edged demo`,
+`edged bench` and anything else that needs a daemon of its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from edged.client import Client, EdgedError
+
+
+class DaemonProcess:
+    """`edged serve` in a child process; a context manager that stops it on exit."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        config: Path | None = None,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.endpoints = endpoints
+        args = [sys.executable, "-m", "edged", "serve"]
+        if config is not None:
+            args += ["--config", str(config)]
+        for endpoint in endpoints:
+            args += ["--endpoint", endpoint]
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+
+    def wait_serving(self, timeout_s: float = 60.0) -> None:
+        """Return once health says `serving`; raise if the daemon exits or takes too long."""
+        end = time.monotonic() + timeout_s
+        with Client(self.endpoints[0], timeout_ms=500) as client:
+            while time.monotonic() < end:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"the daemon exited with code {self.process.returncode} during start-up")
+                try:
+                    if client.health()["state"] == "serving":
+                        return
+                except EdgedError:
+                    pass
+                time.sleep(0.05)
+        raise RuntimeError(f"the daemon was not serving after {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait for the drain, and return the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+        return self.process.returncode
+
+    def __enter__(self) -> DaemonProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

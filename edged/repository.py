@@ -1,0 +1,119 @@
+"""The model repository: one folder per model, each with a manifest.json.
+
+    engines/<model>/manifest.json   name, inputs, outputs, variants
+    engines/<model>/model.onnx      a variant's file, named by the manifest
+
+A variant is one servable form of the model (a backend and a precision). The
+daemon serves, per model, the variants its configured backend can run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edged.protocol import DTYPES, TensorSpec
+from edged.signature import Signature
+
+MANIFEST = "manifest.json"
+
+
+class RepositoryError(ValueError):
+    """A model folder or manifest that cannot be served; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    precision: str
+    backend: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One servable model: the name clients send, its signature and the file to load."""
+
+    name: str
+    description: str
+    signature: Signature
+    variant: Variant
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "backend": self.variant.backend,
+            "precision": self.variant.precision,
+            **self.signature.to_wire(),
+        }
+
+
+def discover(root: Path, backend: str, only: tuple[str, ...] = ()) -> list[ModelEntry]:
+    """Every model under `root` with a variant for `backend` (or just those in `only`)."""
+    if not root.is_dir():
+        raise RepositoryError(f"model repository {root} is not a directory: set server.model_repository")
+    entries = []
+    for manifest_path in sorted(root.glob(f"*/{MANIFEST}")):
+        entries.extend(_entries(manifest_path, backend))
+    names = {entry.name for entry in entries}
+    missing = sorted(set(only) - names)
+    if missing:
+        raise RepositoryError(
+            f"server.models names {missing}, which {root} has no {backend} variant of; it has {sorted(names)}"
+        )
+    if only:
+        entries = [entry for entry in entries if entry.name in only]
+    if not entries:
+        raise RepositoryError(f"model repository {root} has no model with a {backend} variant")
+    return entries
+
+
+def _entries(manifest_path: Path, backend: str) -> list[ModelEntry]:
+    where = str(manifest_path)
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RepositoryError(f"{where}: cannot be read as JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise RepositoryError(f"{where}: must hold a JSON object")
+    name = manifest.get("name")
+    if not isinstance(name, str) or not name:
+        raise RepositoryError(f"{where}: 'name' must be a non-empty string")
+    signature = Signature(_specs(manifest, "inputs", where), _specs(manifest, "outputs", where))
+    entries = []
+    for i, raw in enumerate(manifest.get("variants", [])):
+        if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("precision", "backend", "file")):
+            raise RepositoryError(f"{where}: variants[{i}] needs string 'precision', 'backend' and 'file'")
+        if raw["backend"] != backend:
+            continue
+        path = manifest_path.parent / raw["file"]
+        if not path.is_file():
+            raise RepositoryError(f"{where}: variants[{i}] names {path}, which does not exist")
+        # The FP32 variant keeps the model's name; another precision is served beside it.
+        served = name if raw["precision"] == "fp32" else f"{name}:{raw['precision']}"
+        entries.append(
+            ModelEntry(
+                served, str(manifest.get("description", "")), signature, Variant(raw["precision"], raw["backend"], path)
+            )
+        )
+    return entries
+
+
+def _specs(manifest: dict[str, Any], key: str, where: str) -> tuple[TensorSpec, ...]:
+    raw = manifest.get(key)
+    if not isinstance(raw, list) or not raw:
+        raise RepositoryError(f"{where}: '{key}' must be a non-empty list of {{name, dtype, shape}}")
+    specs = []
+    for item in raw:
+        ok = (
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and item.get("dtype") in DTYPES
+            and isinstance(item.get("shape"), list)
+            and all(isinstance(d, int) and d >= -1 for d in item["shape"])
+        )
+        if not ok:
+            raise RepositoryError(f"{where}: {key} entry {item!r} needs a name, a known dtype and a shape of ints")
+        specs.append(TensorSpec(item["name"], item["dtype"], tuple(item["shape"])))
+    return tuple(specs)

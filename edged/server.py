@@ -1,0 +1,154 @@
+"""The socket loop: ROUTER sockets in, replies out. The only daemon module that imports zmq.
+
+Why a blocking zmq.Poller in one thread rather than asyncio: measured on 2 cores
+over ipc, a poller loop answered 2 KB round trips at p50 73 us / p99 122 us,
+zmq.asyncio on uvloop at 128 / 238 us, on the default loop 238 / 340 us. The hot
+path cannot afford the event loop.
+
+Exactly one thread owns the sockets. Lane workers hand replies over through a
+deque and wake the loop with an eventfd, so no socket is touched from two threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from edged.protocol import Buffer
+
+log = logging.getLogger("edged.server")
+
+# How many messages one socket may deliver before the loop sends waiting replies:
+# a burst of arrivals must not hold back replies that are ready.
+RECEIVE_BURST = 64
+
+Route = tuple[int, list[Any]]  # (socket index, routing envelope)
+Handler = Callable[[Route, list[Buffer], int], None]
+
+
+class EndpointError(RuntimeError):
+    """An endpoint that cannot be bound; the message says why."""
+
+
+class Server:
+    def __init__(self, endpoints: tuple[str, ...], max_message_bytes: int) -> None:
+        self._context = zmq.Context()
+        self._sockets: list[zmq.Socket] = []
+        self._outbox: deque[tuple[Route, list[Buffer]]] = deque()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._loop_thread: int | None = None
+        self.unroutable = 0  # replies whose peer was gone or not reading
+        self.endpoints = endpoints
+        try:
+            for endpoint in endpoints:
+                self._sockets.append(self._bind(endpoint, max_message_bytes))
+        except Exception:
+            self.close()
+            raise
+
+    def _bind(self, endpoint: str, max_message_bytes: int) -> zmq.Socket:
+        sock = self._context.socket(zmq.ROUTER)
+        sock.linger = 0
+        # Without it a ROUTER drops a reply to a gone or full peer in silence; with
+        # it the send fails, and the one-reply promise can count what was lost.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        if endpoint.startswith("ipc://"):
+            _prepare_ipc_path(Path(endpoint[len("ipc://") :]))
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise EndpointError(f"cannot bind {endpoint}: {exc}") from None
+        return sock
+
+    def reply(self, route: Route, frames: list[Buffer]) -> None:
+        """Send a reply: at once on the loop's own thread, else through the outbox."""
+        if threading.get_ident() == self._loop_thread:
+            self._send(route, frames)
+        else:
+            self._outbox.append((route, frames))
+            os.eventfd_write(self._wake_fd, 1)
+
+    def wake(self) -> None:
+        """Make the loop look at its stop condition now (safe from signal handlers)."""
+        os.eventfd_write(self._wake_fd, 1)
+
+    def run(self, handle: Handler, keep_running: Callable[[], bool], tick_ms: int) -> None:
+        """Serve until `keep_running()` is false, looking at it at least every `tick_ms`."""
+        self._loop_thread = threading.get_ident()
+        poller = zmq.Poller()
+        for sock in self._sockets:
+            poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_fd, zmq.POLLIN)
+        while keep_running():
+            ready = dict(poller.poll(tick_ms))
+            if self._wake_fd in ready:
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except BlockingIOError:
+                    pass
+            for index, sock in enumerate(self._sockets):
+                if sock in ready:
+                    self._receive(index, sock, handle)
+            self.flush()
+
+    def flush(self) -> None:
+        """Send every reply the lanes handed over."""
+        outbox = self._outbox
+        while outbox:
+            self._send(*outbox.popleft())
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._context.term()
+        os.close(self._wake_fd)
+
+    def _receive(self, index: int, sock: zmq.Socket, handle: Handler) -> None:
+        for _ in range(RECEIVE_BURST):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            received_ns = time.monotonic_ns()
+            # A REQ peer's envelope ends with an empty delimiter frame, and so must its reply.
+            cut = 2 if len(frames) > 1 and len(frames[1]) == 0 else 1
+            handle((index, frames[:cut]), [frame.buffer for frame in frames[cut:]], received_ns)
+
+    def _send(self, route: Route, frames: list[Buffer]) -> None:
+        index, envelope = route
+        try:
+            self._sockets[index].send_multipart([*envelope, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
+            self.unroutable += 1
+
+
+def _prepare_ipc_path(path: Path) -> None:
+    """Create the socket's folder, and refuse to steal a socket another daemon serves."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise EndpointError(f"cannot check existing ipc socket {path}: {exc}") from None
+        path.unlink(missing_ok=True)  # left by a daemon that died: take its place
+        return
+    finally:
+        probe.close()
+    raise EndpointError(f"ipc socket {path} is in use by another process: stop it or choose another endpoint")

@@ -1,0 +1,80 @@
+"""A model's declared inputs and outputs, and the check of a request against them.
+
+The one place where a request meets the model's metadata: backends receive only
+inputs that passed here, so they stay short (the Polygraphy runner pattern).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edged.protocol import ProtocolError, Request, Status, TensorSpec, tensor_views
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.outputs)
+
+    @property
+    def batchable(self) -> bool:
+        """Whether requests can be stacked along a dynamic first dimension."""
+        return all(spec.shape and spec.shape[0] == -1 for spec in self.inputs + self.outputs)
+
+    def bind(self, request: Request) -> dict[str, np.ndarray]:
+        """The request's inputs as arrays (views of its frames), checked against the model."""
+        given = {spec.name: spec for spec in request.inputs}
+        if len(given) != len(request.inputs):
+            raise self._error(request, "an input name appears twice")
+        expected = {spec.name for spec in self.inputs}
+        if set(given) != expected:
+            missing, extra = sorted(expected - set(given)), sorted(set(given) - expected)
+            raise self._error(
+                request,
+                f"model {request.model!r} takes inputs {sorted(expected)}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {extra}" if extra else ""),
+            )
+        batch: int | None = None
+        for declared in self.inputs:
+            spec = given[declared.name]
+            if spec.dtype != declared.dtype:
+                raise self._error(request, f"input {spec.name!r} must be {declared.dtype}, got {spec.dtype}")
+            if len(spec.shape) != len(declared.shape) or any(
+                want != -1 and want != got for want, got in zip(declared.shape, spec.shape)
+            ):
+                raise self._error(
+                    request,
+                    f"input {spec.name!r} has shape {list(spec.shape)}; the model takes "
+                    f"{list(declared.shape)} (-1: any size)",
+                )
+            if self.batchable:
+                if batch is not None and spec.shape[0] != batch:
+                    raise self._error(request, "inputs disagree on the batch (first) dimension")
+                batch = spec.shape[0]
+        if request.outputs is not None:
+            unknown = sorted(set(request.outputs) - set(self.output_names))
+            if unknown:
+                raise ProtocolError(
+                    Status.INVALID_ARGUMENT,
+                    f"model {request.model!r} has no outputs {unknown}; it has {list(self.output_names)}",
+                    request.id,
+                )
+        return tensor_views(request)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "inputs": [spec.to_wire() for spec in self.inputs],
+            "outputs": [spec.to_wire() for spec in self.outputs],
+        }
+
+    @staticmethod
+    def _error(request: Request, message: str) -> ProtocolError:
+        return ProtocolError(Status.INVALID_ARGUMENT, message, request.id)
