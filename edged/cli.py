@@ -58,6 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     infer.add_argument("--repeat", type=int, default=1, help="send it this many times and print latency percentiles")
     infer.set_defaults(run=_infer)
 
+    bench = commands.add_parser("bench", help="open-loop load with a class mix: percentiles, goodput, shed")
+    bench.add_argument("--endpoint", help="a running daemon (default: start one for the run)")
+    bench.add_argument("--config", type=Path, help="config of the daemon it starts")
+    bench.add_argument(
+        "--mix",
+        action="append",
+        metavar="CLASS:MODEL:RATE[:DEADLINE_MS[:ROWS]]",
+        help="a stream of Poisson arrivals, repeatable (default: realtime:mlp-light:200 and bulk:cnn-heavy:200)",
+    )
+    bench.add_argument("--duration", type=float, default=10.0, help="seconds per step (default 10)")
+    bench.add_argument("--sweep", default="1", help="multipliers of every rate, one step each, e.g. 0.5,1,2,3")
+    bench.add_argument("--json", type=Path, help="write every step's figures here")
+    bench.add_argument("--png", type=Path, help="plot latency percentiles against offered load here")
+    bench.set_defaults(run=_bench)
+
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -159,6 +174,31 @@ def _inputs(model: dict[str, Any], given: list[str], batch: int) -> dict[str, np
         shape = [batch if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec["shape"])]
         inputs[spec["name"]] = rng.standard_normal(shape).astype(DTYPES[spec["dtype"]])
     return inputs
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from edged.bench import Stream, format_table, plot, progress_to_stderr, run_sweep
+    from edged.launch import DaemonProcess
+
+    streams = [Stream.parse(text) for text in args.mix or ["realtime:mlp-light:200", "bulk:cnn-heavy:200"]]
+    factors = [float(f) for f in args.sweep.split(",")]
+    with tempfile.TemporaryDirectory(prefix="edged-bench-") as folder:
+        if args.endpoint:
+            steps = run_sweep(args.endpoint, streams, factors, args.duration, progress_to_stderr)
+        else:
+            with DaemonProcess([f"ipc://{folder}/edged.sock"], config=args.config) as daemon:
+                daemon.wait_serving()
+                steps = run_sweep(daemon.endpoints[0], streams, factors, args.duration, progress_to_stderr)
+    for step in steps:
+        print(f"\nstep x{step['factor']:g}: offered {step['offered_rps']:.0f} req/s for {args.duration:g} s")
+        print(format_table(step["classes"]))
+    if args.json:
+        args.json.write_text(json.dumps({"duration_s": args.duration, "steps": steps}, indent=2) + "\n")
+    if args.png:
+        plot(steps, str(args.png))
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

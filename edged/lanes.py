@@ -79,6 +79,7 @@ class Lane:
         self._threads: list[threading.Thread] = []
         self._ready = threading.Barrier(klass.workers + 1)
         self._load_errors: list[BaseException] = []
+        self._shared_runners: dict[str, Runner] = {}
 
     # --- life cycle --------------------------------------------------------
 
@@ -97,6 +98,21 @@ class Lane:
         """Queue an admitted job (socket loop only)."""
         self.backlog.add(job.cost_ns)
         self._queue.put(job)
+
+    def run_inline(self, job: Job) -> bool:
+        """Run a cheap job on the caller's (the socket loop's) thread when the lane is idle.
+
+        Two thread handoffs (to a worker and back) cost more than a model of a few
+        tens of microseconds takes to run. A class with `inline_max_us` set runs such
+        jobs at once instead, which delays the loop's next request by at most that
+        long; a lane with work queued or running never does, so order is kept.
+        """
+        if job.cost_ns > self.klass.inline_max_us * 1000 or self.backlog.depth or not self._shared_runners:
+            return False
+        self.backlog.add(job.cost_ns)
+        # ONNX Runtime and TensorRT runners take concurrent calls, so a worker's serves here too.
+        self._run([job], self._shared_runners[job.model.name])
+        return True
 
     def reject_queued(self, message: str) -> int:
         """Answer every job still queued UNAVAILABLE, without running it."""
@@ -132,6 +148,7 @@ class Lane:
             self._load_errors.append(exc)
             self._ready.wait()
             return
+        self._shared_runners = self._shared_runners or runners
         self._ready.wait()
         held: Job | None = None
         while True:
@@ -225,17 +242,17 @@ class Lane:
             return
         compute_ns = time.perf_counter_ns() - start
         self.service.observe(live[0].model.name, compute_ns, len(live))
-        with self.stats.lock:
-            self.stats.batches += 1
+        produced = dict(zip(names, outputs))
+        if len(live) == 1:
+            self._finish(live[0], taken_ns, compute_ns, outputs=produced)
+            return
         row = 0
-        for job in live:
+        for job in live:  # each reply carries its own rows: views, not copies
             rows = job.rows
-            produced = dict(zip(names, outputs))
-            result = {
-                name: produced[name][row : row + rows] if len(live) > 1 else produced[name] for name in job.output_names
-            }
+            self._finish(
+                job, taken_ns, compute_ns, outputs={n: produced[n][row : row + rows] for n in job.output_names}
+            )
             row += rows
-            self._finish(job, taken_ns, compute_ns, outputs=result)
 
     def _finish(
         self,

@@ -20,8 +20,8 @@ PERCENTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99, "p999": 0.999}
 def _bucket(value: int) -> int:
     if value < 2 * _SUB:
         return max(value, 0)
-    shift = value.bit_length() - _SUB_BITS - 1
-    return min(_SUB * (shift + 1) + (value >> shift) - _SUB, _BUCKETS - 1)
+    shift = value.bit_length() - _SUB_BITS - 1  # keeps the top 5 bits: 16 sub-buckets per power of two
+    return min(_SUB * shift + (value >> shift), _BUCKETS - 1)
 
 
 def _bucket_value(index: int) -> int:
@@ -79,7 +79,6 @@ class ClassStats:
     expired: int = 0
     completed: int = 0
     failed: int = 0
-    batches: int = 0
     queue_us: Histogram = field(default_factory=Histogram)
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
@@ -109,7 +108,6 @@ class ClassStats:
                 "expired": self.expired,
                 "completed": self.completed,
                 "failed": self.failed,
-                "batches": self.batches,
                 "queue_depth": queue_depth,
                 "latency_us": {
                     "queue": self.queue_us.summary(),
