@@ -7,7 +7,8 @@ Measured, one after another on this machine:
   zmq echo      a bare DEALER/ROUTER round trip of a request-sized message (the transport floor)
   naive server  one thread: recv, decode, run, reply (what edged must not be worse than)
   edged         the daemon, same requests, same raw client
-  pytriton      a Triton server through PyTriton, where installed (pip install nvidia-pytriton)
+  pytriton      a Triton server through PyTriton, given --triton-python: an interpreter
+                with nvidia-pytriton installed (see compare_triton.py)
 then the overload scenario: bulk floods the heavy model at 3x its capacity while
 realtime sends to the light model, against the same realtime stream alone.
 Round trips are closed-loop (one request at a time), timed in the client.
@@ -122,6 +123,21 @@ def _helper_server(mode: str, endpoint: str) -> subprocess.Popen[bytes]:
     return process
 
 
+def triton(python: str, runs: int, duration: float) -> dict[str, Any]:
+    import sysconfig
+
+    env = {**os.environ, "LD_LIBRARY_PATH": str(sysconfig.get_config_var("LIBDIR"))}
+    script = str(ROOT / "build_scripts" / "compare_triton.py")
+    done = subprocess.run(
+        [python, script, "--runs", str(runs), "--duration", str(duration)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def overload(endpoint: str, duration: float, model_inputs: dict[str, Any]) -> dict[str, Any]:
     """Realtime alone, bulk alone at saturation, then both with bulk at 3x capacity."""
     from edged.client import Client
@@ -150,7 +166,8 @@ def main() -> None:
     parser.add_argument("--serve-echo", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-naive", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="fewer requests, shorter overload runs")
-    parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.json and its table")
+    parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.json")
+    parser.add_argument("--triton-python", help="a Python with nvidia-pytriton, to add Triton to the comparison")
     args = parser.parse_args()
     if args.serve_echo:
         return serve_echo(args.serve_echo)
@@ -178,6 +195,10 @@ def main() -> None:
                 results["unloaded"][model]["edged"] = round_trips(endpoint, model, runs[model])
             inputs = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
             results["overload"] = overload(endpoint, duration, inputs)
+    if args.triton_python:
+        results["triton"] = triton(args.triton_python, runs["mlp-light"], duration)
+        for model, figures in results["triton"]["latency_us"].items():
+            results["unloaded"][model]["pytriton"] = figures
     print(_unloaded_table(results["unloaded"]))
     print(json.dumps(_verdicts(results), indent=2))
     if args.write_docs:
@@ -200,7 +221,7 @@ def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
     alone = over["realtime_alone"][0]
     flood_rt, flood_bulk = over["flood"]
     best_bulk = over["bulk_saturated"][0]["goodput_rps"]
-    return {
+    verdicts = {
         "light_p50_overhead_beyond_floor_us": round(light["edged"]["p50"] - floor, 1),
         "light_p50_vs_naive": round(light["edged"]["p50"] / light["naive_server"]["p50"], 3),
         "light_p99_vs_naive": round(light["edged"]["p99"] / light["naive_server"]["p99"], 3),
@@ -210,6 +231,14 @@ def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
         "flood_shed_in_daemon_max_us": flood_bulk["shed_in_daemon_us_max"],
         "flood_bulk_goodput_vs_best": round(flood_bulk["goodput_rps"] / best_bulk, 3) if best_bulk else None,
     }
+    if "triton" in results:
+        for model in MODELS:
+            row = results["unloaded"][model]
+            verdicts[f"{model}_p99_triton_over_edged"] = round(row["pytriton"]["p99"] / row["edged"]["p99"], 1)
+        verdicts["flood_bulk_goodput_vs_triton"] = round(
+            flood_bulk["goodput_rps"] / results["triton"]["heavy_throughput_rps"], 2
+        )
+    return verdicts
 
 
 def _machine() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from edged.config import ClassConfig
 # Weight of the newest observation in the service-time average: heavy enough to
 # follow a change of load within a few dozen requests, light enough to ignore one outlier.
 EWMA_WEIGHT = 0.1
+PROBE_EVERY_NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,18 +25,31 @@ class Shed:
 
 
 class ServiceTimes:
-    """Average service time per request of each model on one lane, learned live."""
+    """How long a backend call of each model takes on one lane, learned live.
+
+    A call costs a first row plus each further row: priced per request, a few
+    large batches would make every small request look expensive.
+    """
 
     def __init__(self) -> None:
-        self._ns: dict[str, float] = {}
+        self._first_row_ns: dict[str, float] = {}
+        self._extra_row_ns: dict[str, float] = {}
 
-    def observe(self, model: str, batch_ns: int, size: int) -> None:
-        per_request = batch_ns / size
-        current = self._ns.get(model)
-        self._ns[model] = per_request if current is None else current + EWMA_WEIGHT * (per_request - current)
+    def observe(self, model: str, call_ns: int, rows: int) -> None:
+        if rows <= 1:
+            _update(self._first_row_ns, model, call_ns)
+        else:
+            first = self._first_row_ns.get(model, call_ns / rows)
+            _update(self._extra_row_ns, model, max(call_ns - first, 0.0) / (rows - 1))
 
-    def estimate_ns(self, model: str) -> int:
-        return int(self._ns.get(model, 0.0))
+    def estimate_ns(self, model: str, rows: int = 1) -> int:
+        first = self._first_row_ns.get(model, 0.0)
+        return int(first + (rows - 1) * self._extra_row_ns.get(model, first))
+
+
+def _update(averages: dict[str, float], model: str, value: float) -> None:
+    current = averages.get(model)
+    averages[model] = value if current is None else current + EWMA_WEIGHT * (value - current)
 
 
 class Backlog:
@@ -51,6 +65,7 @@ class Backlog:
         self._finished = 0
         self._finished_ns = 0
         self._lock = threading.Lock()  # between a lane's own workers
+        self.last_probe_ns = 0
 
     def add(self, cost_ns: int) -> None:
         self._added += 1
@@ -70,7 +85,7 @@ class Backlog:
         return max(self._added_ns - self._finished_ns, 0)
 
 
-def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int) -> Shed | None:
+def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, now_ns: int) -> Shed | None:
     """None to admit; a Shed when the queue is full or the deadline cannot be met."""
     depth = backlog.depth
     if depth >= klass.queue_capacity:
@@ -82,14 +97,24 @@ def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int) ->
             f"(classes.{klass.name}.queue_capacity = {klass.queue_capacity})",
             _ms(per_job_ns / klass.workers),
         )
-    finish_ns = backlog.work_ns / klass.workers + cost_ns
-    if finish_ns > budget_ns:
-        return Shed(
-            "deadline",
-            f"class {klass.name!r} cannot meet the deadline of {budget_ns / 1e6:.3f} ms: "
-            f"about {finish_ns / 1e6:.3f} ms of work is ahead of this request",
-            _ms(finish_ns - budget_ns),
-        )
+    ahead_ns = backlog.work_ns / klass.workers
+    if ahead_ns + cost_ns > budget_ns:
+        if depth == 0 and now_ns - backlog.last_probe_ns > PROBE_EVERY_NS:
+            # An estimate that prices every request out is never measured again; an
+            # idle lane lets one through now and then, so a stale estimate heals.
+            backlog.last_probe_ns = now_ns
+            return None
+        if cost_ns > budget_ns:
+            message = (
+                f"class {klass.name!r} cannot meet the deadline: the model alone takes about {cost_ns / 1e6:.3f} ms, "
+                f"more than the {max(budget_ns, 0) / 1e6:.3f} ms left; a retry needs a longer deadline"
+            )
+        else:
+            message = (
+                f"class {klass.name!r} cannot meet the deadline: about {ahead_ns / 1e6:.3f} ms of work is ahead "
+                f"of this request and {max(budget_ns, 0) / 1e6:.3f} ms are left"
+            )
+        return Shed("deadline", message, _ms(ahead_ns + cost_ns - budget_ns))
     return None
 
 

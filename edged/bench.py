@@ -57,6 +57,7 @@ class StreamResult:
     lost: int = 0
     ok_latency_us: list[float] = field(default_factory=list)
     shed_in_daemon_us: list[int] = field(default_factory=list)
+    send_lag_us: list[float] = field(default_factory=list)  # the generator's own lateness
 
     def summary(self, duration_s: float) -> dict[str, Any]:
         latencies = np.array(self.ok_latency_us) if self.ok_latency_us else np.zeros(1)
@@ -78,6 +79,7 @@ class StreamResult:
                 "max": float(latencies.max()),
             },
             "shed_in_daemon_us_max": int(shed.max()),
+            "send_lag_us_p99": float(np.percentile(self.send_lag_us, 99)) if self.send_lag_us else 0.0,
         }
 
 
@@ -121,6 +123,7 @@ def run_load(
                     sock.send_multipart(frames, copy=False)
                     pending[next_id] = (i, next_at[i])
                     results[i].sent += 1
+                    results[i].send_lag_us.append((now - next_at[i]) / 1000)
                     next_id += 1
                     next_at[i] += int(rng.expovariate(stream.rate) * 1e9)
             if now >= end and (not pending or now - end > lost_after_ms * 1e6):

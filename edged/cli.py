@@ -109,7 +109,8 @@ def _serve(args: argparse.Namespace) -> int:
     stamp = "" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s "
     logging.basicConfig(level=config.log_level.upper(), format=stamp + "%(levelname)s %(name)s: %(message)s")
     try:
-        return Daemon(config).run()
+        # SIGHUP re-reads the same file; endpoints stay as bound (a change needs a restart).
+        return Daemon(config, reread_config=lambda: load_config(args.config)).run()
     except (EndpointError, RepositoryError) as exc:
         logging.getLogger("edged").error("%s", exc)
         return 1

@@ -190,19 +190,19 @@ def _classes(table: Any) -> tuple[ClassConfig, ...]:
         values["stream_priority"] = _int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
         deadline = settings.get("deadline_ms", base.deadline_ms)
         _expect(
-            isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and deadline > 0,
+            isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and 0 < deadline <= 3_600_000,
             prefix + "deadline_ms",
             deadline,
-            "a number of milliseconds > 0",
+            "a number of milliseconds above 0 and at most 3600000 (an hour)",
         )
         values["deadline_ms"] = float(deadline)
         affinity = settings.get("cpu_affinity", list(base.cpu_affinity))
-        cores = os.cpu_count() or 1
+        usable = sorted(os.sched_getaffinity(0))
         _expect(
-            isinstance(affinity, list) and all(isinstance(c, int) and 0 <= c < cores for c in affinity),
+            isinstance(affinity, list) and all(isinstance(c, int) and c in usable for c in affinity),
             prefix + "cpu_affinity",
             affinity,
-            f"a list of core numbers from 0 to {cores - 1} (empty: any)",
+            f"a list of the cores this process may use, {usable} (empty: any)",
         )
         values["cpu_affinity"] = tuple(affinity)
         classes.append(replace(base, **values))

@@ -1,7 +1,9 @@
-"""The daemon's life: bind, load and warm every lane, serve, drain, stop.
+"""The daemon's life: bind, load and warm every lane, serve, reload, drain, stop.
 
 Sockets are bound first, so that a client asking during start-up hears `starting`
-rather than nothing; inference opens only once every lane is warm.
+rather than nothing; inference opens only once every lane is warm, and only then
+is systemd told READY. Loading (at start and on SIGHUP) runs on a thread of its
+own; the switch to what it loaded happens on the socket loop, between requests.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 from edged.backends import backend_named
 from edged.config import Config
-from edged.dispatch import DRAINING, SERVING, Dispatcher
+from edged.dispatch import DRAINING, SERVING, STARTING, Dispatcher
 from edged.lanes import Lane
-from edged.repository import discover
+from edged.repository import ModelEntry, discover
 from edged.server import Server
+from edged.systemd import Notifier
 
 log = logging.getLogger("edged")
 
@@ -27,81 +32,181 @@ log = logging.getLogger("edged")
 # at a small cost in switches.
 GIL_SWITCH_INTERVAL_S = 0.0005
 TICK_MS = 250
+STATUS_EVERY_NS = 5_000_000_000
+
+Loaded = tuple[Config, list[ModelEntry], dict[str, Lane]]
 
 
 class Daemon:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
         self.config = config
         self.server = Server(config.endpoints, config.max_message_bytes)
-        self.dispatcher = Dispatcher(config, self.server.reply)
-        self.lanes: dict[str, Lane] = {}
+        self.dispatcher = Dispatcher(config, self.server.reply, lambda: {"unroutable": self.server.unroutable})
+        self.notifier = Notifier()
         self.exit_code = 0
+        self._reread_config = reread_config or (lambda: config)
         self._stop_requested = False
         self._drain_deadline_ns = 0
+        self._loading: threading.Thread | None = None
+        self._reload_requested = False
+        self._loaded: Loaded | None = None  # handed from the loading thread to the loop
+        self._retiring: list[Lane] = []  # replaced by a reload, finishing what they hold
+        self._next_watchdog_ns = 0
+        self._next_status_ns = 0
+
+    @property
+    def lanes(self) -> list[Lane]:
+        return [*self.dispatcher.lanes.values(), *self._retiring]
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT, then drain; returns the exit code."""
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
         log.info("listening on %s; loading models", ", ".join(self.config.endpoints))
-        threading.Thread(target=self._load, name="loader", daemon=True).start()
+        self._start_loading(self.config)
+        tick_ms = TICK_MS
+        if self.notifier.watchdog_interval_ns:
+            tick_ms = min(TICK_MS, self.notifier.watchdog_interval_ns // 4_000_000 or 1)
         try:
-            self.server.run(self.dispatcher.handle, self._keep_running, TICK_MS)
+            self.server.run(self.dispatcher.handle, self._keep_running, self._tick, tick_ms)
         finally:
             self._shut_down()
         return self.exit_code
 
-    def _load(self) -> None:
+    # --- loading, at start and on SIGHUP -------------------------------------
+
+    def _start_loading(self, config: Config | None) -> None:
+        self._loading = threading.Thread(target=self._load, args=(config,), name="loader", daemon=True)
+        self._loading.start()
+
+    def _load(self, config: Config | None) -> None:
         started = time.monotonic()
+        first = config is not None
         try:
-            models = discover(self.config.model_repository, self.config.backend, self.config.models)
-            backend = backend_named(self.config.backend)
-            for klass in self.config.classes:
-                lane = Lane(klass, models, backend, self.server.reply)
-                lane.start()
-                self.lanes[klass.name] = lane
+            if config is None:
+                config = replace(self._reread_config(), endpoints=self.config.endpoints)
+            models = discover(config.model_repository, config.backend, config.models)
+            backend = backend_named(config.backend)
+            lanes: dict[str, Lane] = {}
+            try:
+                for klass in config.classes:
+                    # A reloaded lane keeps its class's counters: stats never jump back to zero.
+                    old = self.dispatcher.lanes.get(klass.name)
+                    lanes[klass.name] = Lane(klass, models, backend, self.server.reply, old.stats if old else None)
+                    lanes[klass.name].start()
+            except BaseException:
+                for lane in lanes.values():
+                    lane.stop(timeout_s=1.0)
+                raise
         except Exception as exc:
-            log.error("start-up failed: %s", exc)
-            self.exit_code = 1
-            self._stop_requested = True
+            if first:
+                log.error("start-up failed: %s", exc)
+                self.exit_code = 1
+                self._stop_requested = True
+            else:
+                log.error("reload refused, still serving the previous configuration: %s", exc)
+                self.notifier.notify(READY="1", STATUS=f"reload refused: {exc}")
             self.server.wake()
             return
+        log.info(
+            "%s: serving %s with classes %s (%.1f s)",
+            "ready" if first else "reloaded",
+            ", ".join(m.name for m in models),
+            ", ".join(lanes),
+            time.monotonic() - started,
+        )
+        self._loaded = (config, models, lanes)
+        self.server.wake()
+
+    def _swap_in(self, loaded: Loaded) -> None:
+        """Open what the loader built (on the loop's thread, so no request sees half of it)."""
+        config, models, lanes = loaded
+        first = self.dispatcher.state == STARTING
+        old = list(self.dispatcher.lanes.values())
+        self.config = config
+        self.dispatcher.serve(config, models, lanes)
+        for lane in old:
+            lane.retire()
+        self._retiring.extend(old)
         # Start-up garbage stays put: the collector never walks it again.
         gc.collect()
         gc.freeze()
-        self.dispatcher.serve(models, self.lanes)
-        log.info(
-            "ready: serving %s on %s with classes %s (%.1f s)",
-            ", ".join(m.name for m in models),
-            ", ".join(self.config.endpoints),
-            ", ".join(self.lanes),
-            time.monotonic() - started,
-        )
+        self.notifier.notify(READY="1", STATUS=self._status_line())
+        if first:
+            log.info("ready on %s", ", ".join(self.config.endpoints))
+
+    def _on_reload_signal(self, _signum: int, _frame: object) -> None:
+        self._reload_requested = True
+        self.server.wake()
+
+    # --- the loop's housekeeping ---------------------------------------------
+
+    def _tick(self) -> None:
+        now = time.monotonic_ns()
+        if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
+            # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
+            self.notifier.notify(WATCHDOG="1")
+            self._next_watchdog_ns = now + self.notifier.watchdog_interval_ns
+        if self._loaded is not None and not self._stop_requested:
+            loaded, self._loaded = self._loaded, None
+            self._swap_in(loaded)
+        if self._reload_requested and self.dispatcher.state == SERVING and not self._loading_busy():
+            self._reload_requested = False
+            log.info("SIGHUP: re-reading the configuration and the model repository")
+            self.notifier.notify(RELOADING="1", STATUS="reloading")
+            self._start_loading(None)
+        self._retiring = [lane for lane in self._retiring if lane.alive]
+        if now >= self._next_status_ns and self.dispatcher.state == SERVING:
+            self.notifier.notify(STATUS=self._status_line())
+            self._next_status_ns = now + STATUS_EVERY_NS
+
+    def _status_line(self) -> str:
+        parts = []
+        for name, lane in self.dispatcher.lanes.items():
+            stats = lane.stats
+            shed = stats.shed_queue_full + stats.shed_deadline
+            parts.append(f"{name} {stats.completed} ok, {shed} shed, p99 {stats.total_us.percentile(0.99)} us")
+        return f"{self.dispatcher.state}: " + "; ".join(parts)
+
+    def _loading_busy(self) -> bool:
+        return self._loading is not None and self._loading.is_alive()
+
+    # --- stopping ------------------------------------------------------------
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         if self._stop_requested:
             return
         self._stop_requested = True
         self._drain_deadline_ns = time.monotonic_ns() + self.config.drain_timeout_ms * 1_000_000
+        self.notifier.notify(STOPPING="1")
         if self.dispatcher.state == SERVING:
             self.dispatcher.state = DRAINING
-        log.info("%s: draining, at most %d ms", signal.Signals(signum).name, self.config.drain_timeout_ms)
+            log.info("%s: draining, at most %d ms", signal.Signals(signum).name, self.config.drain_timeout_ms)
+        else:
+            log.info("%s: stopping once start-up is over", signal.Signals(signum).name)
         self.server.wake()
 
     def _keep_running(self) -> bool:
         if not self._stop_requested:
             return True
+        # Threads inside a runtime's loader cannot be abandoned safely: let them finish.
+        if self._loading_busy():
+            return True
         if self.dispatcher.state != DRAINING:
             return False
-        idle = all(lane.backlog.depth == 0 for lane in self.lanes.values())
+        idle = all(lane.backlog.depth == 0 for lane in self.lanes)
         return not idle and time.monotonic_ns() < self._drain_deadline_ns
 
     def _shut_down(self) -> None:
-        lanes = list(self.lanes.values())  # the loader may still be adding lanes
+        lanes = self.lanes
+        if self._loaded is not None:  # built, but never opened
+            lanes += list(self._loaded[2].values())
         unanswered = sum(lane.reject_queued("the daemon is shutting down") for lane in lanes)
         for lane in lanes:
             lane.stop(timeout_s=1.0)
         self.server.flush()
         self.server.close()
+        self.notifier.close()
         log.info("stopped (%d queued requests answered UNAVAILABLE)", unanswered)

@@ -5,7 +5,9 @@ everything that is answered here (errors, sheds, control ops) is answered at onc
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from edged.admission import admit
@@ -14,22 +16,27 @@ from edged.lanes import Job, Lane, ReplyFn
 from edged.protocol import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 from edged.repository import ModelEntry
 
+log = logging.getLogger("edged.dispatch")
+
 STARTING, SERVING, DRAINING = "starting", "serving", "draining"
 
 
 class Dispatcher:
-    def __init__(self, config: Config, reply: ReplyFn) -> None:
+    def __init__(self, config: Config, reply: ReplyFn, transport_counters: Callable[[], dict[str, int]]) -> None:
         self.config = config
         self.state = STARTING
         self.models: dict[str, ModelEntry] = {}
         self.lanes: dict[str, Lane] = {}
-        self.invalid = 0  # requests refused before a class could be known
+        self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self._reply = reply
+        self._transport_counters = transport_counters
         self._class_names = {c.name for c in config.classes}
         self._started_ns = time.monotonic_ns()
 
-    def serve(self, models: list[ModelEntry], lanes: dict[str, Lane]) -> None:
-        """Open for inference once every lane is loaded and warm."""
+    def serve(self, config: Config, models: list[ModelEntry], lanes: dict[str, Lane]) -> None:
+        """Open for inference on warm lanes, at start-up or in place of the previous ones."""
+        self.config = config
+        self._class_names = {c.name for c in config.classes}
         self.models = {model.name: model for model in models}
         self.lanes = lanes
         self.state = SERVING
@@ -50,6 +57,9 @@ class Dispatcher:
         except ProtocolError as exc:
             self.invalid += 1
             self._reply(route, encode_reply(exc.request_id, exc.status, error=exc.message))
+        except Exception as exc:  # a bug here must cost one request, never the daemon
+            log.exception("failed to handle a request")
+            self._reply(route, encode_reply(None, Status.INTERNAL, error=f"the daemon failed on this request: {exc}"))
 
     def health(self) -> dict[str, Any]:
         return {"state": self.state, "uptime_s": round((time.monotonic_ns() - self._started_ns) / 1e9, 3)}
@@ -58,6 +68,7 @@ class Dispatcher:
         return {
             "state": self.state,
             "invalid": self.invalid,
+            **self._transport_counters(),
             "classes": {name: lane.stats.snapshot(lane.backlog.depth) for name, lane in self.lanes.items()},
         }
 
@@ -72,7 +83,6 @@ class Dispatcher:
         if self.state != SERVING:
             raise ProtocolError(Status.UNAVAILABLE, f"the daemon is {self.state}; retry later", request.id)
         lane = self.lanes[class_name]
-        lane.stats.received += 1
         model = self.models.get(request.model or "")
         if model is None:
             raise ProtocolError(
@@ -81,9 +91,12 @@ class Dispatcher:
                 request.id,
             )
         inputs = model.signature.bind(request)
+        lane.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or lane.klass.deadline_ms) * 1e6)
-        cost_ns = lane.service.estimate_ns(model.name)
-        shed = admit(lane.klass, lane.backlog, cost_ns, budget_ns - (time.monotonic_ns() - received_ns))
+        rows = next(iter(inputs.values())).shape[0] if model.signature.batchable else 1
+        cost_ns = lane.service.estimate_ns(model.name, rows)
+        now_ns = time.monotonic_ns()
+        shed = admit(lane.klass, lane.backlog, cost_ns, budget_ns - (now_ns - received_ns), now_ns)
         if shed is not None:
             if shed.reason == "queue_full":
                 lane.stats.shed_queue_full += 1

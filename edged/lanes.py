@@ -67,10 +67,11 @@ class Lane:
         models: list[ModelEntry],
         backend: Backend,
         reply: ReplyFn,
+        stats: ClassStats | None = None,
     ) -> None:
         self.klass = klass
         self.models = models
-        self.stats = ClassStats()
+        self.stats = stats or ClassStats()
         self.backlog = Backlog()
         self.service = ServiceTimes()
         self._backend = backend
@@ -128,9 +129,18 @@ class Lane:
             self._answer_unrun(job, Status.UNAVAILABLE, message)
             count += 1
 
-    def stop(self, timeout_s: float) -> None:
+    def retire(self) -> None:
+        """Let the workers finish every job already queued, then end."""
         for _ in self._threads:
             self._queue.put(_STOP)
+
+    @property
+    def alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
+
+    def stop(self, timeout_s: float) -> None:
+        """Retire, and wait up to `timeout_s` for the workers to end."""
+        self.retire()
         end = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(end - time.monotonic(), 0.0))
@@ -189,8 +199,7 @@ class Lane:
                 start = time.perf_counter_ns()
                 runner.run(inputs, names)
                 elapsed = time.perf_counter_ns() - start
-            if rows == 1:
-                self.service.observe(model.name, elapsed, 1)
+            self.service.observe(model.name, elapsed, rows)
 
     def _fill(self, batch: list[Job]) -> Any:
         """Add compatible queued jobs to `batch`; returns a job that did not fit, if any.
@@ -228,6 +237,8 @@ class Lane:
         else:
             inputs = {name: np.concatenate([job.inputs[name] for job in live]) for name in live[0].inputs}
             names = live[0].model.signature.output_names
+        rows = next(iter(inputs.values())).shape[0] if live[0].model.signature.batchable else 1
+        self.stats.record_backend_call(rows)
         start = time.perf_counter_ns()
         try:
             outputs = runner.run(inputs, names)
@@ -241,7 +252,7 @@ class Lane:
             log.warning("backend error on %s: %s", live[0].model.name, exc)
             return
         compute_ns = time.perf_counter_ns() - start
-        self.service.observe(live[0].model.name, compute_ns, len(live))
+        self.service.observe(live[0].model.name, compute_ns, rows)
         produced = dict(zip(names, outputs))
         if len(live) == 1:
             self._finish(live[0], taken_ns, compute_ns, outputs=produced)
@@ -280,5 +291,7 @@ class Lane:
         self._reply(job.route, frames)
 
     def _answer_unrun(self, job: Job, status: Status, message: str) -> None:
+        waited_us = (time.monotonic_ns() - job.received_ns) // 1000
+        timing = {"queue": waited_us, "compute": 0, "total": waited_us}
         self.backlog.finish(job.cost_ns)
-        self._reply(job.route, encode_reply(job.request_id, status, error=message))
+        self._reply(job.route, encode_reply(job.request_id, status, error=message, timing_us=timing))

@@ -75,10 +75,11 @@ class ClassStats:
     admitted: int = 0
     shed_queue_full: int = 0
     shed_deadline: int = 0
-    unavailable: int = 0
     expired: int = 0
     completed: int = 0
     failed: int = 0
+    backend_calls: int = 0
+    backend_rows: int = 0  # rows handed to the backend: shed or expired work never adds here
     queue_us: Histogram = field(default_factory=Histogram)
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
@@ -94,6 +95,11 @@ class ClassStats:
             self.compute_us.record(compute_us)
             self.total_us.record(total_us)
 
+    def record_backend_call(self, rows: int) -> None:
+        with self.lock:
+            self.backend_calls += 1
+            self.backend_rows += rows
+
     def record_expired(self, count: int = 1) -> None:
         with self.lock:
             self.expired += count
@@ -104,10 +110,11 @@ class ClassStats:
                 "received": self.received,
                 "admitted": self.admitted,
                 "shed": {"queue_full": self.shed_queue_full, "deadline": self.shed_deadline},
-                "unavailable": self.unavailable,
                 "expired": self.expired,
                 "completed": self.completed,
                 "failed": self.failed,
+                "backend_calls": self.backend_calls,
+                "backend_rows": self.backend_rows,
                 "queue_depth": queue_depth,
                 "latency_us": {
                     "queue": self.queue_us.summary(),

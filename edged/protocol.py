@@ -20,6 +20,7 @@ import numpy as np
 
 PROTOCOL_VERSION = 1
 MAX_ID_BYTES = 64
+MAX_DEADLINE_MS = 3_600_000.0
 OPS = ("infer", "models", "health", "stats")
 
 RequestId = int | str | bytes | None
@@ -234,7 +235,8 @@ def _deadline(header: dict[str, Any], request_id: RequestId) -> float | None:
         raise ProtocolError(
             Status.INVALID_ARGUMENT, f"'deadline_ms' must be a finite number > 0, got {deadline!r}", request_id
         )
-    return float(deadline)
+    # Budgets past an hour mean "no hurry"; capping them keeps the clock arithmetic finite.
+    return min(float(deadline), MAX_DEADLINE_MS)
 
 
 def _input_specs(header: dict[str, Any], n_payloads: int, limits: Limits, request_id: RequestId) -> list[TensorSpec]:
@@ -255,7 +257,7 @@ def _input_specs(header: dict[str, Any], n_payloads: int, limits: Limits, reques
         name, dtype, shape = item.get("name"), item.get("dtype"), item.get("shape")
         if not isinstance(name, str):
             raise bad(f"inputs[{i}].name must be a string")
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise bad(f"input {name!r}: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         if not isinstance(shape, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape

@@ -82,7 +82,10 @@ def _entries(manifest_path: Path, backend: str) -> list[ModelEntry]:
         raise RepositoryError(f"{where}: 'name' must be a non-empty string")
     signature = Signature(_specs(manifest, "inputs", where), _specs(manifest, "outputs", where))
     entries = []
-    for i, raw in enumerate(manifest.get("variants", [])):
+    variants = manifest.get("variants", [])
+    if not isinstance(variants, list):
+        raise RepositoryError(f"{where}: 'variants' must be a list of {{precision, backend, file}}")
+    for i, raw in enumerate(variants):
         if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("precision", "backend", "file")):
             raise RepositoryError(f"{where}: variants[{i}] needs string 'precision', 'backend' and 'file'")
         if raw["backend"] != backend:
@@ -109,7 +112,8 @@ def _specs(manifest: dict[str, Any], key: str, where: str) -> tuple[TensorSpec, 
         ok = (
             isinstance(item, dict)
             and isinstance(item.get("name"), str)
-            and item.get("dtype") in DTYPES
+            and isinstance(item.get("dtype"), str)
+            and item["dtype"] in DTYPES
             and isinstance(item.get("shape"), list)
             and all(isinstance(d, int) and d >= -1 for d in item["shape"])
         )

@@ -57,14 +57,14 @@ class Server:
             raise
 
     def _bind(self, endpoint: str, max_message_bytes: int) -> zmq.Socket:
+        if endpoint.startswith("ipc://"):
+            _prepare_ipc_path(Path(endpoint[len("ipc://") :]))
         sock = self._context.socket(zmq.ROUTER)
         sock.linger = 0
         # Without it a ROUTER drops a reply to a gone or full peer in silence; with
         # it the send fails, and the one-reply promise can count what was lost.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-        if endpoint.startswith("ipc://"):
-            _prepare_ipc_path(Path(endpoint[len("ipc://") :]))
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -84,8 +84,8 @@ class Server:
         """Make the loop look at its stop condition now (safe from signal handlers)."""
         os.eventfd_write(self._wake_fd, 1)
 
-    def run(self, handle: Handler, keep_running: Callable[[], bool], tick_ms: int) -> None:
-        """Serve until `keep_running()` is false, looking at it at least every `tick_ms`."""
+    def run(self, handle: Handler, keep_running: Callable[[], bool], tick: Callable[[], None], tick_ms: int) -> None:
+        """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`."""
         self._loop_thread = threading.get_ident()
         poller = zmq.Poller()
         for sock in self._sockets:
@@ -102,6 +102,7 @@ class Server:
                 if sock in ready:
                     self._receive(index, sock, handle)
             self.flush()
+            tick()
 
     def flush(self) -> None:
         """Send every reply the lanes handed over."""
@@ -110,9 +111,7 @@ class Server:
             self._send(*outbox.popleft())
 
     def close(self) -> None:
-        for sock in self._sockets:
-            sock.close(linger=0)
-        self._context.term()
+        self._context.destroy(linger=0)  # every socket, even one whose bind failed
         os.close(self._wake_fd)
 
     def _receive(self, index: int, sock: zmq.Socket, handle: Handler) -> None:
