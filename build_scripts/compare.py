@@ -66,7 +66,8 @@ def round_trips(endpoint: str, model: str, runs: int) -> dict[str, float]:
     """Closed-loop round trips of one protocol request, raw frames, timed here."""
     name, shape = MODELS[model]
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    frames = [bytes(f) for f in encode_request(1, model=model, inputs={name: x})]
+    # The realtime class: what a latency-bound client would use (the naive server has no classes).
+    frames = [bytes(f) for f in encode_request(1, model=model, klass="realtime", inputs={name: x})]
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(endpoint)

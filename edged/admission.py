@@ -14,7 +14,6 @@ from edged.config import ClassConfig
 # Weight of the newest observation in the service-time average: heavy enough to
 # follow a change of load within a few dozen requests, light enough to ignore one outlier.
 EWMA_WEIGHT = 0.1
-PROBE_EVERY_NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +21,7 @@ class Shed:
     reason: str  # "queue_full" or "deadline": the stats counter it lands in
     message: str
     retry_after_ms: float
+    beyond_one_run: bool = False  # the deadline is shorter than the model's own run
 
 
 class ServiceTimes:
@@ -65,7 +65,6 @@ class Backlog:
         self._finished = 0
         self._finished_ns = 0
         self._lock = threading.Lock()  # between a lane's own workers
-        self.last_probe_ns = 0
 
     def add(self, cost_ns: int) -> None:
         self._added += 1
@@ -85,7 +84,7 @@ class Backlog:
         return max(self._added_ns - self._finished_ns, 0)
 
 
-def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, now_ns: int) -> Shed | None:
+def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int) -> Shed | None:
     """None to admit; a Shed when the queue is full or the deadline cannot be met."""
     depth = backlog.depth
     if depth >= klass.queue_capacity:
@@ -99,11 +98,6 @@ def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, no
         )
     ahead_ns = backlog.work_ns / klass.workers
     if ahead_ns + cost_ns > budget_ns:
-        if depth == 0 and now_ns - backlog.last_probe_ns > PROBE_EVERY_NS:
-            # An estimate that prices every request out is never measured again; an
-            # idle lane lets one through now and then, so a stale estimate heals.
-            backlog.last_probe_ns = now_ns
-            return None
         if cost_ns > budget_ns:
             message = (
                 f"class {klass.name!r} cannot meet the deadline: the model alone takes about {cost_ns / 1e6:.3f} ms, "
@@ -114,7 +108,7 @@ def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, no
                 f"class {klass.name!r} cannot meet the deadline: about {ahead_ns / 1e6:.3f} ms of work is ahead "
                 f"of this request and {max(budget_ns, 0) / 1e6:.3f} ms are left"
             )
-        return Shed("deadline", message, _ms(ahead_ns + cost_ns - budget_ns))
+        return Shed("deadline", message, _ms(ahead_ns + cost_ns - budget_ns), beyond_one_run=cost_ns > budget_ns)
     return None
 
 

@@ -32,7 +32,9 @@ class ClassConfig:
     workers: int = 1
     max_batch: int = 1  # the most requests one backend call may carry
     batch_wait_us: int = 0  # how long a worker may wait to fill a batch; 0 for latency classes
-    inline_max_us: int = 0  # run a job this cheap on the socket loop when the lane is idle; 0: never
+    # Run a job estimated this cheap on the socket loop when the lane is idle (0: never).
+    # It delays every class's next request by about as long: meant for the most urgent class.
+    inline_max_us: int = 0
     threads: int = 1  # ONNX Runtime intra-op threads of this lane's sessions
     cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
@@ -44,7 +46,7 @@ DEFAULT_CLASSES = (
     ClassConfig(
         "realtime", order=0, queue_capacity=32, deadline_ms=20.0, max_batch=4, inline_max_us=300, stream_priority=-1
     ),
-    ClassConfig("standard", order=1, queue_capacity=128, deadline_ms=200.0, max_batch=8, inline_max_us=300),
+    ClassConfig("standard", order=1, queue_capacity=128, deadline_ms=200.0, max_batch=8),
     ClassConfig("bulk", order=2, queue_capacity=512, deadline_ms=5000.0, max_batch=16, batch_wait_us=500, nice=10),
 )
 

@@ -33,6 +33,7 @@ log = logging.getLogger("edged")
 GIL_SWITCH_INTERVAL_S = 0.0005
 TICK_MS = 250
 STATUS_EVERY_NS = 5_000_000_000
+RUNNING_WORK_GRACE_S = 20.0
 
 Loaded = tuple[Config, list[ModelEntry], dict[str, Lane]]
 
@@ -204,8 +205,11 @@ class Daemon:
         if self._loaded is not None:  # built, but never opened
             lanes += list(self._loaded[2].values())
         unanswered = sum(lane.reject_queued("the daemon is shutting down") for lane in lanes)
+        # A call already inside the backend cannot be cut short: wait for its reply,
+        # so that nothing admitted goes unanswered (systemd's TimeoutStopSec is the backstop).
+        end = time.monotonic() + RUNNING_WORK_GRACE_S
         for lane in lanes:
-            lane.stop(timeout_s=1.0)
+            lane.stop(timeout_s=max(end - time.monotonic(), 0.0))
         self.server.flush()
         self.server.close()
         self.notifier.close()

@@ -96,8 +96,10 @@ class Dispatcher:
         rows = next(iter(inputs.values())).shape[0] if model.signature.batchable else 1
         cost_ns = lane.service.estimate_ns(model.name, rows)
         now_ns = time.monotonic_ns()
-        shed = admit(lane.klass, lane.backlog, cost_ns, budget_ns - (now_ns - received_ns), now_ns)
+        shed = admit(lane.klass, lane.backlog, cost_ns, budget_ns - (now_ns - received_ns))
         if shed is not None:
+            if shed.beyond_one_run:
+                lane.remeasure(model, now_ns)
             if shed.reason == "queue_full":
                 lane.stats.shed_queue_full += 1
             else:

@@ -31,6 +31,8 @@ log = logging.getLogger("edged.lanes")
 
 ReplyFn = Callable[[Any, list[Buffer]], None]
 WARMUP_RUNS = 5
+REMEASURE_EVERY_NS = 1_000_000_000
+INLINE_OVERSHOOT = 4  # an inline run this many times over the limit disqualifies its model
 
 
 @dataclass(slots=True)
@@ -60,6 +62,13 @@ class Job:
 _STOP = object()
 
 
+@dataclass(frozen=True, slots=True)
+class _Remeasure:
+    """Ask a worker to time the model afresh (see Lane.remeasure)."""
+
+    model: ModelEntry
+
+
 class Lane:
     def __init__(
         self,
@@ -81,6 +90,8 @@ class Lane:
         self._ready = threading.Barrier(klass.workers + 1)
         self._load_errors: list[BaseException] = []
         self._shared_runners: dict[str, Runner] = {}
+        self._not_inline: set[str] = set()
+        self._last_remeasure_ns = 0
 
     # --- life cycle --------------------------------------------------------
 
@@ -105,15 +116,44 @@ class Lane:
 
         Two thread handoffs (to a worker and back) cost more than a model of a few
         tens of microseconds takes to run. A class with `inline_max_us` set runs such
-        jobs at once instead, which delays the loop's next request by at most that
+        jobs at once instead, which delays the loop's next request by about that
         long; a lane with work queued or running never does, so order is kept.
+        A model whose run overshoots its estimate by far (its cost depends on the
+        values it is given, say) is never run inline again on this lane.
         """
-        if job.cost_ns > self.klass.inline_max_us * 1000 or self.backlog.depth or not self._shared_runners:
+        limit_ns = self.klass.inline_max_us * 1000
+        if (
+            job.cost_ns > limit_ns
+            or self.backlog.depth
+            or not self._shared_runners
+            or job.model.name in self._not_inline
+        ):
             return False
         self.backlog.add(job.cost_ns)
+        start = time.perf_counter_ns()
         # ONNX Runtime and TensorRT runners take concurrent calls, so a worker's serves here too.
         self._run([job], self._shared_runners[job.model.name])
+        elapsed_ns = time.perf_counter_ns() - start
+        if elapsed_ns > INLINE_OVERSHOOT * limit_ns:
+            self._not_inline.add(job.model.name)
+            log.warning(
+                "%s ran %.1f ms on the socket loop, past classes.%s.inline_max_us; it now always runs on the lane",
+                job.model.name,
+                elapsed_ns / 1e6,
+                self.klass.name,
+            )
         return True
+
+    def remeasure(self, model: ModelEntry, now_ns: int) -> None:
+        """Refresh the model's service estimate on an idle lane, at most once a second.
+
+        Called when admission sheds a request as too slow for its deadline: were the
+        estimate stale (inflated by a burst of contention, say), it would shed those
+        requests forever, since nothing admitted would ever measure it again.
+        """
+        if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
+            self._last_remeasure_ns = now_ns
+            self._queue.put(_Remeasure(model))
 
     def reject_queued(self, message: str) -> int:
         """Answer every job still queued UNAVAILABLE, without running it."""
@@ -126,7 +166,8 @@ class Lane:
             if job is _STOP:
                 self._queue.put(job)
                 return count
-            self._answer_unrun(job, Status.UNAVAILABLE, message)
+            if isinstance(job, Job):
+                self._answer_unrun(job, Status.UNAVAILABLE, message)
             count += 1
 
     def retire(self) -> None:
@@ -166,12 +207,12 @@ class Lane:
             held = None
             if job is _STOP:
                 break
+            if isinstance(job, _Remeasure):
+                self._measure(job.model, runners[job.model.name], rows=1, runs=1)
+                continue
             batch = [job]
             if self.klass.max_batch > 1 and job.model.signature.batchable:
                 held = self._fill(batch)
-                if held is _STOP:
-                    self._queue.put(_STOP)
-                    held = None
             self._run(batch, runners[job.model.name])
         for runner in runners.values():
             runner.close()
@@ -186,20 +227,23 @@ class Lane:
 
     def _warm(self, model: ModelEntry, runner: Runner) -> None:
         """Run the model at batch 1 and at the class's largest batch before serving."""
-        names = model.signature.output_names
         for rows in sorted({1, self.klass.max_batch if model.signature.batchable else 1}):
-            inputs = {
-                spec.name: np.zeros(
-                    [rows if i == 0 and model.signature.batchable else max(d, 1) for i, d in enumerate(spec.shape)],
-                    dtype=spec.dtype,
-                )
-                for spec in model.signature.inputs
-            }
-            for _ in range(WARMUP_RUNS):
-                start = time.perf_counter_ns()
-                runner.run(inputs, names)
-                elapsed = time.perf_counter_ns() - start
-            self.service.observe(model.name, elapsed, rows)
+            self._measure(model, runner, rows, WARMUP_RUNS)
+
+    def _measure(self, model: ModelEntry, runner: Runner, rows: int, runs: int) -> None:
+        """Time `runs` calls on zeros of `rows` rows; the last one feeds the service estimate."""
+        batchable = model.signature.batchable
+        inputs = {
+            spec.name: np.zeros(
+                [rows if i == 0 and batchable else max(d, 1) for i, d in enumerate(spec.shape)], dtype=spec.dtype
+            )
+            for spec in model.signature.inputs
+        }
+        for _ in range(runs):
+            start = time.perf_counter_ns()
+            runner.run(inputs, model.signature.output_names)
+            elapsed = time.perf_counter_ns() - start
+        self.service.observe(model.name, elapsed, rows)
 
     def _fill(self, batch: list[Job]) -> Any:
         """Add compatible queued jobs to `batch`; returns a job that did not fit, if any.
@@ -214,7 +258,7 @@ class Lane:
                 job = self._queue.get(timeout=remaining_s) if remaining_s > 0 else self._queue.get_nowait()
             except queue.Empty:
                 return None
-            if job is _STOP or not job.fits_with(batch[0]):
+            if not isinstance(job, Job) or not job.fits_with(batch[0]):
                 return job
             batch.append(job)
         return None

@@ -1,0 +1,201 @@
+"""What the daemon tests share: daemons in child processes, short socket paths, free
+ports, and raw frames over real ZeroMQ sockets.
+
+Raw frames rather than `edged.client` wherever the wire itself is under test: the
+client shares the daemon's codec, so a codec bug would agree with itself there.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import onnxruntime as ort
+import zmq
+
+from edged.launch import DaemonProcess
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENGINES = REPO_ROOT / "engines"
+# Generous: a reply that takes this long is lost, not slow.
+REPLY_TIMEOUT_MS = 10_000
+MODEL_INPUTS = {"mlp-light": ("x", (64,)), "cnn-heavy": ("image", (3, 64, 64))}
+
+
+def short_dir() -> Path:
+    """A fresh folder with a short path: a unix socket path may not exceed 107 bytes,
+    and pytest's tmp_path can come close."""
+    return Path(tempfile.mkdtemp(prefix="ed-", dir="/tmp"))
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class RunningDaemon:
+    """`edged serve` in a child process, with where to reach it and its log."""
+
+    process: DaemonProcess
+    ipc: str
+    tcp: str | None
+    folder: Path
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.process.pid
+
+    def alive(self) -> bool:
+        return self.process.process.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        return self.process.stop(timeout_s)
+
+    def close(self) -> None:
+        self.stop()  # also closes the log of a daemon that already exited
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def start_daemon(config_text: str | None = None, *, tcp: bool = False, wait: bool = True) -> RunningDaemon:
+    """Start a daemon on an ipc socket (and a tcp port if asked), by default waiting until it serves."""
+    folder = short_dir()
+    ipc = f"ipc://{folder}/d.sock"
+    endpoints = [ipc]
+    tcp_endpoint = f"tcp://127.0.0.1:{free_tcp_port()}" if tcp else None
+    if tcp_endpoint:
+        endpoints.append(tcp_endpoint)
+    config = None
+    if config_text is not None:
+        config = folder / "edged.toml"
+        config.write_text(config_text)
+    log_path = folder / "daemon.log"
+    running = RunningDaemon(
+        DaemonProcess(endpoints, config=config, log_path=log_path), ipc, tcp_endpoint, folder, log_path
+    )
+    if wait:
+        try:
+            running.process.wait_serving(timeout_s=60)
+        except RuntimeError as exc:
+            log = running.log()
+            running.close()
+            raise RuntimeError(f"{exc}; daemon log:\n{log}") from None
+    return running
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
+
+
+# --- raw frames --------------------------------------------------------------
+
+
+@dataclass
+class RawReply:
+    header: dict[str, Any]
+    payloads: list[bytes]
+    delimiter: bool = False  # whether a DEALER saw an empty frame before the header
+
+    @property
+    def status(self) -> str:
+        return self.header["status"]
+
+    def output(self, index: int = 0) -> np.ndarray:
+        spec = self.header["outputs"][index]
+        return np.frombuffer(self.payloads[index], dtype=spec["dtype"]).reshape(spec["shape"])
+
+
+def header(**fields: Any) -> bytes:
+    """A msgpack request header, with v=1 unless the test says otherwise."""
+    return msgpack.packb({"v": 1, **fields})
+
+
+def connect(context: zmq.Context, endpoint: str, kind: int = zmq.DEALER) -> zmq.Socket:
+    sock = context.socket(kind)
+    sock.linger = 0
+    sock.connect(endpoint)
+    return sock
+
+
+def receive(sock: zmq.Socket, timeout_ms: int = REPLY_TIMEOUT_MS) -> RawReply:
+    """One reply, or an AssertionError if none comes: a silent drop is a failure."""
+    if not sock.poll(timeout_ms):
+        raise AssertionError(f"no reply within {timeout_ms} ms")
+    frames = sock.recv_multipart()
+    delimiter = sock.type == zmq.DEALER and len(frames) > 1 and frames[0] == b""
+    body = frames[1:] if delimiter else frames
+    return RawReply(msgpack.unpackb(body[0], raw=False), body[1:], delimiter)
+
+
+def receive_or_death(sock: zmq.Socket, running: RunningDaemon, timeout_ms: int = REPLY_TIMEOUT_MS) -> RawReply:
+    """Like receive, but a daemon that dies instead of replying fails at once, with its log."""
+    end = time.monotonic() + timeout_ms / 1000
+    while time.monotonic() < end:
+        if sock.poll(50):
+            return receive(sock, 0)
+        if not running.alive():
+            code = running.process.process.returncode
+            raise AssertionError(
+                f"the daemon exited with code {code} instead of replying; its log ends:\n{running.log()[-1500:]}"
+            )
+    raise AssertionError(f"no reply within {timeout_ms} ms")
+
+
+def nothing_more(sock: zmq.Socket, wait_ms: int = 100) -> bool:
+    return not sock.poll(wait_ms)
+
+
+def exchange(sock: zmq.Socket, frames: list[Any], timeout_ms: int = REPLY_TIMEOUT_MS) -> RawReply:
+    sock.send_multipart(frames, copy=False)
+    return receive(sock, timeout_ms)
+
+
+def random_input(model: str, rows: int, seed: int) -> dict[str, np.ndarray]:
+    name, shape = MODEL_INPUTS[model]
+    return {name: np.random.default_rng(seed).standard_normal((rows, *shape), dtype=np.float32)}
+
+
+class Reference:
+    """The demo models run in this process by ONNX Runtime: what the daemon must agree with."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, ort.InferenceSession] = {}
+
+    def session(self, model: str) -> ort.InferenceSession:
+        if model not in self._sessions:
+            path = ENGINES / model / "model.onnx"
+            self._sessions[model] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return self._sessions[model]
+
+    def run(self, model: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session(model).run(None, inputs)[0]
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray) -> None:
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"not within {timeout_s} s: {what}")

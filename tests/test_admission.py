@@ -1,0 +1,102 @@
+"""Admission decisions over a real Backlog: shed when the queue is full or the deadline
+cannot be met, with a retry hint a client can act on; admit otherwise."""
+
+from __future__ import annotations
+
+from edged.admission import Backlog, ServiceTimes, Shed, admit
+from edged.config import ClassConfig
+
+MS = 1_000_000  # ns
+
+
+def lane(**settings: int | float) -> ClassConfig:
+    return ClassConfig("test", order=0, **{"queue_capacity": 4, "deadline_ms": 100.0, "workers": 1, **settings})
+
+
+def backlog_of(*costs_ns: int) -> Backlog:
+    backlog = Backlog()
+    for cost in costs_ns:
+        backlog.add(cost)
+    return backlog
+
+
+def test_an_idle_lane_admits() -> None:
+    assert admit(lane(), backlog_of(), cost_ns=1 * MS, budget_ns=100 * MS) is None
+
+
+def test_a_full_queue_sheds_with_a_positive_retry_hint() -> None:
+    backlog = backlog_of(*[2 * MS] * 4)
+    shed = admit(lane(), backlog, cost_ns=1, budget_ns=10_000 * MS)
+    assert isinstance(shed, Shed)
+    assert shed.reason == "queue_full"
+    assert "queue_capacity" in shed.message
+    # One slot frees when the average job ahead (2 ms) finishes.
+    assert 2.0 <= shed.retry_after_ms <= 2.2
+
+
+def test_a_full_queue_of_unmeasured_work_still_hints_a_retry_later() -> None:
+    shed = admit(lane(), backlog_of(0, 0, 0, 0), cost_ns=0, budget_ns=10_000 * MS)
+    assert shed is not None and shed.reason == "queue_full"
+    assert shed.retry_after_ms > 0  # a hint of 0 would invite an immediate, doomed retry
+
+
+def test_a_slot_freed_admits_again() -> None:
+    backlog = backlog_of(*[2 * MS] * 4)
+    backlog.finish(2 * MS)
+    assert backlog.depth == 3
+    assert admit(lane(), backlog, cost_ns=1, budget_ns=10_000 * MS) is None
+
+
+def test_a_deadline_the_work_ahead_makes_unreachable_sheds() -> None:
+    shed = admit(lane(), backlog_of(6 * MS), cost_ns=1 * MS, budget_ns=5 * MS)
+    assert isinstance(shed, Shed)
+    assert shed.reason == "deadline"
+    assert "deadline" in shed.message
+    assert shed.retry_after_ms >= 2.0  # 7 ms of work for a 5 ms budget
+
+
+def test_a_request_costlier_than_its_budget_sheds_on_an_idle_lane() -> None:
+    shed = admit(lane(), backlog_of(), cost_ns=3 * MS, budget_ns=2 * MS)
+    assert shed is not None and shed.reason == "deadline" and shed.retry_after_ms > 0
+
+
+def test_a_budget_already_spent_sheds() -> None:
+    """docs/protocol.md: a tiny deadline_ms, used up before admission, is shed every time."""
+    for budget_ns in (0, -1 * MS):
+        shed = admit(lane(), backlog_of(), cost_ns=1 * MS, budget_ns=budget_ns)
+        assert shed is not None and shed.reason == "deadline", budget_ns
+
+
+def test_work_ahead_is_shared_among_the_workers() -> None:
+    backlog = backlog_of(10 * MS, 10 * MS)
+    # Alone, one worker would finish at 21 ms; two workers share the 20 ms ahead.
+    assert admit(lane(workers=1), backlog, cost_ns=1 * MS, budget_ns=12 * MS) is not None
+    assert admit(lane(workers=2), backlog, cost_ns=1 * MS, budget_ns=12 * MS) is None
+
+
+def test_finished_work_no_longer_counts_against_a_deadline() -> None:
+    backlog = backlog_of(50 * MS)
+    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS) is not None
+    backlog.finish(50 * MS)
+    assert (backlog.depth, backlog.work_ns) == (0, 0)
+    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS) is None
+
+
+def test_service_time_is_learned_per_row() -> None:
+    times = ServiceTimes()
+    assert times.estimate_ns("m") == 0
+    times.observe("m", call_ns=1 * MS, rows=1)
+    assert times.estimate_ns("m") == 1 * MS
+    # A big batch teaches the cost of a further row; a one-row request stays cheap.
+    times.observe("m", call_ns=1 * MS + 99 * MS // 10, rows=100)
+    assert times.estimate_ns("m", rows=1) == 1 * MS
+    assert abs(times.estimate_ns("m", rows=11) - 2 * MS) < 0.01 * MS
+    assert times.estimate_ns("other") == 0
+
+
+def test_service_time_follows_a_change_of_load() -> None:
+    times = ServiceTimes()
+    times.observe("m", call_ns=1 * MS, rows=1)
+    for _ in range(100):
+        times.observe("m", call_ns=3 * MS, rows=1)
+    assert abs(times.estimate_ns("m") - 3 * MS) < 0.01 * MS

@@ -1,0 +1,179 @@
+"""edged.client against the real daemon: the blocking Client and the AsyncClient on
+uvloop, their results, and the exception each non-OK status raises."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import uvloop
+import zmq
+from support import (
+    Reference,
+    RunningDaemon,
+    assert_close,
+    connect,
+    exchange,
+    header,
+    random_input,
+    receive,
+    wait_for,
+)
+
+from edged.client import (
+    AsyncClient,
+    Client,
+    EdgedError,
+    InvalidArgument,
+    NoReply,
+    NotFound,
+    Overloaded,
+)
+from edged.protocol import Status, encode_request
+
+
+def test_client_infer_matches_the_model(endpoint: str, reference: Reference) -> None:
+    with Client(endpoint) as client:
+        for model in ("mlp-light", "cnn-heavy"):
+            inputs = random_input(model, rows=2, seed=3)
+            (name, array), *rest = client.infer(model, inputs).items()
+            assert rest == []
+            assert name == {"mlp-light": "scores", "cnn-heavy": "logits"}[model]
+            assert_close(array, reference.run(model, inputs))
+
+
+def test_client_infer_reply_carries_timing(daemon: RunningDaemon) -> None:
+    with Client(daemon.ipc) as client:
+        reply = client.infer_reply("mlp-light", random_input("mlp-light", 1, 0), klass="realtime", deadline_ms=1000)
+    assert reply.status is Status.OK
+    assert set(reply.header["timing_us"]) == {"queue", "compute", "total"}
+    assert reply.outputs["scores"].shape == (1, 10)
+
+
+def test_client_control_ops(daemon: RunningDaemon) -> None:
+    with Client(daemon.tcp) as client:
+        assert {model["name"] for model in client.models()} == {"mlp-light", "cnn-heavy"}
+        assert client.health()["state"] == "serving"
+        assert set(client.stats()["classes"]) == {"realtime", "standard", "bulk"}
+
+
+def test_client_asks_for_a_subset_of_outputs(daemon: RunningDaemon) -> None:
+    with Client(daemon.ipc) as client:
+        assert list(client.infer("mlp-light", random_input("mlp-light", 1, 0), outputs=["scores"])) == ["scores"]
+
+
+# (infer arguments, exception class, a phrase of the daemon's message)
+ERRORS = {
+    "wrong shape": (
+        {"model": "mlp-light", "inputs": {"x": np.zeros((1, 63), dtype=np.float32)}},
+        InvalidArgument,
+        "the model takes [-1, 64]",
+    ),
+    "wrong dtype": (
+        {"model": "mlp-light", "inputs": {"x": np.zeros((1, 64), dtype=np.float16)}},
+        InvalidArgument,
+        "must be float32",
+    ),
+    "unknown output": (
+        {"model": "mlp-light", "inputs": {"x": np.zeros((1, 64), dtype=np.float32)}, "outputs": ["y"]},
+        InvalidArgument,
+        "no outputs ['y']",
+    ),
+    "unknown model": (
+        {"model": "resnet", "inputs": {"x": np.zeros((1, 64), dtype=np.float32)}},
+        NotFound,
+        "unknown model",
+    ),
+    "unknown class": (
+        {"model": "mlp-light", "inputs": {"x": np.zeros((1, 64), dtype=np.float32)}, "klass": "vip"},
+        NotFound,
+        "unknown class 'vip'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_client_raises_the_status_exception_with_the_daemons_message(daemon: RunningDaemon, case: str) -> None:
+    arguments, error_class, phrase = ERRORS[case]
+    with Client(daemon.ipc) as client:
+        with pytest.raises(error_class) as caught:
+            client.infer(**arguments)
+    error = caught.value
+    assert isinstance(error, EdgedError)
+    assert error.reply is not None and error.reply.status is error_class.status
+    assert phrase in error.message
+    assert error.reply.header["error"] in error.message
+
+
+def test_client_raises_overloaded_when_the_class_is_busy(context: zmq.Context, daemon: RunningDaemon) -> None:
+    """Behind 40 queued cnn-heavy requests (about 100 ms of work, past realtime's queue of
+    32), a realtime request with the class's 20 ms budget is shed on arrival."""
+    watcher, flood = connect(context, daemon.ipc), connect(context, daemon.ipc)
+
+    def received() -> int:
+        return exchange(watcher, [header(id="s", op="stats")]).header["classes"]["realtime"]["received"]
+
+    before = received()
+    for i in range(40):
+        image = random_input("cnn-heavy", 1, i)
+        flood.send_multipart(encode_request(i, model="cnn-heavy", klass="realtime", deadline_ms=60_000, inputs=image))
+    wait_for(lambda: received() - before >= 40, 10, "the flood arrived")
+    with Client(daemon.ipc) as client, pytest.raises(Overloaded) as caught:
+        client.infer("cnn-heavy", random_input("cnn-heavy", 1, 0), klass="realtime")
+    assert caught.value.reply is not None and caught.value.reply.status is Status.OVERLOADED
+    assert caught.value.reply.header["error"] in caught.value.message
+    assert "deadline" in caught.value.message or "capacity" in caught.value.message
+    assert caught.value.retry_after_ms >= 0.1
+    assert {receive(flood).status for _ in range(40)} <= {"OK", "OVERLOADED"}
+
+
+def test_client_with_no_daemon_raises_no_reply(short_tmp: Path) -> None:
+    with Client(f"ipc://{short_tmp}/nobody.sock", timeout_ms=200) as client, pytest.raises(NoReply):
+        client.health()
+
+
+def test_async_client_on_uvloop_keeps_many_requests_in_flight(endpoint: str, reference: Reference) -> None:
+    inputs = [random_input("mlp-light", rows=1 + i % 3, seed=i) for i in range(100)]
+    images = [random_input("cnn-heavy", rows=1, seed=i) for i in range(8)]
+
+    async def main() -> tuple[list, list, dict, list[BaseException | dict]]:
+        assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+        async with AsyncClient(endpoint, timeout_ms=20_000) as client:
+            light, heavy, health = await asyncio.gather(
+                asyncio.gather(*(client.infer("mlp-light", x) for x in inputs)),
+                asyncio.gather(*(client.infer("cnn-heavy", x, klass="bulk") for x in images)),
+                client.health(),
+            )
+            # A failure among many in flight is that request's alone.
+            mixed = await asyncio.gather(
+                client.infer("mlp-light", inputs[0]),
+                client.infer("resnet", inputs[0]),
+                client.infer("mlp-light", inputs[1]),
+                return_exceptions=True,
+            )
+        return light, heavy, health, mixed
+
+    light, heavy, health, mixed = uvloop.run(main())
+    for x, out in zip(inputs, light):
+        assert_close(out["scores"], reference.run("mlp-light", x))
+    for x, out in zip(images, heavy):
+        assert_close(out["logits"], reference.run("cnn-heavy", x))
+    assert health["state"] == "serving"
+    assert isinstance(mixed[1], NotFound) and "unknown model 'resnet'" in mixed[1].message
+    assert_close(mixed[0]["scores"], reference.run("mlp-light", inputs[0]))
+    assert_close(mixed[2]["scores"], reference.run("mlp-light", inputs[1]))
+
+
+def test_async_client_raises_the_status_exception(daemon: RunningDaemon) -> None:
+    async def main() -> None:
+        async with AsyncClient(daemon.ipc) as client:
+            with pytest.raises(InvalidArgument, match="must be float32"):
+                await client.infer("mlp-light", {"x": np.zeros((1, 64), dtype=np.int32)})
+            with pytest.raises(NotFound, match="unknown class 'vip'"):
+                await client.infer("mlp-light", random_input("mlp-light", 1, 0), klass="vip")
+            assert {model["name"] for model in await client.models()} == {"mlp-light", "cnn-heavy"}
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())

@@ -1,0 +1,188 @@
+"""Lanes in-process, on the real ONNX Runtime backend and the demo models.
+
+The backend is wrapped only to count (and, in one test, to fail) what reaches it:
+the counting is how a test proves that shed or expired work was never run.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
+from edged.config import ClassConfig
+from edged.lanes import Job, Lane
+from edged.protocol import Status, decode_reply
+from edged.repository import ModelEntry, discover
+
+ROOT = Path(__file__).resolve().parents[1]
+POISON = -999.0  # a value the failing wrapper refuses to run
+
+
+class CountingBackend:
+    """The real ONNX Runtime backend; counts rows run, and fails any call holding a POISON row."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.calls: list[int] = []
+        self.counting = False
+        self._real = OnnxRuntimeCpu()
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> CountingRunner:
+        return CountingRunner(self, self._real.load(model, lane))
+
+
+class CountingRunner:
+    def __init__(self, owner: CountingBackend, runner) -> None:
+        self._owner, self._runner = owner, runner
+
+    def run(self, inputs, output_names):
+        first = next(iter(inputs.values()))
+        if self._owner.counting:
+            self._owner.rows += first.shape[0]
+            self._owner.calls.append(first.shape[0])
+        if (first == POISON).any():
+            raise RuntimeError("poisoned row")
+        return self._runner.run(inputs, output_names)
+
+    def close(self) -> None:
+        self._runner.close()
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, ModelEntry]:
+    return {m.name: m for m in discover(ROOT / "engines", "onnxruntime")}
+
+
+def make_lane(klass: ClassConfig, models: dict[str, ModelEntry]) -> tuple[Lane, CountingBackend, queue.Queue]:
+    backend = CountingBackend()
+    replies: queue.Queue = queue.Queue()
+    lane = Lane(klass, list(models.values()), backend, lambda route, frames: replies.put((route, frames)))
+    lane.start()
+    backend.counting = True  # warm-up runs are not what the tests count
+    return lane, backend, replies
+
+
+def job(model: ModelEntry, x: np.ndarray, route: int, deadline_ms: float = 1000.0) -> Job:
+    now = time.monotonic_ns()
+    name = model.signature.inputs[0].name
+    return Job(route, route, model, {name: x}, model.signature.output_names, now, now + int(deadline_ms * 1e6), 0)
+
+
+def collect(replies: queue.Queue, count: int) -> dict[int, object]:
+    got = {}
+    for _ in range(count):
+        route, frames = replies.get(timeout=10)
+        assert route not in got, f"request {route} answered twice"
+        got[route] = decode_reply([bytes(f) for f in frames])
+    assert replies.empty()
+    return got
+
+
+def reference(model: str, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(ROOT / "engines" / model / "model.onnx"))
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def test_expired_job_is_answered_and_never_run(models):
+    lane, backend, replies = make_lane(ClassConfig("t", order=0), models)
+    try:
+        x = np.ones((1, 64), np.float32)
+        lane.submit(job(models["mlp-light"], x, route=1, deadline_ms=-1.0))
+        lane.submit(job(models["mlp-light"], x, route=2))
+        got = collect(replies, 2)
+    finally:
+        lane.stop(2.0)
+    assert got[1].status is Status.DEADLINE_EXCEEDED
+    assert "not run" in got[1].error
+    assert got[2].status is Status.OK
+    assert backend.rows == 1
+    assert lane.stats.expired == 1 and lane.backlog.depth == 0
+
+
+def test_bulk_batches_what_waits_and_each_reply_gets_its_own_rows(models):
+    klass = ClassConfig("bulk", order=0, max_batch=8, batch_wait_us=20_000)
+    lane, backend, replies = make_lane(klass, models)
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((1 + i % 3, 64)).astype(np.float32) for i in range(16)]
+    try:
+        for i, x in enumerate(xs):
+            lane.submit(job(models["mlp-light"], x, route=i))
+        got = collect(replies, len(xs))
+    finally:
+        lane.stop(2.0)
+    assert len(backend.calls) < len(xs), f"no batching happened: {backend.calls}"
+    assert max(backend.calls) <= sum(x.shape[0] for x in xs)
+    for i, x in enumerate(xs):
+        assert got[i].status is Status.OK
+        np.testing.assert_allclose(got[i].outputs["scores"], reference("mlp-light", x), rtol=1e-5, atol=1e-5)
+
+
+def test_latency_class_does_not_wait_to_fill_a_batch(models):
+    klass = ClassConfig("realtime", order=0, max_batch=8, batch_wait_us=0)
+    lane, backend, replies = make_lane(klass, models)
+    try:
+        start = time.monotonic()
+        lane.submit(job(models["cnn-heavy"], np.zeros((1, 3, 64, 64), np.float32), route=1))
+        got = collect(replies, 1)
+        elapsed = time.monotonic() - start
+    finally:
+        lane.stop(2.0)
+    assert got[1].status is Status.OK
+    assert backend.calls == [1]
+    assert elapsed < 1.0  # gross regression margin: a batch wait would not show at this scale otherwise
+
+
+def test_a_failing_request_gets_internal_and_its_batch_neighbours_their_answers(models):
+    klass = ClassConfig("bulk", order=0, max_batch=8, batch_wait_us=50_000)
+    lane, _, replies = make_lane(klass, models)
+    xs = [np.full((1, 64), float(i), np.float32) for i in range(6)]
+    xs[3] = np.full((1, 64), POISON, np.float32)
+    try:
+        for i, x in enumerate(xs):
+            lane.submit(job(models["mlp-light"], x, route=i))
+        got = collect(replies, len(xs))
+    finally:
+        lane.stop(2.0)
+    assert got[3].status is Status.INTERNAL and "poisoned row" in got[3].error
+    for i in (0, 1, 2, 4, 5):
+        assert got[i].status is Status.OK
+        np.testing.assert_allclose(got[i].outputs["scores"], reference("mlp-light", xs[i]), rtol=1e-5, atol=1e-5)
+    assert lane.stats.failed == 1 and lane.stats.completed == 5
+
+
+def test_reject_queued_answers_unavailable_without_running(models):
+    klass = ClassConfig("t", order=0)
+    lane, backend, replies = make_lane(klass, models)
+    heavy = models["cnn-heavy"]
+    try:
+        # A slow first job holds the only worker while the rest queue up behind it.
+        lane.submit(job(heavy, np.zeros((64, 3, 64, 64), np.float32), route=0))
+        end = time.monotonic() + 10
+        while not backend.calls and time.monotonic() < end:
+            time.sleep(0.001)
+        for i in range(1, 6):
+            lane.submit(job(heavy, np.zeros((1, 3, 64, 64), np.float32), route=i))
+        rejected = lane.reject_queued("shutting down")
+        got = collect(replies, 6)
+    finally:
+        lane.stop(5.0)
+    unavailable = [r for r in got.values() if r.status is Status.UNAVAILABLE]
+    assert len(unavailable) == rejected == 5
+    assert backend.rows == 64
+
+
+def test_lane_start_reports_a_model_that_cannot_load(models, tmp_path):
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx file")
+    entry = models["mlp-light"]
+    bad = replace(entry, variant=replace(entry.variant, path=broken))
+    lane = Lane(ClassConfig("t", order=0), [bad], OnnxRuntimeCpu(), lambda route, frames: None)
+    with pytest.raises(Exception, match=r"(?i)protobuf|invalid|load"):
+        lane.start()
