@@ -24,6 +24,7 @@ class DaemonProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.endpoints = endpoints
+        self.log_path = log_path
         args = [sys.executable, "-m", "edged", "serve"]
         if config is not None:
             args += ["--config", str(config)]
