@@ -8,11 +8,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edged.config import ConfigError, default_endpoint, load_config
+
+if TYPE_CHECKING:
+    from edged.client import Client
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="start a daemon on the demo models and show it answering")
     demo.add_argument("--requests", type=int, default=500, help="requests per model (default 500)")
     demo.set_defaults(run=_demo)
+
+    keygen = commands.add_parser(
+        "keygen", help="write a CURVE key pair: DIR/NAME.key (public) and DIR/NAME.key_secret (secret, mode 0600)"
+    )
+    keygen.add_argument("dir", type=Path, help="folder to write the two files into (created if missing)")
+    keygen.add_argument("--name", default="edged", help="file name stem (default: edged)")
+    keygen.set_defaults(run=_keygen)
 
     for name, helptext in (
         ("models", "list the served models"),
@@ -95,6 +105,21 @@ def _endpoint_option(parser: argparse.ArgumentParser) -> None:
         help="the daemon's endpoint (default: $EDGED_ENDPOINT, else the default ipc socket)",
     )
     parser.add_argument("--timeout-ms", type=float, default=5000.0, help="how long to wait for a reply")
+    parser.add_argument("--server-key", type=Path, help="a CURVE tcp endpoint: the daemon's public key file")
+    parser.add_argument("--client-key", type=Path, help="a CURVE tcp endpoint: this client's .key_secret file")
+
+
+def _client(args: argparse.Namespace) -> Client:
+    from edged.client import Client
+    from edged.security import ClientKeys
+
+    if (args.server_key is None) != (args.client_key is None):
+        raise SystemExit("edged: --server-key and --client-key go together")
+    try:
+        curve = ClientKeys.from_files(args.server_key, args.client_key) if args.server_key else None
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"edged: {exc}") from None
+    return Client(args.endpoint, timeout_ms=args.timeout_ms, curve=curve)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -116,19 +141,27 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
 
-def _control(args: argparse.Namespace) -> int:
-    from edged.client import Client
+def _keygen(args: argparse.Namespace) -> int:
+    from edged.security import write_key_pair
 
-    with Client(args.endpoint, timeout_ms=args.timeout_ms) as client:
+    try:
+        public, secret = write_key_pair(args.dir, args.name)
+    except OSError as exc:
+        print(f"edged: {exc}", file=sys.stderr)
+        return 1
+    print(f"public key: {public}\nsecret key: {secret}")
+    return 0
+
+
+def _control(args: argparse.Namespace) -> int:
+    with _client(args) as client:
         result = getattr(client, args.op)()
     print(json.dumps(result, indent=2))
     return 0
 
 
 def _infer(args: argparse.Namespace) -> int:
-    from edged.client import Client
-
-    with Client(args.endpoint, timeout_ms=args.timeout_ms) as client:
+    with _client(args) as client:
         model = _find_model(client.models(), args.model)
         inputs = _inputs(model, args.input, args.batch)
         latencies = []

@@ -6,6 +6,10 @@ round trip is carried (`_call`).
 
     with Client("ipc:///run/edged/edged.sock") as client:
         scores = client.infer("mlp-light", {"x": x})["scores"]
+
+A daemon's CURVE tcp endpoint needs the server's public key and a client key pair
+that the daemon allows: `curve=ClientKeys.from_files("server.key", "me.key_secret")`.
+Like the daemon, a client uses CURVE on tcp endpoints only.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import zmq
 import zmq.asyncio
 
 from edged.protocol import Buffer, Reply, Status, decode_reply, encode_request
+from edged.security import ClientKeys, is_tcp
 
 DEFAULT_TIMEOUT_MS = 5000.0
 
@@ -154,12 +159,17 @@ class _Api:
 class Client(_Api):
     """A blocking client: one request at a time on a DEALER socket."""
 
-    def __init__(self, endpoint: str, *, timeout_ms: float = DEFAULT_TIMEOUT_MS, context: zmq.Context | None = None):
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout_ms: float = DEFAULT_TIMEOUT_MS,
+        context: zmq.Context | None = None,
+        curve: ClientKeys | None = None,
+    ):
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
-        self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
-        self._socket.linger = 0
-        self._socket.connect(endpoint)
+        self._socket = _dealer(context or zmq.Context.instance(), endpoint, curve)
 
     def _call(self, frames: list[Buffer], request_id: int, timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         self._socket.send_multipart(frames, copy=False)
@@ -188,13 +198,11 @@ class AsyncClient(_Api):
     Each method returns an awaitable: `outputs = await client.infer(...)`.
     """
 
-    def __init__(self, endpoint: str, *, timeout_ms: float = DEFAULT_TIMEOUT_MS):
+    def __init__(self, endpoint: str, *, timeout_ms: float = DEFAULT_TIMEOUT_MS, curve: ClientKeys | None = None):
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
         self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.linger = 0
-        self._socket.connect(endpoint)
+        self._socket = _dealer(self._context, endpoint, curve)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._receiver: asyncio.Task[None] | None = None
 
@@ -236,6 +244,16 @@ class AsyncClient(_Api):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _dealer(context: zmq.Context, endpoint: str, curve: ClientKeys | None) -> Any:
+    """The one socket setup of both clients."""
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    if curve is not None and is_tcp(endpoint):
+        curve.apply(sock)
+    sock.connect(endpoint)
+    return sock
 
 
 def _now_ms() -> float:

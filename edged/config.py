@@ -6,8 +6,10 @@ so a typo never silently leaves a default in force.
 
 from __future__ import annotations
 
+import grp
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,25 @@ DEFAULT_CLASSES = (
 
 
 @dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """CURVE on tcp endpoints: the server's key pair and the client keys it serves."""
+
+    server_secret_key_file: Path | None = None  # a .key_secret file; the public key is derived
+    allowed_clients_dir: Path | None = None  # the public keys (*.key) of the clients served
+    allow_plain_tcp: bool = False  # serve tcp beyond loopback without CURVE
+
+    @property
+    def curve(self) -> bool:
+        return self.server_secret_key_file is not None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    prometheus_port: int = 0  # 0: no Prometheus endpoint
+    prometheus_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     endpoints: tuple[str, ...]
     model_repository: Path
@@ -62,7 +83,11 @@ class Config:
     models: tuple[str, ...] = ()  # names to serve; empty: every model in the repository
     limits: Limits = field(default_factory=Limits)
     max_message_bytes: int = 64 * 1024 * 1024
+    ipc_mode: int = 0o660  # of every ipc socket file: owner and group may connect
+    ipc_group: int | None = None  # gid given to ipc socket files; None: the process's group
     classes: tuple[ClassConfig, ...] = DEFAULT_CLASSES
+    security: SecurityConfig = SecurityConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
     def class_named(self, name: str) -> ClassConfig:
         return next(c for c in self.classes if c.name == name)
@@ -105,7 +130,7 @@ def load_config(path: Path | None = None) -> Config:
 
 def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     """Build a Config from a parsed TOML document, checking every key."""
-    _no_unknown(raw, {"server", "limits", "classes"}, "")
+    _no_unknown(raw, {"server", "limits", "classes", "security", "metrics"}, "")
     server = _table(raw, "server")
     _no_unknown(
         server,
@@ -118,6 +143,8 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
             "log_level",
             "models",
             "max_message_bytes",
+            "ipc_mode",
+            "ipc_group",
         },
         "server.",
     )
@@ -160,8 +187,63 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         models=tuple(models),
         limits=_limits(_table(raw, "limits")),
         max_message_bytes=_positive_int(server, "max_message_bytes", 64 * 1024 * 1024, "server."),
+        ipc_mode=_ipc_mode(server.get("ipc_mode", 0o660)),
+        ipc_group=_ipc_group(server.get("ipc_group")),
         classes=classes,
+        security=_security(_table(raw, "security"), base_dir),
+        metrics=_metrics(_table(raw, "metrics")),
     )
+
+
+def _ipc_mode(value: Any) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777
+    _expect(ok, "server.ipc_mode", value, "permission bits in TOML's octal notation, such as 0o660")
+    return value
+
+
+def _ipc_group(value: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    _expect(isinstance(value, str), "server.ipc_group", value, "a group name or number")
+    try:
+        return grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise ConfigError(
+            f"server.ipc_group = {value!r} is not a group on this machine: name an existing group"
+        ) from None
+
+
+def _security(table: dict[str, Any], base_dir: Path) -> SecurityConfig:
+    _no_unknown(table, {f.name for f in fields(SecurityConfig)}, "security.")
+    key_file = _existing(table, "server_secret_key_file", base_dir, Path.is_file, "a key file")
+    clients_dir = _existing(table, "allowed_clients_dir", base_dir, Path.is_dir, "a folder of client keys")
+    # Encryption without a list of clients would serve anyone who has the server's public key.
+    if (key_file is None) != (clients_dir is None):
+        raise ConfigError(
+            "security.server_secret_key_file and security.allowed_clients_dir go together: set both to use CURVE"
+        )
+    allow_plain = table.get("allow_plain_tcp", False)
+    _expect(isinstance(allow_plain, bool), "security.allow_plain_tcp", allow_plain, "true or false")
+    return SecurityConfig(key_file, clients_dir, allow_plain)
+
+
+def _existing(
+    table: dict[str, Any], key: str, base_dir: Path, exists: Callable[[Path], bool], what: str
+) -> Path | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    ok = isinstance(value, str) and exists(base_dir / value)
+    _expect(ok, "security." + key, value, f"the path of {what} (`edged keygen` writes keys)")
+    return (base_dir / value).resolve()
+
+
+def _metrics(table: dict[str, Any]) -> MetricsConfig:
+    _no_unknown(table, {f.name for f in fields(MetricsConfig)}, "metrics.")
+    host = table.get("prometheus_host", "127.0.0.1")
+    _expect(isinstance(host, str) and host != "", "metrics.prometheus_host", host, 'an address such as "127.0.0.1"')
+    port = _int(table, "prometheus_port", 0, "metrics.", 0, 65535)
+    return MetricsConfig(prometheus_port=port, prometheus_host=host)
 
 
 def _limits(table: dict[str, Any]) -> Limits:

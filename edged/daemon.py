@@ -21,6 +21,7 @@ from edged.backends import backend_named
 from edged.config import Config
 from edged.dispatch import DRAINING, SERVING, STARTING, Dispatcher
 from edged.lanes import Lane
+from edged.prometheus import PrometheusEndpoint
 from edged.repository import ModelEntry, discover
 from edged.server import Server
 from edged.systemd import Notifier
@@ -41,8 +42,21 @@ Loaded = tuple[Config, list[ModelEntry], dict[str, Lane]]
 class Daemon:
     def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
         self.config = config
-        self.server = Server(config.endpoints, config.max_message_bytes)
+        self.server = Server(
+            config.endpoints,
+            config.max_message_bytes,
+            ipc_mode=config.ipc_mode,
+            ipc_group=config.ipc_group,
+            security=config.security,
+        )
         self.dispatcher = Dispatcher(config, self.server.reply, lambda: {"unroutable": self.server.unroutable})
+        self.prometheus: PrometheusEndpoint | None = None
+        if config.metrics.prometheus_port:
+            try:
+                self.prometheus = PrometheusEndpoint(config.metrics, self.dispatcher.stats)
+            except BaseException:
+                self.server.close()
+                raise
         self.notifier = Notifier()
         self.exit_code = 0
         self._reread_config = reread_config or (lambda: config)
@@ -212,5 +226,7 @@ class Daemon:
             lane.stop(timeout_s=max(end - time.monotonic(), 0.0))
         self.server.flush()
         self.server.close()
+        if self.prometheus is not None:
+            self.prometheus.close()
         self.notifier.close()
         log.info("stopped (%d queued requests answered UNAVAILABLE)", unanswered)

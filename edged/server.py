@@ -7,6 +7,8 @@ path cannot afford the event loop.
 
 Exactly one thread owns the sockets. Lane workers hand replies over through a
 deque and wake the loop with an eventfd, so no socket is touched from two threads.
+With CURVE configured, a ZAP thread (edged.security) checks each tcp handshake;
+it never sees the messages that follow.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
+from edged.config import SecurityConfig
 from edged.protocol import Buffer
+from edged.security import ServerKeys, is_tcp, make_curve_server, server_keys, start_authenticator
 
 log = logging.getLogger("edged.server")
 
@@ -40,8 +46,27 @@ class EndpointError(RuntimeError):
     """An endpoint that cannot be bound; the message says why."""
 
 
+@dataclass(frozen=True, slots=True)
+class SocketOptions:
+    max_message_bytes: int
+    ipc_mode: int
+    ipc_group: int | None  # None: the process's group
+    curve: ServerKeys | None  # for tcp endpoints; None: plain
+
+
 class Server:
-    def __init__(self, endpoints: tuple[str, ...], max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        endpoints: tuple[str, ...],
+        max_message_bytes: int,
+        *,
+        ipc_mode: int = 0o660,
+        ipc_group: int | None = None,
+        security: SecurityConfig | None = None,
+    ) -> None:
+        # Refuse an unsafe or unreadable key set before anything is bound.
+        curve = server_keys(endpoints, security or SecurityConfig())
+        self._options = SocketOptions(max_message_bytes, ipc_mode, ipc_group, curve)
         self._context = zmq.Context()
         self._sockets: list[zmq.Socket] = []
         self._outbox: deque[tuple[Route, list[Buffer]]] = deque()
@@ -49,27 +74,45 @@ class Server:
         self._loop_thread: int | None = None
         self.unroutable = 0  # replies whose peer was gone or not reading
         self.endpoints = endpoints
+        self._authenticator: ThreadAuthenticator | None = None
         try:
+            if curve is not None:
+                # Before any bind: a CURVE socket with no ZAP handler refuses every client.
+                self._authenticator = start_authenticator(self._context, curve.allowed_clients_dir)
             for endpoint in endpoints:
-                self._sockets.append(self._bind(endpoint, max_message_bytes))
+                self._sockets.append(self._bind(endpoint))
         except Exception:
             self.close()
             raise
+        if curve is not None:
+            log.info("tcp endpoints use CURVE; clients served: the keys in %s", curve.allowed_clients_dir)
 
-    def _bind(self, endpoint: str, max_message_bytes: int) -> zmq.Socket:
-        if endpoint.startswith("ipc://"):
-            _prepare_ipc_path(Path(endpoint[len("ipc://") :]))
+    def _bind(self, endpoint: str) -> zmq.Socket:
+        options = self._options
+        ipc_path = Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
+        if ipc_path is not None:
+            _prepare_ipc_path(ipc_path)
         sock = self._context.socket(zmq.ROUTER)
         sock.linger = 0
         # Without it a ROUTER drops a reply to a gone or full peer in silence; with
         # it the send fails, and the one-reply promise can count what was lost.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
+        if options.curve is not None and is_tcp(endpoint):
+            make_curve_server(sock, options.curve)
+        # The umask makes the socket file no more open than ipc_mode from its first
+        # moment (libzmq creates it inside bind, on this thread); chmod makes it exact.
+        old_umask = os.umask(0o777 & ~options.ipc_mode) if ipc_path is not None else None
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
             sock.close()
             raise EndpointError(f"cannot bind {endpoint}: {exc}") from None
+        finally:
+            if old_umask is not None:
+                os.umask(old_umask)
+        if ipc_path is not None:
+            _restrict_ipc_socket(ipc_path, options)
         return sock
 
     def reply(self, route: Route, frames: list[Buffer]) -> None:
@@ -111,6 +154,8 @@ class Server:
             self._send(*outbox.popleft())
 
     def close(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._context.destroy(linger=0)  # every socket, even one whose bind failed
         os.close(self._wake_fd)
 
@@ -133,6 +178,18 @@ class Server:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
             self.unroutable += 1
+
+
+def _restrict_ipc_socket(path: Path, options: SocketOptions) -> None:
+    try:
+        os.chmod(path, options.ipc_mode)
+        if options.ipc_group is not None:
+            os.chown(path, -1, options.ipc_group)
+    except OSError as exc:
+        raise EndpointError(
+            f"cannot set mode {options.ipc_mode:o} and group {options.ipc_group} on ipc socket {path}: {exc}; "
+            "check server.ipc_mode and server.ipc_group (the daemon must belong to the group it gives the socket)"
+        ) from None
 
 
 def _prepare_ipc_path(path: Path) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -199,3 +201,10 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> No
             return
         time.sleep(0.01)
     raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def run_edged(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """The `edged` command in a child process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "edged", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
