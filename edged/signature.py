@@ -6,7 +6,7 @@ inputs that passed here, so they stay short (the Polygraphy runner pattern).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,15 +18,14 @@ from edged.protocol import ProtocolError, Request, Status, TensorSpec, tensor_vi
 class Signature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # Derived once here: both are read for every request.
+    output_names: tuple[str, ...] = field(init=False)
+    batchable: bool = field(init=False)  # requests can be stacked along a dynamic first dimension
 
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return tuple(spec.name for spec in self.outputs)
-
-    @property
-    def batchable(self) -> bool:
-        """Whether requests can be stacked along a dynamic first dimension."""
-        return all(spec.shape and spec.shape[0] == -1 for spec in self.inputs + self.outputs)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output_names", tuple(spec.name for spec in self.outputs))
+        batchable = all(spec.shape and spec.shape[0] == -1 for spec in self.inputs + self.outputs)
+        object.__setattr__(self, "batchable", batchable)
 
     def bind(self, request: Request) -> dict[str, np.ndarray]:
         """The request's inputs as arrays (views of its frames), checked against the model."""
