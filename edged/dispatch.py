@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from edged.admission import admit
+from edged.batching import Job
 from edged.config import Config
-from edged.lanes import Job, Lane, ReplyFn
+from edged.lanes import Lane, ReplyFn
 from edged.protocol import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 from edged.repository import ModelEntry
 

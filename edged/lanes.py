@@ -22,9 +22,10 @@ import numpy as np
 
 from edged.admission import Backlog, ServiceTimes
 from edged.backends import Backend, Runner
+from edged.batching import Job, stack, unstack
 from edged.config import ClassConfig
 from edged.metrics import ClassStats
-from edged.protocol import Buffer, RequestId, Status, encode_reply
+from edged.protocol import Buffer, Status, encode_reply
 from edged.repository import ModelEntry
 
 log = logging.getLogger("edged.lanes")
@@ -33,30 +34,6 @@ ReplyFn = Callable[[Any, list[Buffer]], None]
 WARMUP_RUNS = 5
 REMEASURE_EVERY_NS = 1_000_000_000
 INLINE_OVERSHOOT = 4  # an inline run this many times over the limit disqualifies its model
-
-
-@dataclass(slots=True)
-class Job:
-    """An admitted inference request, as a lane sees it."""
-
-    route: Any  # opaque to the lane: where the transport sends the reply
-    request_id: RequestId
-    model: ModelEntry
-    inputs: dict[str, np.ndarray]
-    output_names: tuple[str, ...]
-    received_ns: int
-    deadline_ns: int
-    cost_ns: int  # estimated service time, charged to the backlog until answered
-
-    @property
-    def rows(self) -> int:
-        return next(iter(self.inputs.values())).shape[0]
-
-    def fits_with(self, other: Job) -> bool:
-        """Whether the two can share one batched backend call."""
-        return self.model is other.model and all(
-            array.shape[1:] == other.inputs[name].shape[1:] for name, array in self.inputs.items()
-        )
 
 
 _STOP = object()
@@ -279,12 +256,8 @@ class Lane:
                 live.append(job)
         if not live:
             return
-        if len(live) == 1:
-            inputs, names = live[0].inputs, live[0].output_names
-        else:
-            inputs = {name: np.concatenate([job.inputs[name] for job in live]) for name in live[0].inputs}
-            names = live[0].model.signature.output_names
-        rows = next(iter(inputs.values())).shape[0] if live[0].model.signature.batchable else 1
+        inputs, names = stack(live)
+        rows = sum(job.rows for job in live)
         self.stats.record_backend_call(rows)
         start = time.perf_counter_ns()
         try:
@@ -300,17 +273,8 @@ class Lane:
             return
         compute_ns = time.perf_counter_ns() - start
         self.service.observe(live[0].model.name, compute_ns, rows)
-        produced = dict(zip(names, outputs))
-        if len(live) == 1:
-            self._finish(live[0], taken_ns, compute_ns, outputs=produced)
-            return
-        row = 0
-        for job in live:  # each reply carries its own rows: views, not copies
-            rows = job.rows
-            self._finish(
-                job, taken_ns, compute_ns, outputs={n: produced[n][row : row + rows] for n in job.output_names}
-            )
-            row += rows
+        for job, result in zip(live, unstack(live, names, outputs)):
+            self._finish(job, taken_ns, compute_ns, outputs=result)
 
     def _finish(
         self,

@@ -1,0 +1,62 @@
+"""Jobs, and how several of them share one backend call.
+
+A batch stacks its jobs' inputs along the first dimension and hands each job back
+its own rows of the outputs, as views: batching never costs a request its answer
+or a copy of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edged.protocol import RequestId
+from edged.repository import ModelEntry
+
+
+@dataclass(slots=True)
+class Job:
+    """An admitted inference request, as a lane sees it."""
+
+    route: Any  # opaque to the lane: where the transport sends the reply
+    request_id: RequestId
+    model: ModelEntry
+    inputs: dict[str, np.ndarray]
+    output_names: tuple[str, ...]
+    received_ns: int
+    deadline_ns: int
+    cost_ns: int  # estimated service time, charged to the backlog until answered
+
+    @property
+    def rows(self) -> int:
+        """The job's size along the batch dimension (1 for a model that does not batch)."""
+        return next(iter(self.inputs.values())).shape[0] if self.model.signature.batchable else 1
+
+    def fits_with(self, other: Job) -> bool:
+        """Whether the two can share one batched backend call."""
+        return self.model is other.model and all(
+            array.shape[1:] == other.inputs[name].shape[1:] for name, array in self.inputs.items()
+        )
+
+
+def stack(jobs: list[Job]) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """The inputs and output names of one backend call for `jobs` (one job: its own, uncopied)."""
+    if len(jobs) == 1:
+        return jobs[0].inputs, jobs[0].output_names
+    inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
+    return inputs, jobs[0].model.signature.output_names
+
+
+def unstack(jobs: list[Job], names: tuple[str, ...], outputs: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Each job's own outputs, in order, as views of the call's outputs."""
+    produced = dict(zip(names, outputs))
+    if len(jobs) == 1:
+        return [produced]
+    results, row = [], 0
+    for job in jobs:
+        rows = job.rows
+        results.append({name: produced[name][row : row + rows] for name in job.output_names})
+        row += rows
+    return results
