@@ -42,14 +42,31 @@ class ClassConfig:
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
     stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
     reserved_memory_mb: int = 0  # GPU memory reserved for the lane; 0: what the model needs
+    stuck_after_ms: int = 10_000  # a backend call open this long is answered INTERNAL and its worker replaced; 0: never
 
 
 DEFAULT_CLASSES = (
     ClassConfig(
-        "realtime", order=0, queue_capacity=32, deadline_ms=20.0, max_batch=4, inline_max_us=300, stream_priority=-1
+        "realtime",
+        order=0,
+        queue_capacity=32,
+        deadline_ms=20.0,
+        max_batch=4,
+        inline_max_us=300,
+        stream_priority=-1,
+        stuck_after_ms=1_000,
     ),
-    ClassConfig("standard", order=1, queue_capacity=128, deadline_ms=200.0, max_batch=8),
-    ClassConfig("bulk", order=2, queue_capacity=512, deadline_ms=5000.0, max_batch=16, batch_wait_us=500, nice=10),
+    ClassConfig("standard", order=1, queue_capacity=128, deadline_ms=200.0, max_batch=8, stuck_after_ms=5_000),
+    ClassConfig(
+        "bulk",
+        order=2,
+        queue_capacity=512,
+        deadline_ms=5000.0,
+        max_batch=16,
+        batch_wait_us=500,
+        nice=10,
+        stuck_after_ms=30_000,
+    ),
 )
 
 
@@ -268,7 +285,7 @@ def _classes(table: Any) -> tuple[ClassConfig, ...]:
         for key in ("order", "workers", "max_batch", "queue_capacity"):
             minimum = 0 if key == "order" else 1
             values[key] = _int(settings, key, getattr(base, key), prefix, minimum)
-        for key in ("batch_wait_us", "inline_max_us", "threads", "reserved_memory_mb"):
+        for key in ("batch_wait_us", "inline_max_us", "threads", "reserved_memory_mb", "stuck_after_ms"):
             values[key] = _int(settings, key, getattr(base, key), prefix, 0)
         values["nice"] = _int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = _int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)

@@ -172,6 +172,8 @@ class Daemon:
             log.info("SIGHUP: re-reading the configuration and the model repository")
             self.notifier.notify(RELOADING="1", STATUS="reloading")
             self._start_loading(None)
+        for lane in self.dispatcher.lanes.values():
+            lane.check_stuck(now)
         self._retiring = [lane for lane in self._retiring if lane.alive]
         if now >= self._next_status_ns and self.dispatcher.state == SERVING:
             self.notifier.notify(STATUS=self._status_line())

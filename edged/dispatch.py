@@ -63,7 +63,11 @@ class Dispatcher:
             self._reply(route, encode_reply(None, Status.INTERNAL, error=f"the daemon failed on this request: {exc}"))
 
     def health(self) -> dict[str, Any]:
-        return {"state": self.state, "uptime_s": round((time.monotonic_ns() - self._started_ns) / 1e9, 3)}
+        return {
+            "state": self.state,
+            "uptime_s": round((time.monotonic_ns() - self._started_ns) / 1e9, 3),
+            "lanes": {name: lane.health for name, lane in self.lanes.items()},
+        }
 
     def stats(self) -> dict[str, Any]:
         return {

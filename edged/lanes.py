@@ -27,6 +27,7 @@ from edged.config import ClassConfig
 from edged.metrics import ClassStats
 from edged.protocol import Buffer, Status, encode_reply
 from edged.repository import ModelEntry
+from edged.stuck import OpenCalls
 
 log = logging.getLogger("edged.lanes")
 
@@ -69,15 +70,15 @@ class Lane:
         self._shared_runners: dict[str, Runner] = {}
         self._not_inline: set[str] = set()
         self._last_remeasure_ns = 0
+        self._calls = OpenCalls()
+        self.health = "ok"  # or why not: shown by the health op
 
     # --- life cycle --------------------------------------------------------
 
     def start(self) -> None:
         """Start the workers; returns once each has loaded and warmed every model."""
-        for index in range(self.klass.workers):
-            thread = threading.Thread(target=self._work, name=f"lane-{self.klass.name}-{index}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        for _ in range(self.klass.workers):
+            self._start_worker(self._ready)
         self._ready.wait()
         if self._load_errors:
             self.stop(timeout_s=1.0)
@@ -152,37 +153,69 @@ class Lane:
 
     def retire(self) -> None:
         """Let the workers finish every job already queued, then end."""
-        for _ in self._threads:
+        for _ in self._workers():
             self._queue.put(_STOP)
 
     @property
     def alive(self) -> bool:
-        return any(thread.is_alive() for thread in self._threads)
+        return any(thread.is_alive() for thread in self._workers())
 
     def stop(self, timeout_s: float) -> None:
         """Retire, and wait up to `timeout_s` for the workers to end."""
         self.retire()
         end = time.monotonic() + timeout_s
-        for thread in self._threads:
+        for thread in self._workers():
             thread.join(max(end - time.monotonic(), 0.0))
+
+    def check_stuck(self, now_ns: int) -> None:
+        """Answer the requests of a backend call open past `stuck_after_ms`, and
+        replace its worker (socket loop only, from its periodic tick)."""
+        limit_ms = self.klass.stuck_after_ms
+        stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else []
+        if not stuck:
+            return
+        message = f"the backend call has not returned after {limit_ms} ms; the lane is restarting its worker"
+        for job in stuck:
+            self.stats.record_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
+            self._send_unrun(job, Status.INTERNAL, message)
+        self.health = f"recovering: a backend call of {stuck[0].model.name} has not returned after {limit_ms} ms"
+        log.error("class %s: %s; starting a new worker", self.klass.name, self.health)
+        self._start_worker(None)
+
+    def _workers(self) -> list[threading.Thread]:
+        return [thread for thread in self._threads if thread.ident not in self._calls.abandoned]
+
+    def _start_worker(self, ready: threading.Barrier | None) -> None:
+        name = f"lane-{self.klass.name}-{len(self._threads)}"
+        thread = threading.Thread(target=self._work, args=(ready,), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     # --- the worker --------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, ready: threading.Barrier | None) -> None:
+        """A worker's life; `ready` is start-up's barrier, None for a replacement."""
         runners: dict[str, Runner] = {}
         try:
             self._reserve_thread()
             for model in self.models:
                 runners[model.name] = self._backend.load(model, self.klass)
                 self._warm(model, runners[model.name])
-        except BaseException as exc:  # reported by start(), on the caller's thread
-            self._load_errors.append(exc)
-            self._ready.wait()
+        except BaseException as exc:
+            if ready is None:
+                log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)
+                return
+            self._load_errors.append(exc)  # reported by start(), on the caller's thread
+            ready.wait()
             return
         self._shared_runners = self._shared_runners or runners
-        self._ready.wait()
+        if ready is None:
+            self.health = "ok"
+            log.info("class %s: a new worker serves", self.klass.name)
+        else:
+            ready.wait()
         held: Job | None = None
-        while True:
+        while not self._calls.current_abandoned():
             job = held if held is not None else self._queue.get()
             held = None
             if job is _STOP:
@@ -260,9 +293,11 @@ class Lane:
         rows = sum(job.rows for job in live)
         self.stats.record_backend_call(rows)
         start = time.perf_counter_ns()
+        self._calls.begin(live, time.monotonic_ns())
         try:
             outputs = runner.run(inputs, names)
         except Exception as exc:
+            self._calls.end()
             if len(live) > 1:
                 # Run each alone, so only the request that fails gets INTERNAL.
                 for job in live:
@@ -271,6 +306,7 @@ class Lane:
             self._finish(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
             log.warning("backend error on %s: %s", live[0].model.name, exc)
             return
+        self._calls.end()
         compute_ns = time.perf_counter_ns() - start
         self.service.observe(live[0].model.name, compute_ns, rows)
         for job, result in zip(live, unstack(live, names, outputs)):
@@ -285,6 +321,10 @@ class Lane:
         outputs: dict[str, np.ndarray] | None = None,
         error: str | None = None,
     ) -> None:
+        if not self._calls.claim(job):
+            with self.stats.lock:  # the watchdog answered it while the call hung
+                self.stats.late_dropped += 1
+            return
         done_ns = time.monotonic_ns()
         queue_us = (taken_ns - job.received_ns) // 1000
         compute_us = compute_ns // 1000
@@ -302,6 +342,10 @@ class Lane:
         self._reply(job.route, frames)
 
     def _answer_unrun(self, job: Job, status: Status, message: str) -> None:
+        if self._calls.claim(job):
+            self._send_unrun(job, status, message)
+
+    def _send_unrun(self, job: Job, status: Status, message: str) -> None:
         waited_us = (time.monotonic_ns() - job.received_ns) // 1000
         timing = {"queue": waited_us, "compute": 0, "total": waited_us}
         self.backlog.finish(job.cost_ns)

@@ -80,6 +80,7 @@ class ClassStats:
     failed: int = 0
     backend_calls: int = 0
     backend_rows: int = 0  # rows handed to the backend: shed or expired work never adds here
+    late_dropped: int = 0  # results of calls the watchdog had given up on, never sent
     queue_us: Histogram = field(default_factory=Histogram)
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
@@ -115,6 +116,7 @@ class ClassStats:
                 "failed": self.failed,
                 "backend_calls": self.backend_calls,
                 "backend_rows": self.backend_rows,
+                "late_dropped": self.late_dropped,
                 "queue_depth": queue_depth,
                 "latency_us": {
                     "queue": self.queue_us.summary(),

@@ -1,0 +1,73 @@
+"""A backend call that does not return: the lane's watchdog answers its request,
+replaces the worker, shows it in health, and the late result is never sent."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import zmq
+from support import ENGINES, connect, exchange, header, nothing_more, random_input, receive, short_dir, wait_for
+from test_scheduling import save_model, sleep_for, sleeper_graph
+
+from edged.protocol import encode_request
+
+CONFIG = """
+[server]
+model_repository = "{repository}"
+
+[classes.realtime]
+order = 0
+
+[classes.standard]
+order = 1
+deadline_ms = 60000
+stuck_after_ms = 300
+
+[classes.bulk]
+order = 2
+"""
+
+
+def test_a_hung_call_is_answered_its_worker_replaced_and_its_late_result_dropped(context: zmq.Context, own_daemon):
+    repository = short_dir()
+    save_model(
+        repository,
+        sleeper_graph(),
+        [{"name": "n", "dtype": "int64", "shape": [1]}],
+        [{"name": "total", "dtype": "float32", "shape": [1, 1]}],
+    )
+    shutil.copytree(ENGINES / "mlp-light", repository / "mlp-light")
+    running = own_daemon(CONFIG.format(repository=repository))
+    control = connect(context, running.ipc)
+    hung = connect(context, running.ipc)
+
+    started = time.monotonic()
+    hung.send_multipart(encode_request("hung", model="sleeper", klass="standard", inputs=sleep_for(16000)))
+    reply = receive(hung, 10_000)
+    answered_after = time.monotonic() - started
+    assert reply.status == "INTERNAL", reply.header
+    assert "has not returned after 300 ms" in reply.header["error"]
+    assert answered_after < 5.0, f"the watchdog took {answered_after:.1f} s to answer"
+
+    wait_for(lambda: "starting a new worker" in running.log(), 5, "the watchdog's log line")
+    wait_for(
+        lambda: exchange(control, [header(id="h", op="health")]).header["lanes"]["standard"] == "ok",
+        30,
+        "the standard lane to recover",
+    )
+    ok = exchange(
+        control, encode_request("after", model="mlp-light", klass="standard", inputs=random_input("mlp-light", 1, 0))
+    )
+    assert ok.status == "OK"
+
+    # The hung call finishes eventually; its result must not become a second reply.
+    def standard_stats() -> dict:
+        return exchange(control, [header(id="s", op="stats")]).header["classes"]["standard"]
+
+    wait_for(lambda: standard_stats()["late_dropped"] == 1, 60, "the hung call to return")
+    assert nothing_more(hung, wait_ms=500), "a request was answered twice"
+    stats = standard_stats()
+    assert stats["failed"] == 1 and stats["queue_depth"] == 0
+    assert running.stop() == 0
+    shutil.rmtree(repository, ignore_errors=True)
