@@ -42,6 +42,7 @@ class ClassConfig:
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
     stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
     reserved_memory_mb: int = 0  # GPU memory reserved for the lane; 0: what the model needs
+    cuda_graph: bool = False  # GPU backends: replay a captured CUDA graph per batch size (fixed shapes only)
     stuck_after_ms: int = 10_000  # a backend call open this long is answered INTERNAL and its worker replaced; 0: never
 
 
@@ -289,6 +290,9 @@ def _classes(table: Any) -> tuple[ClassConfig, ...]:
             values[key] = _int(settings, key, getattr(base, key), prefix, 0)
         values["nice"] = _int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = _int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
+        cuda_graph = settings.get("cuda_graph", base.cuda_graph)
+        _expect(isinstance(cuda_graph, bool), prefix + "cuda_graph", cuda_graph, "true or false")
+        values["cuda_graph"] = cuda_graph
         deadline = settings.get("deadline_ms", base.deadline_ms)
         _expect(
             isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and 0 < deadline <= 3_600_000,

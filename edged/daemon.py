@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from edged.backends import backend_named
+from edged.backends import VARIANTS_OF, Reserving, backend_named
+from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
 from edged.dispatch import DRAINING, SERVING, STARTING, Dispatcher
 from edged.lanes import Lane
@@ -36,7 +37,7 @@ TICK_MS = 250
 STATUS_EVERY_NS = 5_000_000_000
 RUNNING_WORK_GRACE_S = 20.0
 
-Loaded = tuple[Config, list[ModelEntry], dict[str, Lane]]
+Loaded = tuple[Config, list[ModelEntry], dict[str, Lane], dict[str, LaneReservation]]
 
 
 class Daemon:
@@ -102,8 +103,13 @@ class Daemon:
         try:
             if config is None:
                 config = replace(self._reread_config(), endpoints=self.config.endpoints)
-            models = discover(config.model_repository, config.backend, config.models)
+            variants = VARIANTS_OF.get(config.backend, config.backend)
+            models = discover(config.model_repository, variants, config.models)
             backend = backend_named(config.backend)
+            # Checked before any lane allocates: a set of lanes that cannot fit is refused whole.
+            reservations = backend.reserve(models, config.classes) if isinstance(backend, Reserving) else {}
+            for reservation in reservations.values():
+                log.info("%s", reservation.describe())
             lanes: dict[str, Lane] = {}
             try:
                 for klass in config.classes:
@@ -132,15 +138,16 @@ class Daemon:
             ", ".join(lanes),
             time.monotonic() - started,
         )
-        self._loaded = (config, models, lanes)
+        self._loaded = (config, models, lanes, reservations)
         self.server.wake()
 
     def _swap_in(self, loaded: Loaded) -> None:
         """Open what the loader built (on the loop's thread, so no request sees half of it)."""
-        config, models, lanes = loaded
+        config, models, lanes, reservations = loaded
         first = self.dispatcher.state == STARTING
         old = list(self.dispatcher.lanes.values())
         self.config = config
+        self.dispatcher.reservations = reservations
         self.dispatcher.serve(config, models, lanes)
         for lane in old:
             lane.retire()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edged.admission import admit
+from edged.backends.gpu_memory import LaneReservation
 from edged.batching import Job
 from edged.config import Config
 from edged.lanes import Lane, ReplyFn
@@ -29,6 +30,7 @@ class Dispatcher:
         self.models: dict[str, ModelEntry] = {}
         self.lanes: dict[str, Lane] = {}
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
+        self.reservations: dict[str, LaneReservation] = {}  # by class; empty on a backend that reserves nothing
         self._reply = reply
         self._transport_counters = transport_counters
         self._class_names = {c.name for c in config.classes}
@@ -51,7 +53,7 @@ class Dispatcher:
             elif request.op == "health":
                 self._reply(route, encode_reply(request.id, Status.OK, **self.health()))
             elif request.op == "models":
-                models = [model.to_wire() for model in self.models.values()]
+                models = [self._model_wire(model) for model in self.models.values()]
                 self._reply(route, encode_reply(request.id, Status.OK, models=models))
             else:
                 self._reply(route, encode_reply(request.id, Status.OK, **self.stats()))
@@ -74,8 +76,29 @@ class Dispatcher:
             "state": self.state,
             "invalid": self.invalid,
             **self._transport_counters(),
-            "classes": {name: lane.stats.snapshot(lane.backlog.depth) for name, lane in self.lanes.items()},
+            "classes": {name: self._class_stats(name, lane) for name, lane in self.lanes.items()},
         }
+
+    def _class_stats(self, name: str, lane: Lane) -> dict[str, Any]:
+        figures = lane.stats.snapshot(lane.backlog.depth)
+        reservation = self.reservations.get(name)
+        if reservation is not None:
+            figures["gpu"] = {
+                "stream_priority": reservation.stream_priority,
+                "reserved_bytes": reservation.device_bytes,
+                "pinned_bytes": reservation.pinned_bytes,
+                "arena_capped": reservation.arena_capped,
+            }
+        return figures
+
+    def _model_wire(self, model: ModelEntry) -> dict[str, Any]:
+        wire = model.to_wire()
+        if self.reservations:
+            wire["reserved"] = {
+                klass: next(m.to_wire() for m in reservation.models if m.model == model.name)
+                for klass, reservation in self.reservations.items()
+            }
+        return wire
 
     def _infer(self, route: Any, request: Request, received_ns: int) -> None:
         class_name = request.klass or self.config.default_class

@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from edged.config import ClassConfig
 from edged.repository import ModelEntry
 
+if TYPE_CHECKING:
+    from edged.backends.gpu_memory import LaneReservation
+
 BACKENDS = {
     "onnxruntime": "edged.backends.onnxruntime_cpu:OnnxRuntimeCpu",
+    "onnxruntime-cuda": "edged.backends.onnxruntime_cuda:OnnxRuntimeCuda",
 }
+
+# Backends that serve another backend's repository variants: ONNX Runtime's CUDA
+# provider runs the very ONNX files that its CPU provider does.
+VARIANTS_OF = {"onnxruntime-cuda": "onnxruntime"}
 
 
 class BackendError(RuntimeError):
@@ -37,6 +45,14 @@ class Backend(Protocol):
     def load(self, model: ModelEntry, lane: ClassConfig) -> Runner:
         """Load `model` for one worker of `lane`; called on that worker's own thread."""
         ...
+
+
+@runtime_checkable
+class Reserving(Protocol):
+    """A backend that holds GPU memory per lane (optional): it says how much, by class,
+    before any lane loads, and refuses lanes that would not fit."""
+
+    def reserve(self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig]) -> dict[str, LaneReservation]: ...
 
 
 def backend_named(name: str) -> Backend:

@@ -1,0 +1,134 @@
+"""What each lane reserves on the GPU, worked out before anything is allocated.
+
+Pure arithmetic over the config and the model signatures, so it is tested on
+any machine. Per lane worker and per model, a GPU backend holds:
+- device buffers for every input and output at the class's largest batch;
+- as much pinned host memory, to stage them;
+- the model's weights: ONNX Runtime copies a session's initializers to the
+  device, and sessions do not share them, so each worker has its own copy
+  (estimated as the size of the model file);
+- its memory arena, capped by `gpu_mem_limit`: the lane's `reserved_memory_mb`
+  split evenly between its sessions (0: uncapped, so not counted here).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edged.config import ClassConfig
+from edged.protocol import DTYPES, TensorSpec
+from edged.repository import ModelEntry
+
+MIB = 1024 * 1024
+
+
+class ReservationError(ValueError):
+    """A model or a set of lanes that cannot be given fixed GPU buffers; says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReservation:
+    """What one lane holds for one model, over all its workers."""
+
+    model: str
+    sessions: int  # one per worker
+    io_bytes: int  # device buffers per session (the same again is pinned on the host)
+    weights_bytes: int  # per session, estimated
+    arena_limit_bytes: int  # per session; 0: uncapped
+
+    @property
+    def device_bytes(self) -> int:
+        return self.sessions * (self.io_bytes + self.weights_bytes + self.arena_limit_bytes)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self.sessions * self.io_bytes
+
+    def to_wire(self) -> dict[str, int]:
+        return {
+            "device_bytes": self.device_bytes,
+            "pinned_bytes": self.pinned_bytes,
+            "io_bytes_per_worker": self.io_bytes,
+            "weights_bytes_per_worker": self.weights_bytes,
+            "arena_limit_bytes_per_worker": self.arena_limit_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LaneReservation:
+    klass: str
+    stream_priority: int
+    models: tuple[ModelReservation, ...]
+    arena_capped: bool
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(m.device_bytes for m in self.models)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(m.pinned_bytes for m in self.models)
+
+    def describe(self) -> str:
+        arena = "" if self.arena_capped else "; arenas uncapped (reserved_memory_mb = 0), growing past this"
+        return (
+            f"lane {self.klass}: stream priority {self.stream_priority}, "
+            f"{mib(self.device_bytes)} on the GPU, {mib(self.pinned_bytes)} pinned on the host{arena}"
+        )
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / MIB:.1f} MiB"
+
+
+def fixed_shape(spec: TensorSpec, rows: int, batchable: bool, model: str) -> tuple[int, ...]:
+    """The tensor's shape at `rows` rows; a dynamic dimension other than the batch is refused,
+    since its buffer could not be sized before the first request."""
+    dims = list(spec.shape)
+    if batchable:
+        dims[0] = rows
+    if any(d < 0 for d in dims):
+        raise ReservationError(
+            f"model {model}: {spec.name} has shape {list(spec.shape)}, with a dynamic dimension besides the batch; "
+            "the CUDA backend preallocates every buffer, so it serves only models whose other dimensions are fixed"
+        )
+    return tuple(dims)
+
+
+def io_bytes(model: ModelEntry, rows: int) -> int:
+    """Bytes of every input and output of `model` at `rows` rows."""
+    signature = model.signature
+    return sum(
+        math.prod(fixed_shape(spec, rows, signature.batchable, model.name)) * np.dtype(DTYPES[spec.dtype]).itemsize
+        for spec in signature.inputs + signature.outputs
+    )
+
+
+def lane_reservation(klass: ClassConfig, models: Sequence[ModelEntry], weights: dict[str, int]) -> LaneReservation:
+    """What the lane of `klass` reserves for `models`; `weights` gives each model's bytes."""
+    sessions = klass.workers * len(models)
+    arena = klass.reserved_memory_mb * MIB // sessions if klass.reserved_memory_mb else 0
+    return LaneReservation(
+        klass.name,
+        klass.stream_priority,
+        tuple(
+            ModelReservation(m.name, klass.workers, io_bytes(m, klass.max_batch), weights[m.name], arena)
+            for m in models
+        ),
+        arena_capped=arena > 0,
+    )
+
+
+def check_fits(lanes: Sequence[LaneReservation], free_bytes: int, device: str) -> None:
+    """Refuse a set of lanes whose reservations exceed the GPU's free memory."""
+    total = sum(lane.device_bytes for lane in lanes)
+    if total > free_bytes:
+        each = ", ".join(f"{lane.klass} {mib(lane.device_bytes)}" for lane in lanes)
+        raise ReservationError(
+            f"the lanes would reserve {mib(total)} of GPU memory ({each}) but {device} has {mib(free_bytes)} free: "
+            "lower classes.*.reserved_memory_mb, max_batch or workers, or serve fewer models"
+        )

@@ -1,0 +1,212 @@
+"""ONNX Runtime on its CUDA provider: one session per lane worker, on the lane's own stream.
+
+Per worker and model, at load (never per request):
+- a CUDA stream created with the class's `stream_priority`, handed to the session as
+  its compute stream (`user_compute_stream`), so everything the session launches,
+  copies included, waits behind the lane's priority and nobody else's;
+- `gpu_mem_limit`: the lane's `reserved_memory_mb` split between its sessions;
+- device buffers for every input and output at the class's largest batch, bound
+  with I/O binding, and pinned host buffers to stage them;
+- with `cuda_graph = true`, one CUDA graph per batch size (ONNX Runtime's
+  `gpu_graph_id` run option), each captured here by running it once.
+
+Weights are not shared between lanes: ONNX Runtime copies each session's
+initializers to the device. `SessionOptions.add_initializer` can share a host
+OrtValue between sessions, but the CUDA provider still makes its own device copy per
+session, so nothing on the GPU would be saved; the per-lane cost is reported instead
+(see gpu_memory). A model whose dimensions other than the batch are dynamic is
+refused: its buffers could not be sized at load.
+
+Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edged.backends import BackendError, cuda
+from edged.backends.gpu_memory import LaneReservation, ModelReservation, check_fits, fixed_shape, lane_reservation
+from edged.config import ClassConfig
+from edged.protocol import DTYPES, TensorSpec
+from edged.repository import ModelEntry
+
+# One daemon owns one GPU: edged@N sets CUDA_VISIBLE_DEVICES=N, so it is device 0 here.
+DEVICE = 0
+PROVIDER = "CUDAExecutionProvider"
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One input or output: its preallocated device and pinned buffers."""
+
+    spec: TensorSpec
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]  # at the largest batch
+    device: cuda.DeviceBuffer
+    pinned: cuda.PinnedBuffer
+
+    def at(self, rows: int, batchable: bool) -> tuple[int, ...]:
+        return (rows, *self.shape[1:]) if batchable else self.shape
+
+
+class OnnxRuntimeCudaRunner:
+    def __init__(self, ort: Any, model: ModelEntry, lane: ClassConfig, reservation: ModelReservation) -> None:
+        cuda.set_device(DEVICE)  # the current device is per thread: this is the worker's
+        self._ort = ort
+        self._batchable = model.signature.batchable
+        self._max_rows = lane.max_batch if self._batchable else 1
+        self._slots: dict[str, _Slot] = {}
+        self._bound_rows = 0
+        self.stream = cuda.Stream(lane.stream_priority)
+        try:
+            self._session = ort.InferenceSession(
+                str(model.variant.path), self._options(), providers=[(PROVIDER, self._provider(lane, reservation))]
+            )
+            if self._session.get_providers()[0] != PROVIDER:
+                raise BackendError(f"{model.name}: ONNX Runtime did not place the session on {PROVIDER}")
+            for spec in model.signature.inputs + model.signature.outputs:
+                self._slots[spec.name] = self._slot(spec, model.name)
+            self._inputs = [spec.name for spec in model.signature.inputs]
+            self._outputs = [spec.name for spec in model.signature.outputs]
+            self._binding = self._session.io_binding()
+            self._run_options: dict[int, Any] = {}
+            for rows in range(1, self._max_rows + 1):
+                self._run_options[rows] = ort.RunOptions()
+                if lane.cuda_graph:
+                    # 0 is reserved by ONNX Runtime; one graph per batch size, each id >= 1.
+                    self._run_options[rows].add_run_config_entry("gpu_graph_id", str(rows))
+            if lane.cuda_graph:
+                self._capture_graphs(model)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def providers(self) -> list[str]:
+        return self._session.get_providers()
+
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        rows = next(iter(inputs.values())).shape[0] if self._batchable else 1
+        if rows > self._max_rows:
+            raise BackendError(f"{rows} rows exceed the {self._max_rows} this lane's buffers hold")
+        for name, array in inputs.items():
+            slot = self._slots[name]
+            staged = slot.pinned.array(slot.dtype, array.shape)
+            np.copyto(staged, array)
+            self.stream.copy_to_device(slot.device.pointer, slot.pinned.pointer, staged.nbytes)
+        if rows != self._bound_rows:
+            self._bind(rows)
+        # Enqueued on the lane's stream behind the copies above; ONNX Runtime waits for it at the end.
+        self._session.run_with_iobinding(self._binding, self._run_options[rows])
+        views = []
+        for name in output_names:
+            slot = self._slots[name]
+            view = slot.pinned.array(slot.dtype, slot.at(rows, self._batchable))
+            self.stream.copy_to_host(slot.pinned.pointer, slot.device.pointer, view.nbytes)
+            views.append(view)
+        self.stream.synchronize()
+        # Copies: the pinned buffers are reused by the next call while the reply may still be queued.
+        return [view.copy() for view in views]
+
+    def close(self) -> None:
+        # The session first: it launches work on the stream and into the buffers.
+        self._session = None
+        for slot in self._slots.values():
+            slot.device.close()
+            slot.pinned.close()
+        self._slots.clear()
+        self.stream.close()
+
+    # --- load-time steps -------------------------------------------------------
+
+    def _options(self) -> Any:
+        options = self._ort.SessionOptions()
+        options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        return options
+
+    def _provider(self, lane: ClassConfig, reservation: ModelReservation) -> dict[str, str]:
+        options = {
+            "device_id": str(DEVICE),
+            "has_user_compute_stream": "1",
+            "user_compute_stream": str(self.stream.pointer),
+            # Copies on the compute stream too, so they carry the lane's priority.
+            "do_copy_in_default_stream": "1",
+            "enable_cuda_graph": "1" if lane.cuda_graph else "0",
+        }
+        if reservation.arena_limit_bytes:
+            options["gpu_mem_limit"] = str(reservation.arena_limit_bytes)
+        return options
+
+    def _slot(self, spec: TensorSpec, model: str) -> _Slot:
+        shape = fixed_shape(spec, self._max_rows, self._batchable, model)
+        dtype = DTYPES[spec.dtype]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        device = cuda.DeviceBuffer(nbytes)
+        try:
+            pinned = cuda.PinnedBuffer(nbytes)
+        except BaseException:
+            device.close()
+            raise
+        return _Slot(spec, dtype, shape, device, pinned)
+
+    def _bind(self, rows: int) -> None:
+        """Point the binding at the same buffers with `rows` rows (a CUDA graph needs fixed addresses)."""
+        for name in self._inputs:
+            slot = self._slots[name]
+            shape = list(slot.at(rows, self._batchable))
+            self._binding.bind_input(name, "cuda", DEVICE, slot.dtype, shape, slot.device.pointer)
+        for name in self._outputs:
+            slot = self._slots[name]
+            shape = list(slot.at(rows, self._batchable))
+            self._binding.bind_output(name, "cuda", DEVICE, slot.dtype, shape, slot.device.pointer)
+        self._bound_rows = rows
+
+    def _capture_graphs(self, model: ModelEntry) -> None:
+        """Run every batch size once, so no request pays for a capture."""
+        for rows in range(1, self._max_rows + 1):
+            inputs = {
+                name: np.zeros(self._slots[name].at(rows, self._batchable), dtype=self._slots[name].dtype)
+                for name in self._inputs
+            }
+            self.run(inputs, self._outputs)
+
+
+class OnnxRuntimeCuda:
+    """The backend. Construction checks that CUDA and the CUDA provider are here."""
+
+    def __init__(self) -> None:
+        reason = cuda.cuda_available()
+        if reason is not None:
+            raise BackendError(f'server.backend = "onnxruntime-cuda" cannot run here: {reason}')
+        import onnxruntime as ort
+
+        if PROVIDER not in ort.get_available_providers():
+            raise BackendError(
+                f'server.backend = "onnxruntime-cuda" needs onnxruntime-gpu, but this onnxruntime has no {PROVIDER}: '
+                "pip uninstall -y onnxruntime && pip install -e '.[gpu]'"
+            )
+        self._ort = ort
+        cuda.set_device(DEVICE)
+        self.device = cuda.device_info(DEVICE)
+        self._plans: dict[str, LaneReservation] = {}
+
+    def reserve(self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig]) -> dict[str, LaneReservation]:
+        """Work out every lane's reservation and refuse if together they exceed the free memory."""
+        weights = {model.name: model.variant.path.stat().st_size for model in models}
+        plans = {klass.name: lane_reservation(klass, models, weights) for klass in classes}
+        free, _ = cuda.memory_info()
+        check_fits(list(plans.values()), free, self.device.name)
+        self._plans = plans
+        return plans
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCudaRunner:
+        plan = self._plans.get(lane.name)
+        if plan is None:
+            raise BackendError(f"lane {lane.name} was loaded before reserve() worked out its memory")
+        reservation = next(m for m in plan.models if m.model == model.name)
+        return OnnxRuntimeCudaRunner(self._ort, model, lane, reservation)

@@ -1,0 +1,229 @@
+"""The ONNX Runtime CUDA backend.
+
+Pure and CPU tiers (run everywhere): the reservation arithmetic and its refusal,
+the `cuda_graph` key, the `stats`/`models` fields, and that selecting the backend
+where there is no GPU stops `edged serve` with one clear sentence. GPU tier (marked
+`gpu`, skipped with the reason where CUDA cannot be used): the session really runs
+on CUDA, agrees with the CPU, each lane has its own stream at its priority, and the
+memory limit is what the config asked.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+from support import ENGINES, Reference, random_input, run_edged, short_dir
+
+from edged.backends.cuda import clamp_priority, cuda_available
+from edged.backends.gpu_memory import (
+    MIB,
+    ReservationError,
+    check_fits,
+    io_bytes,
+    lane_reservation,
+)
+from edged.config import ClassConfig, ConfigError, parse_config
+from edged.dispatch import Dispatcher
+from edged.lanes import Lane
+from edged.protocol import TensorSpec, encode_request
+from edged.repository import ModelEntry, Variant, discover
+from edged.signature import Signature
+
+NO_CUDA = cuda_available()
+MODELS = discover(ENGINES, "onnxruntime")
+WEIGHTS = {m.name: m.variant.path.stat().st_size for m in MODELS}
+
+
+def mlp() -> ModelEntry:
+    return next(m for m in MODELS if m.name == "mlp-light")
+
+
+# --- pure: the reservation arithmetic ---------------------------------------------
+
+
+def test_io_bytes_are_every_input_and_output_at_the_largest_batch() -> None:
+    # mlp-light: x[N, 64] -> scores[N, 10], float32.
+    assert io_bytes(mlp(), 4) == 4 * (64 + 10) * 4
+
+
+def test_a_lane_reserves_buffers_weights_and_its_memory_limit_per_worker() -> None:
+    klass = ClassConfig("rt", order=0, workers=2, max_batch=4, reserved_memory_mb=64, stream_priority=-1)
+    lane = lane_reservation(klass, MODELS, WEIGHTS)
+    sessions = 2 * len(MODELS)
+    arena = 64 * MIB // sessions  # the lane's limit, split between its sessions
+    expected_device = sum(2 * (io_bytes(m, 4) + WEIGHTS[m.name] + arena) for m in MODELS)
+    assert lane.device_bytes == expected_device
+    assert lane.pinned_bytes == sum(2 * io_bytes(m, 4) for m in MODELS)
+    assert lane.arena_capped and lane.stream_priority == -1
+    assert all(m.arena_limit_bytes == arena for m in lane.models)
+    assert "lane rt: stream priority -1" in lane.describe()
+
+
+def test_no_reserved_memory_leaves_the_arena_uncapped_and_says_so() -> None:
+    lane = lane_reservation(ClassConfig("bulk", order=0, max_batch=16), MODELS, WEIGHTS)
+    assert not lane.arena_capped
+    assert all(m.arena_limit_bytes == 0 for m in lane.models)
+    assert "uncapped" in lane.describe()
+
+
+def test_a_dynamic_dimension_besides_the_batch_is_refused_with_the_reason() -> None:
+    spec = TensorSpec("tokens", "float32", (-1, -1))
+    model = ModelEntry("seq", "", Signature((spec,), (spec,)), Variant("fp32", "onnxruntime", Path("x.onnx")))
+    with pytest.raises(ReservationError, match=r"model seq: tokens has shape \[-1, -1\].*preallocates every buffer"):
+        io_bytes(model, 4)
+
+
+def test_lanes_that_exceed_the_free_memory_are_refused_naming_each_lane() -> None:
+    lanes = [
+        lane_reservation(ClassConfig("realtime", order=0, reserved_memory_mb=512), MODELS, WEIGHTS),
+        lane_reservation(ClassConfig("bulk", order=1, reserved_memory_mb=1024), MODELS, WEIGHTS),
+    ]
+    total = sum(lane.device_bytes for lane in lanes)
+    check_fits(lanes, total, "Test GPU")  # exactly fits
+    with pytest.raises(ReservationError) as refusal:
+        check_fits(lanes, total - 1, "Test GPU")
+    message = str(refusal.value)
+    assert "Test GPU has" in message and "realtime" in message and "bulk" in message
+    assert "lower classes.*.reserved_memory_mb, max_batch or workers" in message
+
+
+def test_a_priority_outside_the_device_range_is_clamped() -> None:
+    assert clamp_priority(-10, -5, 0) == -5
+    assert clamp_priority(3, -5, 0) == 0
+    assert clamp_priority(-2, -5, 0) == -2
+
+
+# --- config -------------------------------------------------------------------------
+
+
+def test_cuda_graph_is_off_by_default_and_takes_a_boolean() -> None:
+    config = parse_config({}, base_dir=Path("/srv"))
+    assert not any(c.cuda_graph for c in config.classes)
+    one_class = '[server]\ndefault_class = "realtime"\n[classes.realtime]\ncuda_graph = '
+    config = parse_config(tomllib.loads(one_class + "true\n"), base_dir=Path("/srv"))
+    assert config.class_named("realtime").cuda_graph
+    with pytest.raises(ConfigError, match=r"classes\.realtime\.cuda_graph = 'yes' is not valid: set it to true or"):
+        parse_config(tomllib.loads(one_class + '"yes"\n'), base_dir=Path("/srv"))
+
+
+# --- replies: what an operator reads ------------------------------------------------
+
+
+def test_stats_and_models_report_each_lane_reservation() -> None:
+    config = parse_config({}, base_dir=Path("/srv"))
+    replies: list[list[bytes]] = []
+    dispatcher = Dispatcher(config, lambda _route, frames: replies.append(frames), dict)
+    lanes = {c.name: Lane(c, MODELS, backend=None, reply=lambda *_: None) for c in config.classes}  # type: ignore[arg-type]
+    dispatcher.reservations = {c.name: lane_reservation(c, MODELS, WEIGHTS) for c in config.classes}
+    dispatcher.serve(config, MODELS, lanes)
+    gpu = dispatcher.stats()["classes"]["realtime"]["gpu"]
+    assert gpu["stream_priority"] == -1
+    assert gpu["reserved_bytes"] == dispatcher.reservations["realtime"].device_bytes
+    dispatcher.handle(None, encode_request(7, "models"), 0)
+    models = msgpack.unpackb(bytes(replies[-1][0]))["models"]
+    reserved = next(m for m in models if m["name"] == "mlp-light")["reserved"]
+    assert reserved["bulk"]["io_bytes_per_worker"] == io_bytes(mlp(), 16)
+
+
+def test_a_backend_that_reserves_nothing_adds_no_gpu_fields() -> None:
+    config = parse_config({}, base_dir=Path("/srv"))
+    dispatcher = Dispatcher(config, lambda *_: None, dict)
+    lane = Lane(config.classes[0], MODELS, backend=None, reply=lambda *_: None)  # type: ignore[arg-type]
+    dispatcher.serve(config, MODELS, {lane.klass.name: lane})
+    assert "gpu" not in dispatcher.stats()["classes"][lane.klass.name]
+
+
+# --- without a GPU: a clear refusal ---------------------------------------------------
+
+
+@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
+def test_cuda_available_gives_the_reason_here() -> None:
+    assert isinstance(NO_CUDA, str) and ("cuda-python" in NO_CUDA or "CUDA device" in NO_CUDA)
+
+
+@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
+def test_serving_on_onnxruntime_cuda_without_a_gpu_stops_start_up_with_the_reason() -> None:
+    folder = short_dir()
+    config = folder / "edged.toml"
+    config.write_text('[server]\nbackend = "onnxruntime-cuda"\n')
+    done = run_edged("serve", "--config", str(config), "--endpoint", f"ipc://{folder}/d.sock")
+    assert done.returncode == 1
+    assert 'start-up failed: server.backend = "onnxruntime-cuda" cannot run here: ' + NO_CUDA in done.stderr
+
+
+# --- on a GPU ---------------------------------------------------------------------------
+
+gpu = pytest.mark.gpu
+
+
+def _cuda_backend():  # type: ignore[no-untyped-def]
+    if NO_CUDA is not None:
+        pytest.skip(f"no GPU: {NO_CUDA}")
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime has no CUDAExecutionProvider: pip install -e '.[gpu]'")
+    from edged.backends.onnxruntime_cuda import OnnxRuntimeCuda
+
+    return OnnxRuntimeCuda()
+
+
+REALTIME = ClassConfig("realtime", order=0, max_batch=4, stream_priority=-1, reserved_memory_mb=256)
+BULK = ClassConfig("bulk", order=1, max_batch=16, stream_priority=0, reserved_memory_mb=512)
+
+
+@gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_runs_on_cuda_and_agrees_with_the_cpu(reference: Reference, cuda_graph: bool) -> None:
+    backend = _cuda_backend()
+    klass = replace(REALTIME, cuda_graph=cuda_graph)
+    backend.reserve(MODELS, [klass])
+    for model in MODELS:
+        runner = backend.load(model, klass)
+        try:
+            assert runner.providers[0] == "CUDAExecutionProvider"
+            for rows in (1, 3, 4):
+                inputs = random_input(model.name, rows, seed=rows)
+                (got,) = runner.run(inputs, model.signature.output_names)
+                # TF32 and cuDNN's algorithm choice differ from the CPU's float32: 2e-3 is the stated bound.
+                np.testing.assert_allclose(got, reference.run(model.name, inputs), rtol=2e-3, atol=2e-3)
+        finally:
+            runner.close()
+
+
+@gpu
+def test_each_lane_has_its_own_stream_at_its_priority() -> None:
+    from edged.backends import cuda
+
+    backend = _cuda_backend()
+    backend.reserve([mlp()], [REALTIME, BULK])
+    most, least = cuda.priority_range()
+    runners = [backend.load(mlp(), klass) for klass in (REALTIME, BULK)]
+    try:
+        assert runners[0].stream.pointer != runners[1].stream.pointer
+        for runner, klass in zip(runners, (REALTIME, BULK)):
+            assert runner.stream.device_priority() == clamp_priority(klass.stream_priority, most, least)
+        assert runners[0].stream.device_priority() < runners[1].stream.device_priority()
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+@gpu
+def test_the_memory_limit_is_what_the_config_asked() -> None:
+    backend = _cuda_backend()
+    plans = backend.reserve(MODELS, [BULK])
+    runner = backend.load(mlp(), BULK)
+    try:
+        options = runner._session.get_provider_options()["CUDAExecutionProvider"]
+        assert int(options["gpu_mem_limit"]) == 512 * MIB // len(MODELS)
+        assert options["has_user_compute_stream"] == "1"
+        held = sum(slot.device.nbytes for slot in runner._slots.values())
+        assert held == next(m for m in plans["bulk"].models if m.model == "mlp-light").io_bytes
+    finally:
+        runner.close()
