@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     keygen.add_argument("--name", default="edged", help="file name stem (default: edged)")
     keygen.set_defaults(run=_keygen)
 
+    from edged.build.cli import add_parser as add_build
+
+    add_build(commands)
+
     for name, helptext in (
         ("models", "list the served models"),
         ("health", "the daemon's state"),

@@ -96,6 +96,7 @@ class Config:
     model_repository: Path
     default_class: str = "standard"
     backend: str = "onnxruntime"
+    fallback: str | None = None  # backend "tensorrt": serve the ONNX on the CPU where no engine fits
     drain_timeout_ms: int = 5000
     log_level: str = "info"
     models: tuple[str, ...] = ()  # names to serve; empty: every model in the repository
@@ -157,6 +158,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
             "model_repository",
             "default_class",
             "backend",
+            "fallback",
             "drain_timeout_ms",
             "log_level",
             "models",
@@ -190,6 +192,13 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     )
     backend = server.get("backend", "onnxruntime")
     _expect(isinstance(backend, str), "server.backend", backend, 'a backend name such as "onnxruntime"')
+    fallback = server.get("fallback")
+    _expect(
+        fallback is None or (fallback == "onnxruntime" and backend == "tensorrt"),
+        "server.fallback",
+        fallback,
+        '"onnxruntime", with server.backend = "tensorrt" (or leave it out: no fallback)',
+    )
 
     classes = _classes(raw.get("classes", {}))
     default_class = server.get("default_class", "standard")
@@ -200,6 +209,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         model_repository=repo_path,
         default_class=default_class,
         backend=backend,
+        fallback=fallback,
         drain_timeout_ms=_positive_int(server, "drain_timeout_ms", 5000, "server."),
         log_level=log_level,
         models=tuple(models),

@@ -105,7 +105,7 @@ class Daemon:
                 config = replace(self._reread_config(), endpoints=self.config.endpoints)
             variants = VARIANTS_OF.get(config.backend, config.backend)
             models = discover(config.model_repository, variants, config.models)
-            backend = backend_named(config.backend)
+            backend = backend_named(config.backend, config.fallback)
             # Checked before any lane allocates: a set of lanes that cannot fit is refused whole.
             reservations = backend.reserve(models, config.classes) if isinstance(backend, Reserving) else {}
             for reservation in reservations.values():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edged.engines import EngineRecord, EngineRecordError
 from edged.protocol import DTYPES, TensorSpec
 from edged.signature import Signature
 
@@ -28,7 +29,11 @@ class RepositoryError(ValueError):
 class Variant:
     precision: str
     backend: str
-    path: Path
+    path: Path  # the file to load; for "tensorrt", the model's folder (the engine is chosen at load)
+    # For "tensorrt": every engine of this precision (one per GPU model and TensorRT version),
+    # and the ONNX Runtime variant of the same precision to fall back to, if there is one.
+    engines: tuple[EngineRecord, ...] = ()
+    fallback: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,30 +85,58 @@ def _entries(manifest_path: Path, backend: str) -> list[ModelEntry]:
     name = manifest.get("name")
     if not isinstance(name, str) or not name:
         raise RepositoryError(f"{where}: 'name' must be a non-empty string")
-    signature = Signature(_specs(manifest, "inputs", where), _specs(manifest, "outputs", where))
-    entries = []
+    signature = Signature(read_specs(manifest, "inputs", where), read_specs(manifest, "outputs", where))
     variants = manifest.get("variants", [])
     if not isinstance(variants, list):
         raise RepositoryError(f"{where}: 'variants' must be a list of {{precision, backend, file}}")
     for i, raw in enumerate(variants):
         if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("precision", "backend", "file")):
             raise RepositoryError(f"{where}: variants[{i}] needs string 'precision', 'backend' and 'file'")
-        if raw["backend"] != backend:
-            continue
         path = manifest_path.parent / raw["file"]
-        if not path.is_file():
+        if raw["backend"] == backend and not path.is_file():
             raise RepositoryError(f"{where}: variants[{i}] names {path}, which does not exist")
-        # The FP32 variant keeps the model's name; another precision is served beside it.
-        served = name if raw["precision"] == "fp32" else f"{name}:{raw['precision']}"
-        entries.append(
-            ModelEntry(
-                served, str(manifest.get("description", "")), signature, Variant(raw["precision"], raw["backend"], path)
-            )
-        )
+    description = str(manifest.get("description", ""))
+    if backend == "tensorrt":
+        return _engine_entries(manifest_path, name, description, signature, variants)
+    entries = []
+    for raw in variants:
+        if raw["backend"] == backend:
+            variant = Variant(raw["precision"], backend, manifest_path.parent / raw["file"])
+            entries.append(ModelEntry(_served(name, raw["precision"]), description, signature, variant))
     return entries
 
 
-def _specs(manifest: dict[str, Any], key: str, where: str) -> tuple[TensorSpec, ...]:
+def _served(name: str, precision: str) -> str:
+    # The FP32 variant keeps the model's name; another precision is served beside it.
+    return name if precision == "fp32" else f"{name}:{precision}"
+
+
+def _engine_entries(
+    manifest_path: Path, name: str, description: str, signature: Signature, variants: list[dict[str, Any]]
+) -> list[ModelEntry]:
+    """One entry per precision with engines: which engine runs is decided at load, on the GPU."""
+    where, folder = str(manifest_path), manifest_path.parent
+    engines: dict[str, list[EngineRecord]] = {}
+    for raw in variants:
+        if raw["backend"] == "tensorrt":
+            try:
+                engine = EngineRecord.from_manifest(raw, where)
+            except EngineRecordError as exc:
+                raise RepositoryError(str(exc)) from None
+            engines.setdefault(engine.precision, []).append(engine)
+    onnx = {raw["precision"]: folder / raw["file"] for raw in variants if raw["backend"] == "onnxruntime"}
+    return [
+        ModelEntry(
+            _served(name, precision),
+            description,
+            signature,
+            Variant(precision, "tensorrt", folder, tuple(found), onnx.get(precision)),
+        )
+        for precision, found in engines.items()
+    ]
+
+
+def read_specs(manifest: dict[str, Any], key: str, where: str) -> tuple[TensorSpec, ...]:
     raw = manifest.get(key)
     if not isinstance(raw, list) or not raw:
         raise RepositoryError(f"{where}: '{key}' must be a non-empty list of {{name, dtype, shape}}")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 BACKENDS = {
     "onnxruntime": "edged.backends.onnxruntime_cpu:OnnxRuntimeCpu",
     "onnxruntime-cuda": "edged.backends.onnxruntime_cuda:OnnxRuntimeCuda",
+    "tensorrt": "edged.backends.tensorrt:TensorRt",
 }
 
 # Backends that serve another backend's repository variants: ONNX Runtime's CUDA
@@ -55,9 +56,11 @@ class Reserving(Protocol):
     def reserve(self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig]) -> dict[str, LaneReservation]: ...
 
 
-def backend_named(name: str) -> Backend:
-    """Import and build the backend registered as `name`."""
+def backend_named(name: str, fallback: str | None = None) -> Backend:
+    """Import and build the backend registered as `name`; `fallback` (server.fallback,
+    checked in config to go with "tensorrt" only) names where models it cannot run go."""
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r} (server.backend): choose one of {', '.join(BACKENDS)}")
     module_name, class_name = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+    backend = getattr(importlib.import_module(module_name), class_name)
+    return backend(fallback) if fallback else backend()

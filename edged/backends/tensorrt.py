@@ -1,0 +1,229 @@
+"""TensorRT engines on the GPU: one execution context per lane worker, on its own
+priority stream, with its own device memory and preallocated buffers.
+
+Written against TensorRT 10/11's documented Python API and cuda-python; NOT YET RUN
+on a GPU (no machine here has TensorRT's builder, see docs/engines.md). What runs
+and is tested without a GPU: the refusal where CUDA or TensorRT is missing, engine
+selection (edged.engines) and the fallback to ONNX Runtime.
+
+The CUDA device is checked through cuda-python before any TensorRT object exists:
+a TensorRT runtime created without a device deserializes into a segfault.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.backends import BackendError, Runner
+from edged.config import ClassConfig
+from edged.engines import EngineRecord, Environment, select, sha256_of
+from edged.repository import ModelEntry
+
+log = logging.getLogger("edged.tensorrt")
+
+SERVE_HINT = (
+    "install the TensorRT runtime: `pip install tensorrt` from NVIDIA's package index, "
+    "or `pip install tensorrt-lean` for version-compatible engines"
+)
+
+
+def import_tensorrt() -> tuple[Any, bool]:
+    """The TensorRT module and whether it is the lean runtime; the full one is preferred."""
+    try:
+        import tensorrt
+
+        return tensorrt, False
+    except ImportError:
+        pass
+    try:
+        import tensorrt_lean
+
+        return tensorrt_lean, True
+    except ImportError:
+        raise BackendError(f"TensorRT is not installed: {SERVE_HINT}") from None
+
+
+def environment() -> tuple[Environment, Any]:
+    """This GPU and runtime, checking CUDA first; raises BackendError with the fix."""
+    from edged.backends.cuda import CudaError, cuda_available, device_info
+
+    reason = cuda_available()
+    if reason is not None:
+        raise BackendError(f"the tensorrt backend needs a CUDA GPU, and {reason}")
+    trt, lean = import_tensorrt()
+    try:
+        device = device_info(0)
+    except CudaError as exc:
+        raise BackendError(f"the tensorrt backend cannot read the GPU's properties: {exc}") from None
+    return Environment(device.name, device.compute_capability, trt.__version__, lean), trt
+
+
+class TensorRt:
+    """Backend "tensorrt". `fallback="onnxruntime"` serves the model's ONNX of the same
+    precision on the CPU where no engine fits (server.fallback); each refusal is logged."""
+
+    def __init__(self, fallback: str | None = None) -> None:
+        self._fallback = fallback
+        self._lock = threading.Lock()
+        # model name -> (runtime, engine), shared by its lanes; the runtime must outlive its engine.
+        self._engines: dict[str, tuple[Any, Any]] = {}
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> Runner:
+        with self._lock:
+            try:
+                env, trt = environment()
+                loaded = self._engines.get(model.name) or self._deserialize(model, env, trt)
+            except BackendError as exc:
+                return self._fall_back(model, lane, str(exc))
+            self._engines[model.name] = loaded
+        return TensorRtRunner(trt, loaded[1], lane)
+
+    def _deserialize(self, model: ModelEntry, env: Environment, trt: Any) -> tuple[Any, Any]:
+        folder = model.variant.path
+        sources = {e.source_file for e in model.variant.engines}
+        digests = {name: sha256_of(folder / name) if (folder / name).is_file() else None for name in sources}
+        chosen = select(model.variant.engines, env, digests)
+        if chosen.engine is None:
+            raise BackendError(chosen.explain(model.name))
+        for reason in chosen.refusals:
+            log.info("%s: passed over %s", model.name, reason)
+        return _deserialize(trt, folder, chosen.engine)
+
+    def _fall_back(self, model: ModelEntry, lane: ClassConfig, why: str) -> Runner:
+        if self._fallback != "onnxruntime":
+            raise BackendError(f'{why} (set server.fallback = "onnxruntime" to serve its ONNX instead)')
+        if model.variant.fallback is None:
+            raise BackendError(f"{why}; and {model.name} has no onnxruntime variant to fall back to")
+        from edged.backends.onnxruntime_cpu import OnnxRuntimeCpuRunner
+
+        log.warning("%s: serving its ONNX on ONNX Runtime's CPU provider instead: %s", model.name, why)
+        variant = replace(model.variant, backend="onnxruntime", path=model.variant.fallback, engines=())
+        return OnnxRuntimeCpuRunner(replace(model, variant=variant), lane)
+
+
+def _deserialize(trt: Any, folder: Path, record: EngineRecord) -> tuple[Any, Any]:
+    path = folder / record.file
+    data = path.read_bytes()
+    if sha256_of(path) != record.sha256:
+        raise BackendError(f"{path}: its sha256 differs from the manifest's: the file changed after the build")
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    if record.version_compatible:
+        # A version-compatible plan carries the lean runtime's host code; we trust our own builds.
+        runtime.engine_host_code_allowed = True
+    engine = runtime.deserialize_cuda_engine(data)
+    if engine is None:
+        raise BackendError(f"{path}: TensorRT could not deserialize it (see the TensorRT log above)")
+    return runtime, engine
+
+
+class TensorRtRunner:
+    """One lane worker's context: stream, device memory and buffers, all made here, once."""
+
+    def __init__(self, trt: Any, engine: Any, lane: ClassConfig) -> None:
+        from edged.backends import cuda
+
+        cuda.set_device(0)
+        self._cuda = cuda
+        self._engine = engine
+        self.stream = cuda.Stream(lane.stream_priority)
+        strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
+        self._context = engine.create_execution_context(strategy)
+        size = engine.device_memory_size_v2
+        self._scratch = cuda.DeviceBuffer(size)
+        self._context.set_device_memory(self._scratch.pointer, size)
+        self._context.set_optimization_profile_async(0, self.stream.pointer)
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self._inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self._outputs = [n for n in names if n not in self._inputs]
+        self._dtype = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in names}
+        # Buffers sized for the largest shape of profile 0, so no call ever allocates.
+        for name in self._inputs:
+            self._context.set_input_shape(name, tuple(engine.get_tensor_profile_shape(name, 0)[2]))
+        self._device: dict[str, Any] = {}
+        self._host: dict[str, Any] = {}
+        for name in names:
+            nbytes = int(np.prod(tuple(self._context.get_tensor_shape(name)))) * self._dtype[name].itemsize
+            self._device[name] = cuda.DeviceBuffer(nbytes)
+            self._host[name] = cuda.PinnedBuffer(nbytes)
+            self._context.set_tensor_address(name, self._device[name].pointer)
+        self._graphs: dict[tuple[tuple[int, ...], ...], Any] = {}
+        self._capture = lane.cuda_graph
+        self._warm_up(lane.max_batch)
+
+    def _warm_up(self, max_batch: int) -> None:
+        """Run every batch size once (and capture its graph if asked) before serving."""
+        limit = min(max_batch, self._engine.get_tensor_profile_shape(self._inputs[0], 0)[2][0])
+        for rows in range(1, limit + 1):
+            inputs = {}
+            for name in self._inputs:
+                shape = tuple(self._engine.get_tensor_profile_shape(name, 0)[2])
+                inputs[name] = np.zeros((rows, *shape[1:]), dtype=self._dtype[name])
+            self.run(inputs, self._outputs)
+
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        for name in self._inputs:
+            array = inputs[name]
+            staged = self._host[name].array(self._dtype[name], array.shape)
+            np.copyto(staged, array, casting="same_kind")
+            self.stream.copy_to_device(self._device[name].pointer, self._host[name].pointer, staged.nbytes)
+            self._context.set_input_shape(name, array.shape)
+        key = tuple(inputs[name].shape for name in self._inputs)
+        self._enqueue(key)
+        results = []
+        for name in output_names:
+            shape = tuple(self._context.get_tensor_shape(name))
+            staged = self._host[name].array(self._dtype[name], shape)
+            self.stream.copy_to_host(self._host[name].pointer, self._device[name].pointer, staged.nbytes)
+            results.append(staged)
+        self.stream.synchronize()
+        # The pinned buffers are reused by the next call: the reply gets its own copy.
+        return [staged.copy() for staged in results]
+
+    def _enqueue(self, key: tuple[tuple[int, ...], ...]) -> None:
+        graph = self._graphs.get(key)
+        if graph is not None:
+            _cuda_call("cudaGraphLaunch", _cudart().cudaGraphLaunch(graph, self.stream.handle))
+            return
+        if not self._context.execute_async_v3(self.stream.pointer):
+            raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
+        if self._capture:
+            self._graphs[key] = self._captured()
+
+    def _captured(self) -> Any:
+        """Capture one enqueue of the current shapes into a CUDA graph; done during warm-up,
+        after a plain enqueue has flushed TensorRT's deferred set-up for these shapes."""
+        rt = _cudart()
+        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        _cuda_call("cudaStreamBeginCapture", rt.cudaStreamBeginCapture(self.stream.handle, mode))
+        self._context.execute_async_v3(self.stream.pointer)
+        graph = _cuda_call("cudaStreamEndCapture", rt.cudaStreamEndCapture(self.stream.handle))
+        return _cuda_call("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        for buffer in [*self._device.values(), *self._host.values(), self._scratch]:
+            buffer.close()
+        del self._context
+        self.stream.close()
+
+
+def _cudart() -> Any:
+    from cuda.bindings import runtime
+
+    return runtime
+
+
+def _cuda_call(call: str, result: tuple[Any, ...]) -> Any:
+    from edged.backends.cuda import CudaError
+
+    status, *values = result
+    if status != _cudart().cudaError_t.cudaSuccess:
+        raise CudaError(f"{call} failed: {status}")
+    return values[0] if values else None
