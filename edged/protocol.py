@@ -321,7 +321,8 @@ def decode_reply(frames: Sequence[Buffer]) -> Reply:
 def _tensor_frames(tensors: dict[str, np.ndarray]) -> tuple[list[dict[str, Any]], list[Buffer]]:
     specs, payloads = [], []
     for name, array in tensors.items():
-        array = np.ascontiguousarray(array)
+        # Not ascontiguousarray: it turns a 0-d tensor into shape [1], and the reply would lie about the shape.
+        array = np.asarray(array, order="C")
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
         dtype = _WIRE_NAMES.get(array.dtype)
