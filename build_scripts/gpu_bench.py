@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from edged.backends.cuda import cuda_available, device_info  # noqa: E402
 from edged.bench import Stream, run_load  # noqa: E402
-from edged.config import ClassConfig  # noqa: E402
+from edged.classes import ClassConfig  # noqa: E402
 from edged.launch import DaemonProcess  # noqa: E402
 from edged.repository import discover  # noqa: E402
 

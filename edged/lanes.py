@@ -23,7 +23,7 @@ import numpy as np
 from edged.admission import Backlog, ServiceTimes
 from edged.backends import Backend, Runner
 from edged.batching import Job, stack, unstack
-from edged.config import ClassConfig
+from edged.classes import ClassConfig
 from edged.metrics import ClassStats
 from edged.protocol import Buffer, Status, encode_reply
 from edged.repository import ModelEntry

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from edged.config import ConfigError, MetricsConfig
+from edged.config import MetricsConfig
 from edged.metrics import PERCENTILES
+from edged.settings import ConfigError
 
 Stats = Callable[[], dict[str, Any]]
 

@@ -19,7 +19,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from edged.config import ConfigError, SecurityConfig
+from edged.config import SecurityConfig
+from edged.settings import ConfigError
 
 LOOPBACK_NAMES = ("localhost", "lo")
 ZAP_DOMAIN = "edged"

@@ -4,7 +4,7 @@ cannot be met, with a retry hint a client can act on; admit otherwise."""
 from __future__ import annotations
 
 from edged.admission import Backlog, ServiceTimes, Shed, admit
-from edged.config import ClassConfig
+from edged.classes import ClassConfig
 
 MS = 1_000_000  # ns
 

@@ -17,7 +17,7 @@ import pytest
 
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.batching import Job
-from edged.config import ClassConfig
+from edged.classes import ClassConfig
 from edged.lanes import Lane
 from edged.protocol import Status, decode_reply
 from edged.repository import ModelEntry, discover

@@ -17,8 +17,8 @@ from edged.build.calibration import CalibrationError, held_out
 from edged.build.convert import convert
 from edged.build.manifest import ModelFolder
 from edged.build.quantize import Quantized, QuantizeError, compare, quantize, session
+from edged.classes import ClassConfig
 from edged.client import Client
-from edged.config import ClassConfig
 from edged.repository import discover
 
 # The bounds the docs report (docs/engines.md), on seeded N(0, 1) held-out inputs. The

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from edged.config import ClassConfig
+from edged.classes import ClassConfig
 from edged.repository import ModelEntry
 
 if TYPE_CHECKING:

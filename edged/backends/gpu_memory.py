@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edged.config import ClassConfig
+from edged.classes import ClassConfig
 from edged.protocol import DTYPES, TensorSpec
 from edged.repository import ModelEntry
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from edged.config import ClassConfig
+from edged.classes import ClassConfig
 from edged.repository import ModelEntry
 
 

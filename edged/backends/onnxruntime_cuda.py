@@ -30,7 +30,7 @@ import numpy as np
 
 from edged.backends import BackendError, cuda
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, check_fits, fixed_shape, lane_reservation
-from edged.config import ClassConfig
+from edged.classes import ClassConfig
 from edged.protocol import DTYPES, TensorSpec
 from edged.repository import ModelEntry
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends import BackendError, Runner
-from edged.config import ClassConfig
+from edged.classes import ClassConfig
 from edged.engines import EngineRecord, Environment, select, sha256_of
 from edged.repository import ModelEntry
 

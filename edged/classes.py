@@ -1,0 +1,102 @@
+"""Priority classes: what each is promised, and the lane reserved for it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from edged.settings import expect, no_unknown, read_int
+
+
+@dataclass(frozen=True, slots=True)
+class ClassConfig:
+    """One priority class and the lane reserved for it."""
+
+    name: str
+    order: int  # 0 is served first; lower order wins every tie
+    queue_capacity: int = 64
+    deadline_ms: float = 100.0  # default budget of a request that names none
+    workers: int = 1
+    max_batch: int = 1  # the most requests one backend call may carry
+    batch_wait_us: int = 0  # how long a worker may wait to fill a batch; 0 for latency classes
+    # Run a job estimated this cheap on the socket loop when the lane is idle (0: never).
+    # It delays every class's next request by about as long: meant for the most urgent class.
+    inline_max_us: int = 0
+    threads: int = 1  # ONNX Runtime intra-op threads of this lane's sessions
+    cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
+    nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
+    stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
+    reserved_memory_mb: int = 0  # GPU memory reserved for the lane; 0: what the model needs
+    cuda_graph: bool = False  # GPU backends: replay a captured CUDA graph per batch size (fixed shapes only)
+    stuck_after_ms: int = 10_000  # a backend call open this long is answered INTERNAL and its worker replaced; 0: never
+
+
+DEFAULT_CLASSES = (
+    ClassConfig(
+        "realtime",
+        order=0,
+        queue_capacity=32,
+        deadline_ms=20.0,
+        max_batch=4,
+        inline_max_us=300,
+        stream_priority=-1,
+        stuck_after_ms=1_000,
+    ),
+    ClassConfig("standard", order=1, queue_capacity=128, deadline_ms=200.0, max_batch=8, stuck_after_ms=5_000),
+    ClassConfig(
+        "bulk",
+        order=2,
+        queue_capacity=512,
+        deadline_ms=5000.0,
+        max_batch=16,
+        batch_wait_us=500,
+        nice=10,
+        stuck_after_ms=30_000,
+    ),
+)
+
+
+def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
+    expect(isinstance(table, dict), "classes", table, "a table of [classes.NAME] tables")
+    defaults = {c.name: c for c in DEFAULT_CLASSES}
+    classes = []
+    # A file that names classes defines the full set; a file that names none keeps the defaults.
+    for name, settings in table.items() if table else ((n, {}) for n in defaults):
+        prefix = f"classes.{name}."
+        expect(isinstance(settings, dict), f"classes.{name}", settings, "a table")
+        base = defaults.get(name, ClassConfig(name, order=len(classes)))
+        known = {f.name for f in fields(ClassConfig)} - {"name"}
+        no_unknown(settings, known, prefix)
+        values: dict[str, Any] = {}
+        for key in ("order", "workers", "max_batch", "queue_capacity"):
+            minimum = 0 if key == "order" else 1
+            values[key] = read_int(settings, key, getattr(base, key), prefix, minimum)
+        for key in ("batch_wait_us", "inline_max_us", "threads", "reserved_memory_mb", "stuck_after_ms"):
+            values[key] = read_int(settings, key, getattr(base, key), prefix, 0)
+        values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
+        values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
+        cuda_graph = settings.get("cuda_graph", base.cuda_graph)
+        expect(isinstance(cuda_graph, bool), prefix + "cuda_graph", cuda_graph, "true or false")
+        values["cuda_graph"] = cuda_graph
+        deadline = settings.get("deadline_ms", base.deadline_ms)
+        expect(
+            isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and 0 < deadline <= 3_600_000,
+            prefix + "deadline_ms",
+            deadline,
+            "a number of milliseconds above 0 and at most 3600000 (an hour)",
+        )
+        values["deadline_ms"] = float(deadline)
+        affinity = settings.get("cpu_affinity", list(base.cpu_affinity))
+        usable = sorted(os.sched_getaffinity(0))
+        expect(
+            isinstance(affinity, list) and all(isinstance(c, int) and c in usable for c in affinity),
+            prefix + "cpu_affinity",
+            affinity,
+            f"a list of the cores this process may use, {usable} (empty: any)",
+        )
+        values["cpu_affinity"] = tuple(affinity)
+        classes.append(replace(base, **values))
+    orders = [c.order for c in classes]
+    expect(len(set(orders)) == len(orders), "classes.*.order", orders, "a distinct order for each class")
+    return tuple(sorted(classes, key=lambda c: c.order))
