@@ -7,6 +7,8 @@ or a copy of it.
 
 from __future__ import annotations
 
+import queue
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,3 +63,33 @@ def unstack(jobs: list[Job], names: tuple[str, ...], outputs: list[np.ndarray]) 
         results.append({name: produced[name][row : row + rows] for name in job.output_names})
         row += rows
     return results
+
+
+def fill(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, wait_us: int) -> Any:
+    """Add compatible queued jobs to `batch`; returns the item that did not fit, if any.
+
+    Latency classes (wait_us 0) take only what is already queued; a throughput class
+    may wait that long for more.
+    """
+    wait_until = time.monotonic_ns() + wait_us * 1000
+    while len(batch) < max_batch:
+        try:
+            remaining_s = (wait_until - time.monotonic_ns()) / 1e9
+            item = jobs.get(timeout=remaining_s) if remaining_s > 0 else jobs.get_nowait()
+        except queue.Empty:
+            return None
+        if not isinstance(item, Job) or not item.fits_with(batch[0]):
+            return item
+        batch.append(item)
+    return None
+
+
+def zero_inputs(model: ModelEntry, rows: int) -> dict[str, np.ndarray]:
+    """Inputs of zeros for `rows` rows (1 for every other dynamic dimension): for warm-up and timing."""
+    batchable = model.signature.batchable
+    return {
+        spec.name: np.zeros(
+            [rows if i == 0 and batchable else max(d, 1) for i, d in enumerate(spec.shape)], dtype=spec.dtype
+        )
+        for spec in model.signature.inputs
+    }

@@ -22,7 +22,7 @@ import numpy as np
 
 from edged.admission import Backlog, ServiceTimes
 from edged.backends import Backend, Runner
-from edged.batching import Job, stack, unstack
+from edged.batching import Job, fill, stack, unstack, zero_inputs
 from edged.classes import ClassConfig
 from edged.metrics import ClassStats
 from edged.protocol import Buffer, Status, encode_reply
@@ -225,7 +225,7 @@ class Lane:
                 continue
             batch = [job]
             if self.klass.max_batch > 1 and job.model.signature.batchable:
-                held = self._fill(batch)
+                held = fill(batch, self._queue, self.klass.max_batch, self.klass.batch_wait_us)
             self._run(batch, runners[job.model.name])
         for runner in runners.values():
             runner.close()
@@ -245,36 +245,12 @@ class Lane:
 
     def _measure(self, model: ModelEntry, runner: Runner, rows: int, runs: int) -> None:
         """Time `runs` calls on zeros of `rows` rows; the last one feeds the service estimate."""
-        batchable = model.signature.batchable
-        inputs = {
-            spec.name: np.zeros(
-                [rows if i == 0 and batchable else max(d, 1) for i, d in enumerate(spec.shape)], dtype=spec.dtype
-            )
-            for spec in model.signature.inputs
-        }
+        inputs = zero_inputs(model, rows)
         for _ in range(runs):
             start = time.perf_counter_ns()
             runner.run(inputs, model.signature.output_names)
             elapsed = time.perf_counter_ns() - start
         self.service.observe(model.name, elapsed, rows)
-
-    def _fill(self, batch: list[Job]) -> Any:
-        """Add compatible queued jobs to `batch`; returns a job that did not fit, if any.
-
-        Latency classes take only what is already queued; a class with batch_wait_us
-        may wait that long for more.
-        """
-        wait_until = time.monotonic_ns() + self.klass.batch_wait_us * 1000
-        while len(batch) < self.klass.max_batch:
-            try:
-                remaining_s = (wait_until - time.monotonic_ns()) / 1e9
-                job = self._queue.get(timeout=remaining_s) if remaining_s > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                return None
-            if not isinstance(job, Job) or not job.fits_with(batch[0]):
-                return job
-            batch.append(job)
-        return None
 
     def _run(self, batch: list[Job], runner: Runner) -> None:
         taken_ns = time.monotonic_ns()
