@@ -6,12 +6,14 @@ so each refusal is checked for the key it names, the way a person would search f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from edged.classes import ClassConfig
 from edged.config import (
     DEFAULT_CLASSES,
     Config,
@@ -239,3 +241,20 @@ def test_default_endpoint_prefers_systemds_runtime_directory(monkeypatch: pytest
     assert default_endpoint() == "ipc:///run/user/1000/edged/edged.sock"
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert default_endpoint() == f"ipc:///tmp/edged-{os.getuid()}/edged.sock"
+
+
+def test_the_example_config_names_every_key_at_its_default() -> None:
+    """systemd/edged.toml promises every key at its built-in default (but the two paths):
+    a key added to the daemon and not to the example, or a default that drifted, fails here."""
+    example = Path(__file__).resolve().parents[1] / "systemd" / "edged.toml"
+    loaded = load_config(example)
+    defaults = parse_config({}, example.parent)
+    assert loaded.classes == defaults.classes
+    assert loaded.limits == defaults.limits
+    assert dataclasses.replace(loaded, endpoints=defaults.endpoints, model_repository=defaults.model_repository) == (
+        defaults
+    )
+    raw = tomllib.loads(example.read_text())
+    class_keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name"}
+    for name, table in raw["classes"].items():
+        assert set(table) == class_keys, f"classes.{name} lacks {sorted(class_keys - set(table))}"
