@@ -34,6 +34,7 @@ log = logging.getLogger("edged")
 # at a small cost in switches.
 GIL_SWITCH_INTERVAL_S = 0.0005
 TICK_MS = 250
+HOUSEKEEPING_EVERY_NS = 10_000_000
 STATUS_EVERY_NS = 5_000_000_000
 RUNNING_WORK_GRACE_S = 20.0
 
@@ -68,6 +69,7 @@ class Daemon:
         self._loaded: Loaded | None = None  # handed from the loading thread to the loop
         self._retiring: list[Lane] = []  # replaced by a reload, finishing what they hold
         self._next_watchdog_ns = 0
+        self._next_housekeeping_ns = 0
         self._next_status_ns = 0
 
     @property
@@ -167,6 +169,11 @@ class Daemon:
 
     def _tick(self) -> None:
         now = time.monotonic_ns()
+        # The loop wakes for every request; housekeeping needs a cadence, not a per-request
+        # cost. Signals and a finished load wake the loop with these flags already set.
+        if now < self._next_housekeeping_ns and self._loaded is None and not self._reload_requested:
+            return
+        self._next_housekeeping_ns = now + HOUSEKEEPING_EVERY_NS
         if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
             # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
             self.notifier.notify(WATCHDOG="1")
