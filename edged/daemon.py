@@ -134,8 +134,8 @@ class Daemon:
             self.server.wake()
             return
         log.info(
-            "%s: serving %s with classes %s (%.1f s)",
-            "ready" if first else "reloaded",
+            "%s %s with classes %s (%.1f s)",
+            "loaded and warmed" if first else "reloaded:",
             ", ".join(m.name for m in models),
             ", ".join(lanes),
             time.monotonic() - started,
