@@ -38,17 +38,17 @@ def _show_model(client: Client, model: dict, requests: int, rng: np.random.Gener
         f"\nmodel {model['name']} ({model['backend']}, {model['precision']}): "
         f"{spec['name']}{spec['shape']} -> {[o['name'] + str(o['shape']) for o in model['outputs']]}"
     )
-    reply = client.infer_reply(model["name"], {spec["name"]: x})
+    reply = client.infer_reply(model["name"], {spec["name"]: x}, klass="realtime")
     for name, array in reply.outputs.items():
         print(f"  {name} = {np.array2string(array[0], precision=3, max_line_width=100)}")
     inside, round_trip = [], []
     for _ in range(requests):
         start = time.perf_counter_ns()
-        reply = client.infer_reply(model["name"], {spec["name"]: x})
+        reply = client.infer_reply(model["name"], {spec["name"]: x}, klass="realtime")
         round_trip.append((time.perf_counter_ns() - start) / 1000)
         inside.append(reply.header["timing_us"]["total"])
     p50, p99 = np.percentile(round_trip, [50, 99])
     print(
-        f"  {requests} requests, one at a time: round trip p50 {p50:.0f} us, p99 {p99:.0f} us "
+        f"  {requests} realtime requests, one at a time: round trip p50 {p50:.0f} us, p99 {p99:.0f} us "
         f"(inside the daemon p50 {np.percentile(inside, 50):.0f} us)"
     )
