@@ -145,7 +145,8 @@ def decode_request(frames: Sequence[Buffer], limits: Limits = Limits()) -> Reque
     header = _unpack_header(frames[0], limits)
     request_id = _request_id(header)
     version = header.get("v")
-    if version != PROTOCOL_VERSION:
+    # An int, not merely equal to one: True and 1.0 compare equal to 1 in Python.
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise ProtocolError(
             Status.INVALID_ARGUMENT,
             f"unsupported protocol version {version!r}: this daemon speaks v={PROTOCOL_VERSION}",

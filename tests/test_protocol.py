@@ -348,3 +348,12 @@ def test_largest_allowed_tensor_passes_structure_check() -> None:
     limits = Limits(max_tensor_elements=16)
     frames = wire(encode_request(1, model="m", inputs={"x": np.zeros((4, 4), dtype=np.uint8)}))
     assert decode_request(frames, limits).inputs[0].shape == (4, 4)
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1"])
+def test_a_version_that_only_compares_equal_to_1_is_refused(version) -> None:
+    header = msgpack.packb({"v": version, "id": 5, "op": "health"})
+    with pytest.raises(ProtocolError, match="unsupported protocol version") as refused:
+        decode_request([header])
+    assert refused.value.status is Status.INVALID_ARGUMENT
+    assert refused.value.request_id == 5
