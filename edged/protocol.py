@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import ml_dtypes
 import msgpack
 import numpy as np
+
+from edged.tensors import DTYPES, tensor_frames, view
 
 PROTOCOL_VERSION = 1
 MAX_ID_BYTES = 64
@@ -35,21 +36,6 @@ class Status(StrEnum):
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     UNAVAILABLE = "UNAVAILABLE"
     INTERNAL = "INTERNAL"
-
-
-DTYPES: dict[str, np.dtype] = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "int8": np.dtype(np.int8),
-    "uint8": np.dtype(np.uint8),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "bool": np.dtype(np.bool_),
-}
-# Wire dtypes are little endian; on a big-endian host every view would need a swap.
-LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in DTYPES.items()}
 
 
 class ProtocolError(Exception):
@@ -132,7 +118,7 @@ def encode_request(
         header["deadline_ms"] = deadline_ms
     if outputs is not None:
         header["outputs"] = list(outputs)
-    specs, payloads = _tensor_frames(inputs or {})
+    specs, payloads = tensor_frames(inputs or {})
     if inputs is not None:
         header["inputs"] = specs
     return [msgpack.packb(header), *payloads]
@@ -185,10 +171,7 @@ def decode_request(frames: Sequence[Buffer], limits: Limits = Limits()) -> Reque
 
 def tensor_views(request: Request) -> dict[str, np.ndarray]:
     """The request's inputs as numpy arrays over the received frames: no copies."""
-    return {
-        spec.name: np.frombuffer(payload, dtype=LITTLE_ENDIAN[spec.dtype]).reshape(spec.shape)
-        for spec, payload in zip(request.inputs, request.payloads)
-    }
+    return {spec.name: view(payload, spec.dtype, spec.shape) for spec, payload in zip(request.inputs, request.payloads)}
 
 
 def _unpack_header(frame: Buffer, limits: Limits) -> dict[str, Any]:
@@ -301,7 +284,7 @@ def encode_reply(
     header.update(fields)
     payloads: list[Buffer] = []
     if outputs is not None:
-        header["outputs"], payloads = _tensor_frames(outputs)
+        header["outputs"], payloads = tensor_frames(outputs)
     return [msgpack.packb(header), *payloads]
 
 
@@ -314,25 +297,5 @@ def decode_reply(frames: Sequence[Buffer]) -> Reply:
     outputs: dict[str, np.ndarray] = {}
     if status is Status.OK and isinstance(header.get("outputs"), list):
         for spec, payload in zip(header["outputs"], frames[1:]):
-            dtype = LITTLE_ENDIAN[spec["dtype"]]
-            outputs[spec["name"]] = np.frombuffer(payload, dtype=dtype).reshape(spec["shape"])
+            outputs[spec["name"]] = view(payload, spec["dtype"], spec["shape"])
     return Reply(id=header.get("id"), status=status, header=header, outputs=outputs)
-
-
-def _tensor_frames(tensors: dict[str, np.ndarray]) -> tuple[list[dict[str, Any]], list[Buffer]]:
-    specs, payloads = [], []
-    for name, array in tensors.items():
-        # Not ascontiguousarray: it turns a 0-d tensor into shape [1], and the reply would lie about the shape.
-        array = np.asarray(array, order="C")
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        dtype = _WIRE_NAMES.get(array.dtype)
-        if dtype is None:
-            raise ValueError(f"{name!r}: dtype {array.dtype} has no wire name; supported: {', '.join(DTYPES)}")
-        specs.append({"name": name, "dtype": dtype, "shape": list(array.shape)})
-        # A uint8 view exports a plain byte buffer for every dtype, ml_dtypes' included.
-        payloads.append(array.reshape(-1).view(np.uint8).data)
-    return specs, payloads
-
-
-_WIRE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
