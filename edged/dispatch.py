@@ -46,8 +46,10 @@ class Dispatcher:
 
     def handle(self, route: Any, frames: list[Buffer], received_ns: int) -> None:
         """Answer or admit one request; every call leads to exactly one reply."""
+        request_id = None
         try:
             request = decode_request(frames, self.config.limits)
+            request_id = request.id
             if request.op == "infer":
                 self._infer(route, request, received_ns)
             elif request.op == "health":
@@ -62,7 +64,8 @@ class Dispatcher:
             self._reply(route, encode_reply(exc.request_id, exc.status, error=exc.message))
         except Exception as exc:  # a bug here must cost one request, never the daemon
             log.exception("failed to handle a request")
-            self._reply(route, encode_reply(None, Status.INTERNAL, error=f"the daemon failed on this request: {exc}"))
+            message = f"the daemon failed on this request: {exc}"
+            self._reply(route, encode_reply(request_id, Status.INTERNAL, error=message))
 
     def health(self) -> dict[str, Any]:
         return {
