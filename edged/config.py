@@ -48,6 +48,7 @@ class Config:
     backend: str = "onnxruntime"
     fallback: str | None = None  # backend "tensorrt": serve the ONNX on the CPU where no engine fits
     drain_timeout_ms: int = 5000
+    stop_grace_ms: int = 20_000  # after the drain: how long calls inside the backend may still finish
     log_level: str = "info"
     models: tuple[str, ...] = ()  # names to serve; empty: every model in the repository
     limits: Limits = field(default_factory=Limits)
@@ -110,6 +111,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
             "backend",
             "fallback",
             "drain_timeout_ms",
+            "stop_grace_ms",
             "log_level",
             "models",
             "max_message_bytes",
@@ -161,6 +163,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         backend=backend,
         fallback=fallback,
         drain_timeout_ms=read_positive_int(server, "drain_timeout_ms", 5000, "server."),
+        stop_grace_ms=read_positive_int(server, "stop_grace_ms", 20_000, "server."),
         log_level=log_level,
         models=tuple(models),
         limits=_limits(subtable(raw, "limits")),

@@ -36,7 +36,6 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 TICK_MS = 250
 HOUSEKEEPING_EVERY_NS = 10_000_000
 STATUS_EVERY_NS = 5_000_000_000
-RUNNING_WORK_GRACE_S = 20.0
 
 Loaded = tuple[Config, list[ModelEntry], dict[str, Lane], dict[str, LaneReservation]]
 
@@ -237,9 +236,13 @@ class Daemon:
         unanswered = sum(lane.reject_queued("the daemon is shutting down") for lane in lanes)
         # A call already inside the backend cannot be cut short: wait for its reply,
         # so that nothing admitted goes unanswered (systemd's TimeoutStopSec is the backstop).
-        end = time.monotonic() + RUNNING_WORK_GRACE_S
+        end = time.monotonic() + self.config.stop_grace_ms / 1000
         for lane in lanes:
             lane.stop(timeout_s=max(end - time.monotonic(), 0.0))
+        message = "the daemon stopped before this backend call returned"
+        cut_short = sum(lane.answer_open_calls(message) for lane in lanes)
+        if cut_short:
+            log.error("%d requests were still inside the backend at exit: answered INTERNAL", cut_short)
         self.server.flush()
         self.server.close()
         if self.prometheus is not None:

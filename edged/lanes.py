@@ -174,13 +174,26 @@ class Lane:
         stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else []
         if not stuck:
             return
-        message = f"the backend call has not returned after {limit_ms} ms; the lane is restarting its worker"
-        for job in stuck:
-            self.stats.record_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
-            self._send_unrun(job, Status.INTERNAL, message)
+        self._answer_claimed(
+            stuck, now_ns, f"the backend call has not returned after {limit_ms} ms; the lane is restarting its worker"
+        )
         self.health = f"recovering: a backend call of {stuck[0].model.name} has not returned after {limit_ms} ms"
         log.error("class %s: %s; starting a new worker", self.klass.name, self.health)
         self._start_worker(None)
+
+    def answer_open_calls(self, message: str) -> int:
+        """Answer INTERNAL every request still inside a backend call: the last act of a
+        shutdown whose grace ran out, so that nothing admitted goes unanswered."""
+        now_ns = time.monotonic_ns()
+        stuck = self._calls.overdue(now_ns, -1)
+        self._answer_claimed(stuck, now_ns, message)
+        return len(stuck)
+
+    def _answer_claimed(self, jobs: list[Job], now_ns: int, message: str) -> None:
+        """INTERNAL for jobs the watchdog claimed inside a call that never returned."""
+        for job in jobs:
+            self.stats.record_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
+            self._send_unrun(job, Status.INTERNAL, message)
 
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if thread.ident not in self._calls.abandoned]

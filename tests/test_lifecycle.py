@@ -84,6 +84,26 @@ def test_work_still_running_when_the_drain_time_runs_out_is_answered(
     assert receive(sock, 0).header["id"] == "long"
 
 
+def test_a_call_still_running_when_the_stop_grace_runs_out_is_answered_internal(
+    context: zmq.Context, own_daemon: StartDaemon
+) -> None:
+    """Past drain_timeout_ms and stop_grace_ms the daemon exits even though a backend
+    call has not returned; the request inside it still gets its one reply."""
+    running = own_daemon("[server]\ndrain_timeout_ms = 100\nstop_grace_ms = 300\n")
+    sock = connect(context, running.ipc)
+    images = {"image": np.zeros((1024, 3, 64, 64), dtype=np.float32)}  # seconds of compute
+    sock.send_multipart(encode_request("long", model="cnn-heavy", klass="standard", deadline_ms=60_000, inputs=images))
+    watcher = connect(context, running.ipc)
+    wait_for(lambda: stats(watcher, "standard")["backend_calls"] >= 1, 10, "the long request to start running")
+    running.process.process.send_signal(signal.SIGTERM)
+    code = running.process.process.wait(timeout=60)
+    assert code == 0, running.log()[-2000:]
+    reply = receive(sock, 1000)
+    assert reply.header["id"] == "long" and reply.status == "INTERNAL", reply.header
+    assert "stopped before this backend call returned" in reply.header["error"]
+    assert "still inside the backend at exit" in running.log()
+
+
 def test_while_starting_control_ops_answer_and_infer_is_unavailable(context: zmq.Context) -> None:
     # Warming a batch of 64 of cnn-heavy five times keeps the daemon starting for a second or so.
     config = '[server]\ndefault_class = "only"\n[classes.only]\nmax_batch = 64\n'
