@@ -11,10 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 from edged.admission import admit
+from edged.answers import ReplyFn
 from edged.backends.gpu_memory import LaneReservation
 from edged.batching import Job
 from edged.config import Config
-from edged.lanes import Lane, ReplyFn
+from edged.lanes import Lane
 from edged.protocol import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 from edged.repository import ModelEntry
 

@@ -14,24 +14,21 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from edged.admission import Backlog, ServiceTimes
+from edged.answers import Answers, ReplyFn
 from edged.backends import Backend, Runner
 from edged.batching import Job, fill, stack, unstack, zero_inputs
 from edged.classes import ClassConfig
 from edged.metrics import ClassStats
-from edged.protocol import Buffer, Status, encode_reply
+from edged.protocol import Status
 from edged.repository import ModelEntry
 from edged.stuck import OpenCalls
 
 log = logging.getLogger("edged.lanes")
 
-ReplyFn = Callable[[Any, list[Buffer]], None]
 WARMUP_RUNS = 5
 REMEASURE_EVERY_NS = 1_000_000_000
 INLINE_OVERSHOOT = 4  # an inline run this many times over the limit disqualifies its model
@@ -62,7 +59,6 @@ class Lane:
         self.backlog = Backlog()
         self.service = ServiceTimes()
         self._backend = backend
-        self._reply = reply
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._ready = threading.Barrier(klass.workers + 1)
@@ -71,6 +67,7 @@ class Lane:
         self._not_inline: set[str] = set()
         self._last_remeasure_ns = 0
         self._calls = OpenCalls()
+        self._answers = Answers(reply, self.stats, self.backlog, self._calls)
         self.health = "ok"  # or why not: shown by the health op
 
     # --- life cycle --------------------------------------------------------
@@ -148,7 +145,7 @@ class Lane:
                 self._queue.put(job)
                 return count
             if isinstance(job, Job):
-                self._answer_unrun(job, Status.UNAVAILABLE, message)
+                self._answers.unrun(job, Status.UNAVAILABLE, message)
             count += 1
 
     def retire(self) -> None:
@@ -174,7 +171,7 @@ class Lane:
         stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else []
         if not stuck:
             return
-        self._answer_claimed(
+        self._answers.claimed_failures(
             stuck, now_ns, f"the backend call has not returned after {limit_ms} ms; the lane is restarting its worker"
         )
         self.health = f"recovering: a backend call of {stuck[0].model.name} has not returned after {limit_ms} ms"
@@ -186,14 +183,8 @@ class Lane:
         shutdown whose grace ran out, so that nothing admitted goes unanswered."""
         now_ns = time.monotonic_ns()
         stuck = self._calls.overdue(now_ns, -1)
-        self._answer_claimed(stuck, now_ns, message)
+        self._answers.claimed_failures(stuck, now_ns, message)
         return len(stuck)
-
-    def _answer_claimed(self, jobs: list[Job], now_ns: int, message: str) -> None:
-        """INTERNAL for jobs the watchdog claimed inside a call that never returned."""
-        for job in jobs:
-            self.stats.record_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
-            self._send_unrun(job, Status.INTERNAL, message)
 
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if thread.ident not in self._calls.abandoned]
@@ -271,7 +262,7 @@ class Lane:
         for job in batch:
             if taken_ns > job.deadline_ns:
                 self.stats.record_expired()
-                self._answer_unrun(
+                self._answers.unrun(
                     job, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued; it was not run"
                 )
             else:
@@ -292,50 +283,11 @@ class Lane:
                 for job in live:
                     self._run([job], runner)
                 return
-            self._finish(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
+            self._answers.result(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
             log.warning("backend error on %s: %s", live[0].model.name, exc)
             return
         self._calls.end()
         compute_ns = time.perf_counter_ns() - start
         self.service.observe(live[0].model.name, compute_ns, rows)
         for job, result in zip(live, unstack(live, names, outputs)):
-            self._finish(job, taken_ns, compute_ns, outputs=result)
-
-    def _finish(
-        self,
-        job: Job,
-        taken_ns: int,
-        compute_ns: int,
-        *,
-        outputs: dict[str, np.ndarray] | None = None,
-        error: str | None = None,
-    ) -> None:
-        if not self._calls.claim(job):
-            with self.stats.lock:  # the watchdog answered it while the call hung
-                self.stats.late_dropped += 1
-            return
-        done_ns = time.monotonic_ns()
-        queue_us = (taken_ns - job.received_ns) // 1000
-        compute_us = compute_ns // 1000
-        total_us = (done_ns - job.received_ns) // 1000
-        timing = {"queue": queue_us, "compute": compute_us, "total": total_us}
-        if error is None:
-            try:
-                frames = encode_reply(job.request_id, Status.OK, outputs=outputs, timing_us=timing)
-            except ValueError as exc:  # an output the wire cannot carry, such as float64
-                error = f"the model's output cannot be sent: {exc}"
-        if error is not None:
-            frames = encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing)
-        self.stats.record_done(error is None, queue_us, compute_us, total_us)
-        self.backlog.finish(job.cost_ns)
-        self._reply(job.route, frames)
-
-    def _answer_unrun(self, job: Job, status: Status, message: str) -> None:
-        if self._calls.claim(job):
-            self._send_unrun(job, status, message)
-
-    def _send_unrun(self, job: Job, status: Status, message: str) -> None:
-        waited_us = (time.monotonic_ns() - job.received_ns) // 1000
-        timing = {"queue": waited_us, "compute": 0, "total": waited_us}
-        self.backlog.finish(job.cost_ns)
-        self._reply(job.route, encode_reply(job.request_id, status, error=message, timing_us=timing))
+            self._answers.result(job, taken_ns, compute_ns, outputs=result)

@@ -1,0 +1,77 @@
+"""Every admitted job answered exactly once, and counted once: by the worker that
+ran it, by the lane's watchdog, or at shutdown, whichever comes first.
+
+The claim (see edged.stuck) decides who answers; whoever does also settles the
+job's accounting: the class's counters and its place in the backlog.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from edged.admission import Backlog
+from edged.batching import Job
+from edged.metrics import ClassStats
+from edged.protocol import Buffer, Status, encode_reply
+from edged.stuck import OpenCalls
+
+ReplyFn = Callable[[Any, list[Buffer]], None]
+
+
+class Answers:
+    def __init__(self, reply: ReplyFn, stats: ClassStats, backlog: Backlog, calls: OpenCalls) -> None:
+        self._reply = reply
+        self._stats = stats
+        self._backlog = backlog
+        self._calls = calls
+
+    def result(
+        self,
+        job: Job,
+        taken_ns: int,
+        compute_ns: int,
+        *,
+        outputs: dict[str, np.ndarray] | None = None,
+        error: str | None = None,
+    ) -> None:
+        """A job that ran: OK with its outputs, or INTERNAL with `error`."""
+        if not self._calls.claim(job):
+            with self._stats.lock:  # the watchdog answered it while the call hung
+                self._stats.late_dropped += 1
+            return
+        done_ns = time.monotonic_ns()
+        queue_us = (taken_ns - job.received_ns) // 1000
+        compute_us = compute_ns // 1000
+        total_us = (done_ns - job.received_ns) // 1000
+        timing = {"queue": queue_us, "compute": compute_us, "total": total_us}
+        if error is None:
+            try:
+                frames = encode_reply(job.request_id, Status.OK, outputs=outputs, timing_us=timing)
+            except ValueError as exc:  # an output the wire cannot carry, such as float64
+                error = f"the model's output cannot be sent: {exc}"
+        if error is not None:
+            frames = encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing)
+        self._stats.record_done(error is None, queue_us, compute_us, total_us)
+        self._backlog.finish(job.cost_ns)
+        self._reply(job.route, frames)
+
+    def unrun(self, job: Job, status: Status, message: str) -> None:
+        """A job that was not run (expired, or refused at shutdown)."""
+        if self._calls.claim(job):
+            self._send_unrun(job, status, message)
+
+    def claimed_failures(self, jobs: list[Job], now_ns: int, message: str) -> None:
+        """INTERNAL for jobs the watchdog claimed inside a call that never returned."""
+        for job in jobs:
+            self._stats.record_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
+            self._send_unrun(job, Status.INTERNAL, message)
+
+    def _send_unrun(self, job: Job, status: Status, message: str) -> None:
+        waited_us = (time.monotonic_ns() - job.received_ns) // 1000
+        timing = {"queue": waited_us, "compute": 0, "total": waited_us}
+        self._backlog.finish(job.cost_ns)
+        self._reply(job.route, encode_reply(job.request_id, status, error=message, timing_us=timing))
