@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edged.client import Client  # noqa: E402
-from edged.launch import DaemonProcess  # noqa: E402
+from edged.launch import DaemonProcess, resident_kib  # noqa: E402
 from edged.protocol import DTYPES  # noqa: E402
 
 VALID_SPEC = {"name": "x", "dtype": "float32", "shape": [1, 64]}
@@ -84,13 +84,6 @@ class FuzzReport:
         if grown_mib > rss_bound_mib:
             found.append(f"resident memory grew by {grown_mib:.1f} MiB after the warm-up (bound {rss_bound_mib})")
         return found
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
 # --- what to send ----------------------------------------------------------------
@@ -263,7 +256,7 @@ def fuzz(
         while True:
             now = time.monotonic()
             if report.rss_warm_kib == 0 and now >= warm_at:
-                report.rss_warm_kib = rss_kib(pid)
+                report.rss_warm_kib = resident_kib(pid)
             if now < end:
                 for index, peer in enumerate(peers):
                     while peer.in_flight < window:
@@ -295,7 +288,7 @@ def fuzz(
     report.statuses = dict(statuses)
     report.kinds = dict(kinds)
     report.served_after = _serves(endpoint)
-    report.rss_end_kib = rss_kib(pid)
+    report.rss_end_kib = resident_kib(pid)
     return report
 
 

@@ -38,18 +38,11 @@ sys.path.insert(0, str(ROOT))
 
 from edged.bench import Stream, run_load  # noqa: E402
 from edged.client import Client  # noqa: E402
-from edged.launch import DaemonProcess  # noqa: E402
+from edged.launch import DaemonProcess, resident_kib  # noqa: E402
 from edged.protocol import encode_request  # noqa: E402
 
 REALTIME_DEADLINE_MS = 20.0  # the built-in realtime class's deadline
 REALTIME_RPS = 100.0  # a steady trickle of realtime traffic beside each flood
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
 def measure_capacity(endpoint: str, inputs: dict[str, Any]) -> float:
@@ -83,7 +76,7 @@ def soak(
     for index in range(max(1, round(seconds / window_s))):
         streams = with_realtime(Stream("standard", "cnn-heavy", 0.8 * capacity))
         rows = run_load(endpoint, streams, inputs, window_s, seed=index)
-        window: dict[str, Any] = {"window": index, "rss_mib": round(rss_mib(pid), 1)}
+        window: dict[str, Any] = {"window": index, "rss_mib": round(resident_kib(pid) / 1024, 1)}
         for row in rows:
             window[row["class"]] = {
                 **{key: row[key] for key in ("sent", "ok", "overloaded", "deadline_exceeded", "lost")},
@@ -183,7 +176,7 @@ def main() -> int:
             results.append(soak(endpoint, pid, inputs, capacity, seconds, args.window_s, args.rss_bound_mib))
         if args.scenario in ("clients", "all"):
             results.append(many_clients(endpoint, args.clients, args.requests_each))
-        final_rss = rss_mib(pid)
+        final_rss = resident_kib(pid) / 1024
     output = {"capacity_rps": capacity, "daemon_rss_mib_at_end": round(final_rss, 1), "results": results}
     print(json.dumps(output, indent=2))
     if args.json is not None:

@@ -68,3 +68,11 @@ class DaemonProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def resident_kib(pid: int) -> int:
+    """A process's resident memory (VmRSS), in KiB: what the soak, fuzz and leak checks watch."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")

@@ -98,13 +98,6 @@ def start_daemon(config_text: str | None = None, *, tcp: bool = False, wait: boo
     return running
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
-
-
 # --- raw frames --------------------------------------------------------------
 
 

@@ -20,9 +20,9 @@ from support import (
     nothing_more,
     receive,
     receive_or_death,
-    rss_kib,
 )
 
+from edged.launch import resident_kib
 from edged.protocol import encode_request
 
 X_SPEC = {"name": "x", "dtype": "float32", "shape": [1, 64]}
@@ -144,11 +144,11 @@ def test_absurd_shapes_allocate_nothing(context: zmq.Context, daemon: RunningDae
     (64 MiB of float32), over a 4-byte payload, must be refused before any allocation."""
     sock = connect(context, daemon.ipc)
     exchange(sock, [header(id=0, op="health")])  # settle anything the connection itself costs
-    before = rss_kib(daemon.pid)
+    before = resident_kib(daemon.pid)
     for i, shape in enumerate([[2**40, 2**40], [4096, 4096], [1, 2**24], [2**62]] * 25):
         reply = exchange(sock, [infer(i, [{**X_SPEC, "shape": shape}]), X_BYTES[:4]])
         assert reply.status == "INVALID_ARGUMENT", reply.header
-    grown_mib = (rss_kib(daemon.pid) - before) / 1024
+    grown_mib = (resident_kib(daemon.pid) - before) / 1024
     assert grown_mib < 32, f"the daemon grew by {grown_mib:.0f} MiB answering 100 tiny requests"
 
 

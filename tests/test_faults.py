@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import zmq
-from support import RunningDaemon, connect, exchange, header, rss_kib, start_daemon, wait_for
+from support import RunningDaemon, connect, exchange, header, start_daemon, wait_for
 
+from edged.launch import resident_kib
 from edged.protocol import encode_request
 
 X = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
@@ -48,7 +49,7 @@ def test_replies_to_a_vanished_client_are_dropped_counted_and_cost_nothing(
     other = connect(context, running.ipc)
     round_trip_ms(other, 0)  # the connection's own first cost is not what is measured
     first = stats(watcher)
-    rss_before = rss_kib(running.pid)
+    rss_before = resident_kib(running.pid)
     pending_at_close, latencies = 0, []
     for round_ in range(3):
         before = stats(watcher)["classes"]["bulk"]["received"]
@@ -70,7 +71,7 @@ def test_replies_to_a_vanished_client_are_dropped_counted_and_cost_nothing(
     # connection uncounted; every later one must be counted.
     assert 0.8 * pending_at_close <= dropped <= 900, (dropped, pending_at_close)
     assert max(latencies) < SANE_MS, sorted(latencies)[-5:]
-    grown_mib = (rss_kib(running.pid) - rss_before) / 1024
+    grown_mib = (resident_kib(running.pid) - rss_before) / 1024
     assert grown_mib < 32, f"the daemon grew by {grown_mib:.0f} MiB over three vanished clients"
 
 

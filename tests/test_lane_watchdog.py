@@ -7,8 +7,8 @@ import shutil
 import time
 
 import zmq
-from support import ENGINES, connect, exchange, header, nothing_more, random_input, receive, short_dir, wait_for
-from test_scheduling import save_model, sleep_for, sleeper_graph
+from support import connect, exchange, header, nothing_more, random_input, receive, short_dir, wait_for
+from test_scheduling import save_sleeper, sleep_for
 
 from edged.protocol import encode_request
 
@@ -31,13 +31,7 @@ order = 2
 
 def test_a_hung_call_is_answered_its_worker_replaced_and_its_late_result_dropped(context: zmq.Context, own_daemon):
     repository = short_dir()
-    save_model(
-        repository,
-        sleeper_graph(),
-        [{"name": "n", "dtype": "int64", "shape": [1]}],
-        [{"name": "total", "dtype": "float32", "shape": [1, 1]}],
-    )
-    shutil.copytree(ENGINES / "mlp-light", repository / "mlp-light")
+    save_sleeper(repository)
     running = own_daemon(CONFIG.format(repository=repository))
     control = connect(context, running.ipc)
     hung = connect(context, running.ipc)

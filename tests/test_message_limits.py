@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import zmq
-from support import RunningDaemon, connect, exchange, header, nothing_more, random_input, rss_kib
+from support import RunningDaemon, connect, exchange, header, nothing_more, random_input
 
+from edged.launch import resident_kib
 from edged.protocol import encode_request
 
 LIMITED = """
@@ -23,7 +24,7 @@ def test_an_oversized_message_is_refused_without_the_daemon_growing_by_its_size(
     good = connect(context, running.ipc)
     frames = encode_request(1, model="mlp-light", inputs=random_input("mlp-light", 1, 0))
     assert exchange(good, frames).status == "OK"
-    before = rss_kib(running.pid)
+    before = resident_kib(running.pid)
 
     hostile = connect(context, running.ipc)
     hostile.setsockopt(zmq.SNDHWM, 0)
@@ -37,7 +38,7 @@ def test_an_oversized_message_is_refused_without_the_daemon_growing_by_its_size(
     for i in range(20):
         reply = exchange(good, encode_request(i, model="mlp-light", inputs=random_input("mlp-light", 1, i)))
         assert reply.status == "OK"
-    grown_mib = (rss_kib(running.pid) - before) / 1024
+    grown_mib = (resident_kib(running.pid) - before) / 1024
     assert grown_mib < 32, f"the daemon grew by {grown_mib:.0f} MiB on {3 * OVERSIZED_BYTES >> 20} MiB refused"
     assert running.alive()
 

@@ -92,6 +92,17 @@ def sleeper_graph(matmuls: int = 16) -> onnx.GraphProto:
     )
 
 
+def save_sleeper(root: Path) -> None:
+    """The sleeper model, and mlp-light beside it, in a repository at `root`."""
+    save_model(
+        root,
+        sleeper_graph(),
+        [{"name": "n", "dtype": "int64", "shape": [1]}],
+        [{"name": "total", "dtype": "float32", "shape": [1, 1]}],
+    )
+    shutil.copytree(ENGINES / "mlp-light", root / "mlp-light")
+
+
 @pytest.fixture(scope="module")
 def repository() -> Iterator[Path]:
     root = short_dir()
@@ -101,13 +112,7 @@ def repository() -> Iterator[Path]:
         [{"name": "index", "dtype": "int64", "shape": [-1, 1]}],
         [{"name": "rows", "dtype": "float32", "shape": [-1, 1, 3]}],
     )
-    save_model(
-        root,
-        sleeper_graph(),
-        [{"name": "n", "dtype": "int64", "shape": [1]}],
-        [{"name": "total", "dtype": "float32", "shape": [1, 1]}],
-    )
-    shutil.copytree(ENGINES / "mlp-light", root / "mlp-light")
+    save_sleeper(root)
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
