@@ -3,7 +3,7 @@
     python build_scripts/build_engine.py MODEL --precision fp16|bf16|int8|fp8|fp32
         [--min-batch N --opt-batch N --max-batch N] [--version-compatible] [--timing-cache FILE]
 
-The same as `edged build engine`; the logic lives in edged/build/engine.py. Needs an
+The same as `edged build engine`; the logic lives in edged/toolchain/engine.py. Needs an
 NVIDIA GPU and TensorRT's builder (`pip install tensorrt` from NVIDIA's index).
 """
 

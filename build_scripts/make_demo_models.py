@@ -1,6 +1,6 @@
 """Build the two demo models of the embedded model repository, deterministically.
 
-    python build_scripts/make_demo_models.py [--out engines]
+    python build_scripts/make_demo_models.py [--out engines] [--model NAME] [--seed N]
 
 Weights come from a seeded generator and the graphs are written with onnx.helper,
 so the same command gives byte-identical files on any machine: no download, no torch.
@@ -121,10 +121,13 @@ def _tensor_specs(values: list[onnx.ValueInfoProto]) -> list[dict]:
     return specs
 
 
-def write_model(name: str, out: Path) -> Path:
-    """Write engines/<name>/model.onnx and its manifest.json; returns the folder."""
+def write_model(name: str, out: Path, seed: int | None = None) -> Path:
+    """Write engines/<name>/model.onnx and its manifest.json; returns the folder.
+
+    `seed` gives other weights for the same signature (the model's own seed if None).
+    """
     build, description = DEMO_MODELS[name]
-    model = build()
+    model = build() if seed is None else build(seed=seed)
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     data = model.SerializeToString(deterministic=True)
@@ -150,9 +153,11 @@ def write_model(name: str, out: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "engines")
+    parser.add_argument("--model", choices=sorted(DEMO_MODELS), action="append", help="only this model (repeatable)")
+    parser.add_argument("--seed", type=int, help="seed of the weights (default: each model's own)")
     args = parser.parse_args(argv)
-    for name in DEMO_MODELS:
-        folder = write_model(name, args.out)
+    for name in args.model or DEMO_MODELS:
+        folder = write_model(name, args.out, args.seed)
         print(f"wrote {folder}")
 
 

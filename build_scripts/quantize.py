@@ -3,7 +3,7 @@
     python build_scripts/quantize.py MODEL --precision int8|fp8 [--calibration DIR]
         [--quantizer onnxruntime|modelopt] [--repository PATH]
 
-The same as `edged build quantize`; the logic lives in edged/build/quantize.py.
+The same as `edged build quantize`; the logic lives in edged/toolchain/quantize.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from edged.protocol import DTYPES, encode_request
+from edged.wire.codec import DTYPES, encode_request
 
 STATUSES = ("OK", "OVERLOADED", "DEADLINE_EXCEEDED", "other")
 

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     keygen.add_argument("--name", default="edged", help="file name stem (default: edged)")
     keygen.set_defaults(run=_keygen)
 
-    from edged.build.cli import add_parser as add_build
+    from edged.toolchain.cli import add_parser as add_build
 
     add_build(commands)
 
@@ -128,8 +128,8 @@ def _client(args: argparse.Namespace) -> Client:
 
 def _serve(args: argparse.Namespace) -> int:
     from edged.daemon import Daemon
-    from edged.repository import RepositoryError
-    from edged.server import EndpointError
+    from edged.models.repository import RepositoryError
+    from edged.serve.transport import EndpointError
 
     config = load_config(args.config)
     if args.endpoint:
@@ -195,7 +195,7 @@ def _find_model(models: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 def _inputs(model: dict[str, Any], given: list[str], batch: int) -> dict[str, np.ndarray]:
-    from edged.protocol import DTYPES
+    from edged.wire.codec import DTYPES
 
     files = {}
     for item in given:

@@ -24,8 +24,8 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from edged.protocol import Buffer, Reply, Status, decode_reply, encode_request
 from edged.security import ClientKeys, is_tcp
+from edged.wire.codec import Buffer, Reply, Status, decode_reply, encode_request
 
 DEFAULT_TIMEOUT_MS = 5000.0
 

@@ -20,11 +20,11 @@ from dataclasses import replace
 from edged.backends import VARIANTS_OF, Reserving, backend_named
 from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
-from edged.dispatch import DRAINING, SERVING, STARTING, Dispatcher
-from edged.lanes import Lane
-from edged.prometheus import PrometheusEndpoint
-from edged.repository import ModelEntry, discover
-from edged.server import Server
+from edged.models.repository import ModelEntry, discover
+from edged.serve.dispatch import DRAINING, SERVING, STARTING, Dispatcher
+from edged.serve.lanes import Lane
+from edged.serve.prometheus import PrometheusEndpoint
+from edged.serve.transport import Server
 from edged.systemd import Notifier
 
 log = logging.getLogger("edged")

@@ -1,301 +1,44 @@
-"""The wire codec of protocol version 1: pure encode and decode, no sockets.
+"""The wire codec's former address, kept for code that imports `edged.protocol`
+(raw clients, tools, tests). The codec itself lives in `edged.wire.codec`."""
 
-Shared by the daemon and the clients. Frames here are what follows the ZeroMQ
-routing envelope: `[header, payload_0, payload_1, ...]`, the header a msgpack map.
-Decoding checks structure only (types, dtype names, shapes against byte counts);
-checking a request against a model's signature is `edged.signature`'s job.
-"""
+from edged.wire.codec import (
+    MAX_DEADLINE_MS,
+    MAX_ID_BYTES,
+    OPS,
+    PROTOCOL_VERSION,
+    Buffer,
+    Limits,
+    ProtocolError,
+    Reply,
+    Request,
+    RequestId,
+    Status,
+    TensorSpec,
+    decode_reply,
+    decode_request,
+    encode_reply,
+    encode_request,
+    tensor_views,
+)
+from edged.wire.tensors import DTYPES
 
-from __future__ import annotations
-
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
-
-import msgpack
-import numpy as np
-
-from edged.tensors import DTYPES, tensor_frames, view
-
-PROTOCOL_VERSION = 1
-MAX_ID_BYTES = 64
-MAX_DEADLINE_MS = 3_600_000.0
-OPS = ("infer", "models", "health", "stats")
-
-RequestId = int | str | bytes | None
-Buffer = bytes | memoryview
-
-
-class Status(StrEnum):
-    OK = "OK"
-    INVALID_ARGUMENT = "INVALID_ARGUMENT"
-    NOT_FOUND = "NOT_FOUND"
-    OVERLOADED = "OVERLOADED"
-    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
-    UNAVAILABLE = "UNAVAILABLE"
-    INTERNAL = "INTERNAL"
-
-
-class ProtocolError(Exception):
-    """A request that cannot be served as sent; becomes a reply with `status`."""
-
-    def __init__(self, status: Status, message: str, request_id: RequestId = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.request_id = request_id
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """A tensor's name, wire dtype name and shape (-1 marks a dynamic dimension)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Bounds checked before anything is allocated for a request."""
-
-    max_header_bytes: int = 64 * 1024
-    max_tensors: int = 16
-    max_tensor_elements: int = 1 << 24
-
-
-@dataclass(slots=True)
-class Request:
-    id: RequestId
-    op: str
-    model: str | None = None
-    klass: str | None = None
-    deadline_ms: float | None = None
-    inputs: list[TensorSpec] = field(default_factory=list)
-    payloads: Sequence[Buffer] = ()
-    outputs: list[str] | None = None
-
-
-@dataclass(slots=True)
-class Reply:
-    """A decoded reply, as a client sees it."""
-
-    id: RequestId
-    status: Status
-    header: dict[str, Any]
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def error(self) -> str:
-        return self.header.get("error", "")
-
-
-# --- request ---------------------------------------------------------------
-
-
-def encode_request(
-    request_id: RequestId,
-    op: str = "infer",
-    *,
-    model: str | None = None,
-    klass: str | None = None,
-    deadline_ms: float | None = None,
-    inputs: dict[str, np.ndarray] | None = None,
-    outputs: Sequence[str] | None = None,
-) -> list[Buffer]:
-    """Frames of one request; tensors go out as views of their own buffers."""
-    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
-    if model is not None:
-        header["model"] = model
-    if klass is not None:
-        header["class"] = klass
-    if deadline_ms is not None:
-        header["deadline_ms"] = deadline_ms
-    if outputs is not None:
-        header["outputs"] = list(outputs)
-    specs, payloads = tensor_frames(inputs or {})
-    if inputs is not None:
-        header["inputs"] = specs
-    return [msgpack.packb(header), *payloads]
-
-
-def decode_request(frames: Sequence[Buffer], limits: Limits = Limits()) -> Request:
-    """Parse and structurally check one request; raises ProtocolError."""
-    if not frames:
-        raise ProtocolError(Status.INVALID_ARGUMENT, "empty message: expected a msgpack header frame")
-    header = _unpack_header(frames[0], limits)
-    request_id = _request_id(header)
-    version = header.get("v")
-    # An int, not merely equal to one: True and 1.0 compare equal to 1 in Python.
-    if type(version) is not int or version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            Status.INVALID_ARGUMENT,
-            f"unsupported protocol version {version!r}: this daemon speaks v={PROTOCOL_VERSION}",
-            request_id,
-        )
-    op = header.get("op", "infer")
-    if op not in OPS:
-        raise ProtocolError(Status.NOT_FOUND, f"unknown op {op!r}: expected one of {', '.join(OPS)}", request_id)
-    request = Request(id=request_id, op=op)
-    klass = header.get("class")
-    if klass is not None and not isinstance(klass, str):
-        raise ProtocolError(Status.INVALID_ARGUMENT, "'class' must be a string", request_id)
-    request.klass = klass
-    if op != "infer":
-        if len(frames) > 1:
-            raise ProtocolError(Status.INVALID_ARGUMENT, f"op {op!r} takes no payload frames", request_id)
-        return request
-    request.model = header.get("model")
-    if not isinstance(request.model, str):
-        raise ProtocolError(Status.INVALID_ARGUMENT, "op 'infer' needs 'model', a string", request_id)
-    request.deadline_ms = _deadline(header, request_id)
-    request.inputs = _input_specs(header, len(frames) - 1, limits, request_id)
-    request.payloads = frames[1:]
-    for spec, payload in zip(request.inputs, request.payloads):
-        expected = math.prod(spec.shape) * DTYPES[spec.dtype].itemsize
-        if len(payload) != expected:
-            raise ProtocolError(
-                Status.INVALID_ARGUMENT,
-                f"input {spec.name!r}: payload has {len(payload)} bytes, but shape {list(spec.shape)} "
-                f"of {spec.dtype} needs {expected}",
-                request_id,
-            )
-    request.outputs = _output_names(header, request_id)
-    return request
-
-
-def tensor_views(request: Request) -> dict[str, np.ndarray]:
-    """The request's inputs as numpy arrays over the received frames: no copies."""
-    return {spec.name: view(payload, spec.dtype, spec.shape) for spec, payload in zip(request.inputs, request.payloads)}
-
-
-def _unpack_header(frame: Buffer, limits: Limits) -> dict[str, Any]:
-    if len(frame) > limits.max_header_bytes:
-        raise ProtocolError(
-            Status.INVALID_ARGUMENT,
-            f"header is {len(frame)} bytes, over the limit of {limits.max_header_bytes}",
-        )
-    try:
-        header = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for garbage
-        raise ProtocolError(Status.INVALID_ARGUMENT, f"header is not valid msgpack ({exc})") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(Status.INVALID_ARGUMENT, f"header must be a msgpack map, got {type(header).__name__}")
-    return header
-
-
-def _request_id(header: dict[str, Any]) -> RequestId:
-    if "id" not in header:
-        raise ProtocolError(Status.INVALID_ARGUMENT, "header has no 'id'")
-    request_id = header["id"]
-    if isinstance(request_id, bool) or not isinstance(request_id, (int, str, bytes)):
-        raise ProtocolError(
-            Status.INVALID_ARGUMENT, f"'id' must be an int, str or bin, got {type(request_id).__name__}"
-        )
-    size = (
-        len(request_id.encode())
-        if isinstance(request_id, str)
-        else (len(request_id) if isinstance(request_id, bytes) else 0)
-    )
-    if size > MAX_ID_BYTES:
-        raise ProtocolError(Status.INVALID_ARGUMENT, f"'id' is {size} bytes, over the limit of {MAX_ID_BYTES}")
-    return request_id
-
-
-def _deadline(header: dict[str, Any], request_id: RequestId) -> float | None:
-    deadline = header.get("deadline_ms")
-    if deadline is None:
-        return None
-    if (
-        isinstance(deadline, bool)
-        or not isinstance(deadline, (int, float))
-        or not (math.isfinite(deadline) and deadline > 0)
-    ):
-        raise ProtocolError(
-            Status.INVALID_ARGUMENT, f"'deadline_ms' must be a finite number > 0, got {deadline!r}", request_id
-        )
-    # Budgets past an hour mean "no hurry"; capping them keeps the clock arithmetic finite.
-    return min(float(deadline), MAX_DEADLINE_MS)
-
-
-def _input_specs(header: dict[str, Any], n_payloads: int, limits: Limits, request_id: RequestId) -> list[TensorSpec]:
-    def bad(message: str) -> ProtocolError:
-        return ProtocolError(Status.INVALID_ARGUMENT, message, request_id)
-
-    raw = header.get("inputs")
-    if not isinstance(raw, list) or not raw:
-        raise bad("op 'infer' needs 'inputs', a non-empty list of {name, dtype, shape} maps")
-    if len(raw) > limits.max_tensors:
-        raise bad(f"{len(raw)} inputs, over the limit of {limits.max_tensors}")
-    if len(raw) != n_payloads:
-        raise bad(f"'inputs' describes {len(raw)} tensors but {n_payloads} payload frames came")
-    specs = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict):
-            raise bad(f"inputs[{i}] must be a map with name, dtype and shape")
-        name, dtype, shape = item.get("name"), item.get("dtype"), item.get("shape")
-        if not isinstance(name, str):
-            raise bad(f"inputs[{i}].name must be a string")
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise bad(f"input {name!r}: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise bad(f"input {name!r}: shape must be a list of non-negative ints, got {shape!r}")
-        # Python ints do not overflow: an absurd shape is refused here, before any allocation.
-        elements = math.prod(shape)
-        if elements > limits.max_tensor_elements:
-            raise bad(
-                f"input {name!r}: shape {shape} has {elements} elements, over the limit of {limits.max_tensor_elements}"
-            )
-        specs.append(TensorSpec(name, dtype, tuple(shape)))
-    return specs
-
-
-def _output_names(header: dict[str, Any], request_id: RequestId) -> list[str] | None:
-    names = header.get("outputs")
-    if names is None:
-        return None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ProtocolError(Status.INVALID_ARGUMENT, "'outputs' must be a list of output names", request_id)
-    return names
-
-
-# --- reply -----------------------------------------------------------------
-
-
-def encode_reply(
-    request_id: RequestId,
-    status: Status,
-    *,
-    error: str | None = None,
-    outputs: dict[str, np.ndarray] | None = None,
-    **fields: Any,
-) -> list[Buffer]:
-    """Frames of one reply. `fields` are extra header keys (timing_us, models, ...)."""
-    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "status": status.value}
-    if error is not None:
-        header["error"] = error
-    header.update(fields)
-    payloads: list[Buffer] = []
-    if outputs is not None:
-        header["outputs"], payloads = tensor_frames(outputs)
-    return [msgpack.packb(header), *payloads]
-
-
-def decode_reply(frames: Sequence[Buffer]) -> Reply:
-    """Parse one reply; outputs become arrays over the received frames."""
-    if not frames:
-        raise ValueError("empty reply")
-    header = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
-    status = Status(header["status"])
-    outputs: dict[str, np.ndarray] = {}
-    if status is Status.OK and isinstance(header.get("outputs"), list):
-        for spec, payload in zip(header["outputs"], frames[1:]):
-            outputs[spec["name"]] = view(payload, spec["dtype"], spec["shape"])
-    return Reply(id=header.get("id"), status=status, header=header, outputs=outputs)
+__all__ = [
+    "DTYPES",
+    "MAX_DEADLINE_MS",
+    "MAX_ID_BYTES",
+    "OPS",
+    "PROTOCOL_VERSION",
+    "Buffer",
+    "Limits",
+    "ProtocolError",
+    "Reply",
+    "Request",
+    "RequestId",
+    "Status",
+    "TensorSpec",
+    "decode_reply",
+    "decode_request",
+    "encode_reply",
+    "encode_request",
+    "tensor_views",
+]

@@ -20,7 +20,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import SecurityConfig
-from edged.settings import ConfigError
+from edged.config.settings import ConfigError
 
 LOOPBACK_NAMES = ("localhost", "lo")
 ZAP_DOMAIN = "edged"

@@ -3,8 +3,8 @@ cannot be met, with a retry hint a client can act on; admit otherwise."""
 
 from __future__ import annotations
 
-from edged.admission import Backlog, ServiceTimes, Shed, admit
-from edged.classes import ClassConfig
+from edged.config.classes import ClassConfig
+from edged.serve.admission import Backlog, ServiceTimes, Shed, admit
 
 MS = 1_000_000  # ns
 

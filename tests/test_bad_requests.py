@@ -23,7 +23,7 @@ from support import (
 )
 
 from edged.launch import resident_kib
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 X_SPEC = {"name": "x", "dtype": "float32", "shape": [1, 64]}
 X_BYTES = np.zeros((1, 64), dtype=np.float32).tobytes()

@@ -31,7 +31,7 @@ from edged.client import (
     NotFound,
     Overloaded,
 )
-from edged.protocol import Status, encode_request
+from edged.wire.codec import Status, encode_request
 
 
 def test_client_infer_matches_the_model(endpoint: str, reference: Reference) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from edged.classes import ClassConfig
 from edged.config import (
     DEFAULT_CLASSES,
     Config,
@@ -23,7 +22,8 @@ from edged.config import (
     load_config,
     parse_config,
 )
-from edged.protocol import Limits
+from edged.config.classes import ClassConfig
+from edged.wire.codec import Limits
 
 
 def parse(text: str, base_dir: Path = Path("/srv")) -> Config:

@@ -14,7 +14,7 @@ import zmq
 from support import RunningDaemon, connect, exchange, header, start_daemon, wait_for
 
 from edged.launch import resident_kib
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 X = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
 IMAGE = np.random.default_rng(0).standard_normal((1, 3, 64, 64), dtype=np.float32)

@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edged.protocol import (
+from edged.wire.codec import (
     DTYPES,
     MAX_ID_BYTES,
     OPS,

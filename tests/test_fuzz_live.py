@@ -1,36 +1,26 @@
-"""A few seconds of build_scripts/fuzz_daemon.py against a daemon of its own: random
+"""A few seconds of tests/stress/fuzz_daemon.py against a daemon of its own: random
 frames, bent headers, random payload lengths, truncated and oversized messages. Every
 message with a readable envelope gets exactly one reply, the daemon serves on, and its
-memory stays flat. `python build_scripts/fuzz_daemon.py --seconds 600` is the long run."""
+memory stays flat. `python tests/stress/fuzz_daemon.py --seconds 600` is the long run."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
-from types import ModuleType
 
 import numpy as np
-from support import REPO_ROOT, Reference, RunningDaemon, assert_close
+from stress import fuzz_daemon
+from support import Reference, RunningDaemon, assert_close
 
 from edged.client import Client
-
-
-def load_fuzzer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzz_daemon", REPO_ROOT / "build_scripts" / "fuzz_daemon.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_fuzzed_daemon_answers_every_message_once_and_serves_on(
     own_daemon: Callable[..., RunningDaemon], reference: Reference
 ) -> None:
-    fuzzer = load_fuzzer()
-    running = own_daemon(fuzzer.OWN_CONFIG)
-    report = fuzzer.fuzz(running.ipc, running.pid, 4.0, seed=1, frame_limit=fuzzer.OWN_FRAME_LIMIT, warmup_s=1.5)
+    running = own_daemon(fuzz_daemon.OWN_CONFIG)
+    report = fuzz_daemon.fuzz(
+        running.ipc, running.pid, 4.0, seed=1, frame_limit=fuzz_daemon.OWN_FRAME_LIMIT, warmup_s=1.5
+    )
     assert running.alive(), running.log()[-2000:]
     # Enough of each kind that a short run still means something.
     assert report.sent >= 500 and min(report.kinds.values()) >= 20, report

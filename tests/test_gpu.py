@@ -28,11 +28,11 @@ from edged.backends.gpu_memory import (
     lane_reservation,
 )
 from edged.config import ClassConfig, ConfigError, parse_config
-from edged.dispatch import Dispatcher
-from edged.lanes import Lane
-from edged.protocol import TensorSpec, encode_request
-from edged.repository import ModelEntry, Variant, discover
-from edged.signature import Signature
+from edged.models.repository import ModelEntry, Variant, discover
+from edged.serve.dispatch import Dispatcher
+from edged.serve.lanes import Lane
+from edged.wire.codec import TensorSpec, encode_request
+from edged.wire.signature import Signature
 
 NO_CUDA = cuda_available()
 MODELS = discover(ENGINES, "onnxruntime")

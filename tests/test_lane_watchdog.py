@@ -10,7 +10,7 @@ import zmq
 from support import connect, exchange, header, nothing_more, random_input, receive, short_dir, wait_for
 from test_scheduling import save_sleeper, sleep_for
 
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 CONFIG = """
 [server]

@@ -16,11 +16,11 @@ import onnxruntime as ort
 import pytest
 
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
-from edged.batching import Job
-from edged.classes import ClassConfig
-from edged.lanes import Lane
-from edged.protocol import Status, decode_reply
-from edged.repository import ModelEntry, discover
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry, discover
+from edged.serve.batching import Job
+from edged.serve.lanes import Lane
+from edged.wire.codec import Status, decode_reply
 
 ROOT = Path(__file__).resolve().parents[1]
 POISON = -999.0  # a value the failing wrapper refuses to run

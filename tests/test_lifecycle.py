@@ -26,7 +26,7 @@ from support import (
 )
 
 from edged.client import Client, Unavailable
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 StartDaemon = Callable[..., RunningDaemon]
 

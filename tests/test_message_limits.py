@@ -8,7 +8,7 @@ import zmq
 from support import RunningDaemon, connect, exchange, header, nothing_more, random_input
 
 from edged.launch import resident_kib
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 LIMITED = """
 [server]

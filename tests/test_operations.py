@@ -155,16 +155,11 @@ def test_sighup_swaps_in_a_changed_model_without_failing_a_request():
         try:
             wait_for(lambda: len(outcomes) > 50, 30, "a steady stream")
             # A new mlp-light: same signature, other weights.
+            script = REPO_ROOT / "build_scripts" / "make_demo_models.py"
             subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    "import sys; sys.path.insert(0, sys.argv[1]); from build_scripts import make_demo_models as m; "
-                    "import onnx; onnx.save(m.mlp_light(seed=7), sys.argv[2])",
-                    str(REPO_ROOT),
-                    str(repository / "mlp-light" / "model.onnx"),
-                ],
+                [sys.executable, str(script), "--out", str(repository), "--model", "mlp-light", "--seed", "7"],
                 check=True,
+                capture_output=True,
             )
             old = outputs[-1]
             daemon.process.send_signal(signal.SIGHUP)

@@ -15,7 +15,7 @@ import zmq
 from edged.bench import Stream, run_load
 from edged.client import Client
 from edged.launch import DaemonProcess
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 CONFIG = """
 [classes.realtime]

@@ -10,7 +10,7 @@ import zmq
 from support import Reference, RunningDaemon, assert_close, connect, exchange, header, receive, wait_for
 
 from edged.client import Client
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 PIPELINED = 1000
 

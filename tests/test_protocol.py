@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from edged.protocol import (
+from edged.wire.codec import (
     DTYPES,
     Limits,
     ProtocolError,

@@ -13,13 +13,13 @@ from onnx.reference import ReferenceEvaluator
 from support import ENGINES, Reference, random_input, run_edged, start_daemon
 
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpuRunner
-from edged.build.calibration import CalibrationError, held_out
-from edged.build.convert import convert
-from edged.build.manifest import ModelFolder
-from edged.build.quantize import Quantized, QuantizeError, compare, quantize, session
-from edged.classes import ClassConfig
 from edged.client import Client
-from edged.repository import discover
+from edged.config.classes import ClassConfig
+from edged.models.manifest import ModelFolder
+from edged.models.repository import discover
+from edged.toolchain.calibration import CalibrationError, held_out
+from edged.toolchain.convert import convert
+from edged.toolchain.quantize import Quantized, QuantizeError, compare, quantize, session
 
 # The bounds the docs report (docs/engines.md), on seeded N(0, 1) held-out inputs. The
 # demo models are random networks whose logits sit close together, so top-1 is the

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from support import ENGINES
 
-from edged.protocol import TensorSpec
-from edged.repository import RepositoryError, discover
+from edged.models.repository import RepositoryError, discover
+from edged.wire.codec import TensorSpec
 
 
 def test_demo_repository_serves_both_models_with_their_signatures() -> None:

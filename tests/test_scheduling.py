@@ -36,7 +36,7 @@ from support import (
 )
 
 from edged.client import Client, DeadlineExceeded, Internal, Overloaded
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 StartDaemon = Callable[..., RunningDaemon]
 TABLE = np.arange(30, dtype=np.float32).reshape(10, 3)

@@ -35,10 +35,10 @@ MISSING = _tensorrt_missing()
 @pytest.mark.skipif(MISSING is not None, reason=f"needs a GPU with TensorRT: {MISSING}")
 def test_fp32_engine_builds_and_matches_onnxruntime(tmp_path: Path) -> None:
     from edged.backends.tensorrt import TensorRt
-    from edged.build.engine import BatchRange, build_engine
-    from edged.build.manifest import ModelFolder
     from edged.config import ClassConfig
-    from edged.repository import discover
+    from edged.models.manifest import ModelFolder
+    from edged.models.repository import discover
+    from edged.toolchain.engine import BatchRange, build_engine
 
     shutil.copytree(ENGINES / "mlp-light", tmp_path / "mlp-light")
     record = build_engine(ModelFolder(tmp_path, "mlp-light"), "fp32", BatchRange(1, 4, 8))

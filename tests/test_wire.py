@@ -19,7 +19,7 @@ from support import (
     receive,
 )
 
-from edged.protocol import encode_request
+from edged.wire.codec import encode_request
 
 SOCKETS = {"DEALER": zmq.DEALER, "REQ": zmq.REQ}
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from edged.classes import ClassConfig
-from edged.repository import ModelEntry
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
 
 if TYPE_CHECKING:
     from edged.backends.gpu_memory import LaneReservation

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edged.classes import ClassConfig
-from edged.protocol import DTYPES, TensorSpec
-from edged.repository import ModelEntry
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
+from edged.wire.codec import DTYPES, TensorSpec
 
 MIB = 1024 * 1024
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from edged.classes import ClassConfig
-from edged.repository import ModelEntry
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
 
 
 class OnnxRuntimeCpuRunner:

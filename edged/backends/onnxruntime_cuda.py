@@ -30,9 +30,9 @@ import numpy as np
 
 from edged.backends import BackendError, cuda
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, check_fits, fixed_shape, lane_reservation
-from edged.classes import ClassConfig
-from edged.protocol import DTYPES, TensorSpec
-from edged.repository import ModelEntry
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
+from edged.wire.codec import DTYPES, TensorSpec
 
 # One daemon owns one GPU: edged@N sets CUDA_VISIBLE_DEVICES=N, so it is device 0 here.
 DEVICE = 0

@@ -4,7 +4,7 @@ priority stream, with its own device memory and preallocated buffers.
 Written against TensorRT 10/11's documented Python API and cuda-python; NOT YET RUN
 on a GPU (no machine here has TensorRT's builder, see docs/engines.md). What runs
 and is tested without a GPU: the refusal where CUDA or TensorRT is missing, engine
-selection (edged.engines) and the fallback to ONNX Runtime.
+selection (edged.models.engines) and the fallback to ONNX Runtime.
 
 The CUDA device is checked through cuda-python before any TensorRT object exists:
 a TensorRT runtime created without a device deserializes into a segfault.
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from edged.backends import BackendError, Runner
-from edged.classes import ClassConfig
-from edged.engines import EngineRecord, Environment, select, sha256_of
-from edged.repository import ModelEntry
+from edged.config.classes import ClassConfig
+from edged.models.engines import EngineRecord, Environment, select, sha256_of
+from edged.models.repository import ModelEntry
 
 log = logging.getLogger("edged.tensorrt")
 

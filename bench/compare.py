@@ -1,6 +1,6 @@
 """Put edged beside its floors and a naive server, on the same models, in one run.
 
-    python build_scripts/compare.py [--quick] [--write-docs]
+    python bench/compare.py [--quick] [--write-docs]
 
 Measured, one after another on this machine:
   in-process    the model run by onnxruntime in this process (the compute floor)
@@ -29,12 +29,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from edged.bench import Stream, format_table, progress_to_stderr, run_load
+from edged.launch import DaemonProcess
+from edged.wire.codec import encode_request
 
-from edged.bench import Stream, format_table, progress_to_stderr, run_load  # noqa: E402
-from edged.launch import DaemonProcess  # noqa: E402
-from edged.protocol import encode_request  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
 
@@ -128,7 +127,7 @@ def triton(python: str, runs: int, duration: float) -> dict[str, Any]:
     import sysconfig
 
     env = {**os.environ, "LD_LIBRARY_PATH": str(sysconfig.get_config_var("LIBDIR"))}
-    script = str(ROOT / "build_scripts" / "compare_triton.py")
+    script = str(ROOT / "bench" / "compare_triton.py")
     done = subprocess.run(
         [python, script, "--runs", str(runs), "--duration", str(duration)],
         env=env,

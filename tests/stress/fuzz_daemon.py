@@ -1,7 +1,7 @@
 """Fuzz a live daemon over real sockets and check the one-reply promise holds.
 
-    python build_scripts/fuzz_daemon.py --seconds 300            # starts a daemon of its own
-    python build_scripts/fuzz_daemon.py --seconds 60 --endpoint ipc:///run/edged/edged.sock --pid 1234
+    python tests/stress/fuzz_daemon.py --seconds 300            # starts a daemon of its own
+    python tests/stress/fuzz_daemon.py --seconds 60 --endpoint ipc:///run/edged/edged.sock --pid 1234
 
 Several DEALER sockets send, with a window of requests in flight each, a mix of valid
 requests, mutations of valid headers (keys dropped, replaced or added; specs, shapes,
@@ -35,12 +35,9 @@ import msgpack
 import numpy as np
 import zmq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from edged.client import Client  # noqa: E402
-from edged.launch import DaemonProcess, resident_kib  # noqa: E402
-from edged.protocol import DTYPES  # noqa: E402
+from edged.client import Client
+from edged.launch import DaemonProcess, resident_kib
+from edged.wire.codec import DTYPES
 
 VALID_SPEC = {"name": "x", "dtype": "float32", "shape": [1, 64]}
 HEADER_LIMIT = 64 * 1024  # the daemon's default limits.max_header_bytes

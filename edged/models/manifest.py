@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edged.protocol import TensorSpec
-from edged.repository import MANIFEST, RepositoryError, read_specs
+from edged.models.repository import MANIFEST, RepositoryError, read_specs
+from edged.wire.codec import TensorSpec
 
 
 class ModelFolder:

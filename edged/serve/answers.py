@@ -1,7 +1,7 @@
 """Every admitted job answered exactly once, and counted once: by the worker that
 ran it, by the lane's watchdog, or at shutdown, whichever comes first.
 
-The claim (see edged.stuck) decides who answers; whoever does also settles the
+The claim (see edged.serve.watchdog) decides who answers; whoever does also settles the
 job's accounting: the class's counters and its place in the backlog.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from edged.admission import Backlog
-from edged.batching import Job
-from edged.metrics import ClassStats
-from edged.protocol import Buffer, Status, encode_reply
-from edged.stuck import OpenCalls
+from edged.serve.admission import Backlog
+from edged.serve.batching import Job
+from edged.serve.stats import ClassStats
+from edged.serve.watchdog import OpenCalls
+from edged.wire.codec import Buffer, Status, encode_reply
 
 ReplyFn = Callable[[Any, list[Buffer]], None]
 

@@ -1,9 +1,9 @@
 """Overload, soak and many clients against a daemon of its own; prints the figures.
 
-    python build_scripts/soak.py overload --seconds 60     # (a) three times capacity
-    python build_scripts/soak.py soak --seconds 3600        # (b) 80% of capacity, per-window figures
-    python build_scripts/soak.py clients --clients 1000     # (c) a thousand DEALER sockets at once
-    python build_scripts/soak.py all --seconds 20 --soak-seconds 120 --window-s 30
+    python tests/stress/soak.py overload --seconds 60     # (a) three times capacity
+    python tests/stress/soak.py soak --seconds 3600        # (b) 80% of capacity, per-window figures
+    python tests/stress/soak.py clients --clients 1000     # (c) a thousand DEALER sockets at once
+    python tests/stress/soak.py all --seconds 20 --soak-seconds 120 --window-s 30
 
 Load is the heavy model (cnn-heavy) in the standard class, with a trickle of realtime
 requests to the light model beside it: the heavy model's capacity is low enough that
@@ -33,13 +33,10 @@ import msgpack
 import numpy as np
 import zmq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from edged.bench import Stream, run_load  # noqa: E402
-from edged.client import Client  # noqa: E402
-from edged.launch import DaemonProcess, resident_kib  # noqa: E402
-from edged.protocol import encode_request  # noqa: E402
+from edged.bench import Stream, run_load
+from edged.client import Client
+from edged.launch import DaemonProcess, resident_kib
+from edged.wire.codec import encode_request
 
 REALTIME_DEADLINE_MS = 20.0  # the built-in realtime class's deadline
 REALTIME_RPS = 100.0  # a steady trickle of realtime traffic beside each flood

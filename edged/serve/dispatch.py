@@ -10,14 +10,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edged.admission import admit
-from edged.answers import ReplyFn
 from edged.backends.gpu_memory import LaneReservation
-from edged.batching import Job
 from edged.config import Config
-from edged.lanes import Lane
-from edged.protocol import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
-from edged.repository import ModelEntry
+from edged.models.repository import ModelEntry
+from edged.serve.admission import admit
+from edged.serve.answers import ReplyFn
+from edged.serve.batching import Job
+from edged.serve.lanes import Lane
+from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 
 log = logging.getLogger("edged.dispatch")
 

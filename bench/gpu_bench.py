@@ -1,6 +1,6 @@
 """GPU benchmark of the ONNX Runtime CUDA backend, in one call on a GPU machine.
 
-    python build_scripts/gpu_bench.py [--duration 10] [--realtime-rate 500] [--bulk-rate 4000]
+    python bench/gpu_bench.py [--duration 10] [--realtime-rate 500] [--bulk-rate 4000]
 
 Runs, each against a fresh daemon on server.backend = "onnxruntime-cuda":
 1. realtime alone (its lane on a stream of priority -1);
@@ -23,16 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from edged.backends.cuda import cuda_available, device_info
+from edged.bench import Stream, run_load
+from edged.config.classes import ClassConfig
+from edged.launch import DaemonProcess
+from edged.models.repository import discover
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from edged.backends.cuda import cuda_available, device_info  # noqa: E402
-from edged.bench import Stream, run_load  # noqa: E402
-from edged.classes import ClassConfig  # noqa: E402
-from edged.launch import DaemonProcess  # noqa: E402
-from edged.repository import discover  # noqa: E402
-
-RESULTS_MARK = "<!-- results: written by build_scripts/gpu_bench.py -->"
+RESULTS_MARK = "<!-- results: written by bench/gpu_bench.py -->"
 
 
 def config_text(realtime_priority: int, bulk_priority: int) -> str:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.build.manifest import ModelFolder
-from edged.engines import FP8_MIN_CC, EngineRecord, ShapeRange, sha256_of
+from edged.models.engines import FP8_MIN_CC, EngineRecord, ShapeRange, sha256_of
+from edged.models.manifest import ModelFolder
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 BUILD_HINT = (

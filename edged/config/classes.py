@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from edged.settings import expect, no_unknown, read_int
+from edged.config.settings import expect, no_unknown, read_int
 
 
 @dataclass(frozen=True, slots=True)

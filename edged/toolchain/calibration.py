@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edged.protocol import DTYPES, TensorSpec
+from edged.wire.codec import DTYPES, TensorSpec
 
 Samples = dict[str, np.ndarray]
 HELD_OUT_SEED = 1  # never the calibration seed: accuracy is checked on data the scales never saw

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from edged.classes import DEFAULT_CLASSES, ClassConfig, parse_classes
-from edged.protocol import Limits
-from edged.settings import ConfigError, expect, no_unknown, read_int, read_positive_int, subtable
+from edged.config.classes import DEFAULT_CLASSES, ClassConfig, parse_classes
+from edged.config.settings import ConfigError, expect, no_unknown, read_int, read_positive_int, subtable
+from edged.wire.codec import Limits
 
-PACKAGE_ROOT = Path(__file__).resolve().parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # edged/, beside the repository in a checkout
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from edged.config import default_repository
 
 if TYPE_CHECKING:
-    from edged.build.manifest import ModelFolder
+    from edged.models.manifest import ModelFolder
 
 STARTED = time.monotonic()
 
@@ -60,13 +60,13 @@ def _progress(text: str) -> None:
 
 
 def _folder(args: argparse.Namespace) -> ModelFolder:
-    from edged.build.manifest import ModelFolder
+    from edged.models.manifest import ModelFolder
 
     return ModelFolder(args.repository or default_repository(), args.model)
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from edged.build.quantize import quantize
+    from edged.toolchain.quantize import quantize
 
     done = quantize(
         _folder(args),
@@ -85,7 +85,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from edged.build.convert import convert
+    from edged.toolchain.convert import convert
 
     _progress(f"converting {args.model} to {args.precision}")
     print(f"wrote {convert(_folder(args), args.precision)}")
@@ -93,7 +93,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from edged.build.engine import BatchRange, build_engine
+    from edged.toolchain.engine import BatchRange, build_engine
 
     folder = _folder(args)
     record = build_engine(
@@ -110,11 +110,11 @@ def _engine(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run a build step; a step that cannot run here says why in one line and exits 1."""
-    from edged.build.calibration import CalibrationError
-    from edged.build.convert import ConvertError
-    from edged.build.engine import EngineBuildError
-    from edged.build.quantize import QuantizeError
-    from edged.repository import RepositoryError
+    from edged.models.repository import RepositoryError
+    from edged.toolchain.calibration import CalibrationError
+    from edged.toolchain.convert import ConvertError
+    from edged.toolchain.engine import EngineBuildError
+    from edged.toolchain.quantize import QuantizeError
 
     try:
         return args.step_run(args)

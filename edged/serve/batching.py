@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from edged.protocol import RequestId
-from edged.repository import ModelEntry
+from edged.models.repository import ModelEntry
+from edged.wire.codec import RequestId
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class Job:
     received_ns: int
     deadline_ns: int
     cost_ns: int  # estimated service time, charged to the backlog until answered
-    answered: bool = False  # set once, under the lane's claim (see edged.stuck)
+    answered: bool = False  # set once, under the lane's claim (see edged.serve.watchdog)
 
     @property
     def rows(self) -> int:

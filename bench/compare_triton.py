@@ -3,7 +3,7 @@ PyTriton, measured with its own client. Runs in an environment of its own:
 
     python3 -m venv /tmp/tri && /tmp/tri/bin/pip install nvidia-pytriton onnxruntime numpy
     LD_LIBRARY_PATH=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))') \\
-        /tmp/tri/bin/python build_scripts/compare_triton.py --runs 1000 --duration 10
+        /tmp/tri/bin/python bench/compare_triton.py --runs 1000 --duration 10
 
 (Triton's Python backend stub needs the interpreter's shared library on the path.)
 Prints one JSON object: closed-loop latency percentiles per model, and the heavy

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from edged.classes import ClassConfig
+from edged.config.classes import ClassConfig
 
 # Weight of the newest observation in the service-time average: heavy enough to
 # follow a change of load within a few dozen requests, light enough to ignore one outlier.

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from edged.config import MetricsConfig
-from edged.metrics import PERCENTILES
-from edged.settings import ConfigError
+from edged.config.settings import ConfigError
+from edged.serve.stats import PERCENTILES
 
 Stats = Callable[[], dict[str, Any]]
 

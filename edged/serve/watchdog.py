@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from edged.batching import Job
+from edged.serve.batching import Job
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.protocol import ProtocolError, Request, Status, TensorSpec, tensor_views
+from edged.wire.codec import ProtocolError, Request, Status, TensorSpec, tensor_views
 
 
 @dataclass(frozen=True, slots=True)

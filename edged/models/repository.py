@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.engines import EngineRecord, EngineRecordError
-from edged.protocol import DTYPES, TensorSpec
-from edged.signature import Signature
+from edged.models.engines import EngineRecord, EngineRecordError
+from edged.wire.codec import DTYPES, TensorSpec
+from edged.wire.signature import Signature
 
 MANIFEST = "manifest.json"
 

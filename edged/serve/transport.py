@@ -29,8 +29,8 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import SecurityConfig
-from edged.protocol import Buffer
 from edged.security import ServerKeys, is_tcp, make_curve_server, server_keys, start_authenticator
+from edged.wire.codec import Buffer
 
 log = logging.getLogger("edged.server")
 

@@ -25,9 +25,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from edged.build.calibration import Samples, held_out, load_calibration, standard_normal
-from edged.build.manifest import ModelFolder
-from edged.engines import sha256_of
+from edged.models.engines import sha256_of
+from edged.models.manifest import ModelFolder
+from edged.toolchain.calibration import Samples, held_out, load_calibration, standard_normal
 
 PRECISIONS = ("int8", "fp8")
 QUANTIZERS = ("onnxruntime", "modelopt")

@@ -17,15 +17,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from edged.admission import Backlog, ServiceTimes
-from edged.answers import Answers, ReplyFn
 from edged.backends import Backend, Runner
-from edged.batching import Job, fill, stack, unstack, zero_inputs
-from edged.classes import ClassConfig
-from edged.metrics import ClassStats
-from edged.protocol import Status
-from edged.repository import ModelEntry
-from edged.stuck import OpenCalls
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
+from edged.serve.admission import Backlog, ServiceTimes
+from edged.serve.answers import Answers, ReplyFn
+from edged.serve.batching import Job, fill, stack, unstack, zero_inputs
+from edged.serve.stats import ClassStats
+from edged.serve.watchdog import OpenCalls
+from edged.wire.codec import Status
 
 log = logging.getLogger("edged.lanes")
 

@@ -1,0 +1,3 @@
+"""The offline toolchain: quantize (INT8/FP8 Q/DQ), convert (FP16/BF16) and build
+TensorRT engines, each writing its file and manifest entry into the model's folder.
+"""
