@@ -1,8 +1,10 @@
-"""CURVE on tcp endpoints: key files, the ZAP check of client keys, and key generation.
+"""CURVE keys: a client's key set, key generation, and which tcp endpoints are local.
 
-Keys are kept in pyzmq's certificate files (`zmq.auth.create_certificates`): NAME.key
-holds a public key, NAME.key_secret the public and the secret key, both as Z85 text.
-A server serves the clients whose NAME.key is in its allowed-clients folder.
+The daemon's side (its key set, the ZAP check of client keys) is edged.serve.curve;
+this module reads no configuration, so the client imports none. Keys are kept in
+pyzmq's certificate files (`zmq.auth.create_certificates`): NAME.key holds a public
+key, NAME.key_secret the public and the secret key, both as Z85 text. A server
+serves the clients whose NAME.key is in its allowed-clients folder.
 
 CURVE applies to tcp only: an ipc socket is guarded by its file mode and group, and
 a handshake there would cost local clients time for nothing.
@@ -17,20 +19,8 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
-
-from edged.config import SecurityConfig
-from edged.config.settings import ConfigError
 
 LOOPBACK_NAMES = ("localhost", "lo")
-ZAP_DOMAIN = "edged"
-
-
-@dataclass(frozen=True, slots=True)
-class ServerKeys:
-    public_key: bytes
-    secret_key: bytes
-    allowed_clients_dir: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,63 +60,6 @@ def is_loopback(endpoint: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def server_keys(endpoints: tuple[str, ...], security: SecurityConfig) -> ServerKeys | None:
-    """The keys the tcp endpoints use, or None to serve them plain; refuses plain tcp beyond loopback."""
-    if not security.curve:
-        exposed = [e for e in endpoints if is_tcp(e) and not is_loopback(e)]
-        if exposed and not security.allow_plain_tcp:
-            raise ConfigError(
-                f"{exposed[0]} would serve plain, unauthenticated tcp beyond this machine: set "
-                "security.server_secret_key_file and security.allowed_clients_dir to use CURVE "
-                "(keys from `edged keygen`), bind tcp to 127.0.0.1, or set security.allow_plain_tcp = true"
-            )
-        return None
-    assert security.server_secret_key_file is not None and security.allowed_clients_dir is not None
-    key_file = security.server_secret_key_file
-    try:
-        _, secret = zmq.auth.load_certificate(key_file)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"security.server_secret_key_file = {str(key_file)!r} cannot be read: {exc}") from None
-    if secret is None:
-        raise ConfigError(
-            f"security.server_secret_key_file = {str(key_file)!r} holds no secret key: give the .key_secret file"
-        )
-    if key_file.stat().st_mode & 0o004:
-        raise ConfigError(
-            f"security.server_secret_key_file = {str(key_file)!r} is readable by every user: chmod o-r {key_file}"
-        )
-    try:
-        allowed = zmq.auth.load_certificates(security.allowed_clients_dir)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"security.allowed_clients_dir: {exc}") from None
-    if not allowed:
-        raise ConfigError(
-            f"security.allowed_clients_dir = {str(security.allowed_clients_dir)!r} holds no client keys (*.key): "
-            "copy in the NAME.key file of each client that `edged keygen` made"
-        )
-    return ServerKeys(zmq.curve_public(secret), secret, security.allowed_clients_dir)
-
-
-def start_authenticator(context: zmq.Context, allowed_clients_dir: Path) -> ThreadAuthenticator:
-    """Answer ZAP requests in `context`: only the allowed client keys complete a CURVE handshake.
-
-    It sees handshakes only, once per connection: the requests that follow never pass here.
-    """
-    authenticator = ThreadAuthenticator(context)
-    authenticator.configure_curve(domain=ZAP_DOMAIN, location=allowed_clients_dir)
-    authenticator.start()
-    return authenticator
-
-
-def make_curve_server(sock: zmq.Socket, keys: ServerKeys) -> None:
-    sock.curve_server = True
-    sock.curve_publickey = keys.public_key
-    sock.curve_secretkey = keys.secret_key
-    sock.zap_domain = ZAP_DOMAIN.encode()
-    # Without it libzmq admits every client key whenever no ZAP handler is bound.
-    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
 
 
 def write_key_pair(folder: Path, name: str) -> tuple[Path, Path]:

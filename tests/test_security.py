@@ -32,7 +32,8 @@ from support import (
 from edged.client import AsyncClient, Client
 from edged.config import Config, ConfigError, SecurityConfig, parse_config
 from edged.launch import DaemonProcess
-from edged.security import ClientKeys, is_loopback, server_keys
+from edged.security import ClientKeys, is_loopback
+from edged.serve.curve import server_keys
 
 # Long enough for a CURVE handshake and a reply on loopback, many times over.
 NO_REPLY_MS = 300

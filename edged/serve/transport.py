@@ -7,7 +7,7 @@ path cannot afford the event loop.
 
 Exactly one thread owns the sockets. Lane workers hand replies over through a
 deque and wake the loop with an eventfd, so no socket is touched from two threads.
-With CURVE configured, a ZAP thread (edged.security) checks each tcp handshake;
+With CURVE configured, a ZAP thread (edged.serve.curve) checks each tcp handshake;
 it never sees the messages that follow.
 """
 
@@ -29,7 +29,8 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import SecurityConfig
-from edged.security import ServerKeys, is_tcp, make_curve_server, server_keys, start_authenticator
+from edged.security import is_tcp
+from edged.serve.curve import ServerKeys, make_curve_server, server_keys, start_authenticator
 from edged.wire.codec import Buffer
 
 log = logging.getLogger("edged.server")
