@@ -1,12 +1,14 @@
 """Every admitted job answered exactly once, and counted once: by the worker that
 ran it, by the lane's watchdog, or at shutdown, whichever comes first.
 
-The claim (see edged.serve.watchdog) decides who answers; whoever does also settles the
-job's accounting: the class's counters and its place in the backlog.
+The claim decides who answers; whoever does also settles the job's accounting: its
+facts for the class's figures and its place in the backlog. Nothing else in the
+daemon marks a job answered.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,18 +18,28 @@ import numpy as np
 from edged.serve.admission import Backlog
 from edged.serve.batching import Job
 from edged.serve.stats import ClassStats
-from edged.serve.watchdog import OpenCalls
 from edged.wire.codec import Buffer, Status, encode_reply
 
 ReplyFn = Callable[[Any, list[Buffer]], None]
 
 
 class Answers:
-    def __init__(self, reply: ReplyFn, stats: ClassStats, backlog: Backlog, calls: OpenCalls) -> None:
+    """One lane's answering. The one writer of `Job.answered`, under `_lock`: a
+    worker, the watchdog and the shutdown may race to answer a job, and one wins."""
+
+    def __init__(self, reply: ReplyFn, stats: ClassStats, backlog: Backlog) -> None:
         self._reply = reply
         self._stats = stats
         self._backlog = backlog
-        self._calls = calls
+        self._lock = threading.Lock()
+
+    def _claim(self, job: Job) -> bool:
+        """True for exactly one caller per job: the one that may answer it."""
+        with self._lock:
+            if job.answered:
+                return False
+            job.answered = True
+            return True
 
     def result(
         self,
@@ -39,7 +51,7 @@ class Answers:
         error: str | None = None,
     ) -> None:
         """A job that ran: OK with its outputs, or INTERNAL with `error`."""
-        if not self._calls.claim(job):
+        if not self._claim(job):
             with self._stats.lock:  # the watchdog answered it while the call hung
                 self._stats.late_dropped += 1
             return
@@ -61,14 +73,18 @@ class Answers:
 
     def unrun(self, job: Job, status: Status, message: str) -> None:
         """A job that was not run (expired, or refused at shutdown)."""
-        if self._calls.claim(job):
+        if self._claim(job):
             self._send_unrun(job, status, message)
 
-    def claimed_failures(self, jobs: list[Job], now_ns: int, message: str) -> None:
-        """INTERNAL for jobs the watchdog claimed inside a call that never returned."""
+    def failures(self, jobs: list[Job], now_ns: int, message: str) -> int:
+        """INTERNAL for the jobs, not yet answered, of a call that never returned; how many."""
+        count = 0
         for job in jobs:
-            self._stats.record_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
-            self._send_unrun(job, Status.INTERNAL, message)
+            if self._claim(job):
+                self._stats.record_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
+                self._send_unrun(job, Status.INTERNAL, message)
+                count += 1
+        return count
 
     def _send_unrun(self, job: Job, status: Status, message: str) -> None:
         waited_us = (time.monotonic_ns() - job.received_ns) // 1000

@@ -30,7 +30,7 @@ class Job:
     received_ns: int
     deadline_ns: int
     cost_ns: int  # estimated service time, charged to the backlog until answered
-    answered: bool = False  # set once, under the lane's claim (see edged.serve.watchdog)
+    answered: bool = False  # written by edged.serve.answers only, under its claim
 
     @property
     def rows(self) -> int:

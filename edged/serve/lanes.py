@@ -67,7 +67,7 @@ class Lane:
         self._not_inline: set[str] = set()
         self._last_remeasure_ns = 0
         self._calls = OpenCalls()
-        self._answers = Answers(reply, self.stats, self.backlog, self._calls)
+        self._answers = Answers(reply, self.stats, self.backlog)
         self.health = "ok"  # or why not: shown by the health op
 
     # --- life cycle --------------------------------------------------------
@@ -171,7 +171,7 @@ class Lane:
         stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else []
         if not stuck:
             return
-        self._answers.claimed_failures(
+        self._answers.failures(
             stuck, now_ns, f"the backend call has not returned after {limit_ms} ms; the lane is restarting its worker"
         )
         self.health = f"recovering: a backend call of {stuck[0].model.name} has not returned after {limit_ms} ms"
@@ -182,12 +182,10 @@ class Lane:
         """Answer INTERNAL every request still inside a backend call: the last act of a
         shutdown whose grace ran out, so that nothing admitted goes unanswered."""
         now_ns = time.monotonic_ns()
-        stuck = self._calls.overdue(now_ns, -1)
-        self._answers.claimed_failures(stuck, now_ns, message)
-        return len(stuck)
+        return self._answers.failures(self._calls.overdue(now_ns, -1), now_ns, message)
 
     def _workers(self) -> list[threading.Thread]:
-        return [thread for thread in self._threads if thread.ident not in self._calls.abandoned]
+        return [thread for thread in self._threads if not self._calls.abandoned(thread)]
 
     def _start_worker(self, ready: threading.Barrier | None) -> None:
         name = f"lane-{self.klass.name}-{len(self._threads)}"
@@ -219,7 +217,8 @@ class Lane:
         else:
             ready.wait()
         held: Job | None = None
-        while not self._calls.current_abandoned():
+        me = threading.current_thread()
+        while not self._calls.abandoned(me):
             job = held if held is not None else self._queue.get()
             held = None
             if job is _STOP:

@@ -1,9 +1,9 @@
-"""The backend calls a lane is inside, so that one that never returns is found,
-its requests answered, and its worker replaced.
+"""The watchdog over a lane's backend calls: it finds a call that never returns, so
+that its requests are answered and its worker replaced.
 
 A thread stuck inside a runtime cannot be stopped from Python. What can be done:
-answer its requests (INTERNAL, once: `claim` makes sure the late reply, should the
-call ever return, is dropped), stop counting on that worker, and start another.
+answer its requests (INTERNAL, through edged.serve.answers, which drops the late
+result should the call ever return), stop counting on that worker, and start another.
 """
 
 from __future__ import annotations
@@ -21,10 +21,17 @@ class _Call:
 
 
 class OpenCalls:
+    """The backend calls a lane's workers are inside, and the workers given up on.
+
+    Writers, under `_lock`: each worker opens and closes its own call (`begin`,
+    `end`); the watchdog (`overdue`, from the socket loop's tick or the shutdown)
+    abandons the threads of calls open too long.
+    """
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[int, _Call] = {}
-        self.abandoned: set[int] = set()  # idents of worker threads given up on
+        self._abandoned: set[int] = set()  # idents of worker threads given up on
 
     def begin(self, jobs: list[Job], now_ns: int) -> None:
         with self._lock:
@@ -34,28 +41,19 @@ class OpenCalls:
         with self._lock:
             self._open.pop(threading.get_ident(), None)
 
-    def claim(self, job: Job) -> bool:
-        """True for exactly one caller per job: the one that may answer it."""
-        with self._lock:
-            if job.answered:
-                return False
-            job.answered = True
-            return True
-
     def overdue(self, now_ns: int, limit_ns: int) -> list[Job]:
-        """Claim the unanswered jobs of every call open longer than `limit_ns`, and
-        abandon the threads inside those calls."""
-        stuck: list[Job] = []
+        """The jobs of every call open longer than `limit_ns`; the threads inside those
+        calls are abandoned. Some of the jobs may have been answered already."""
+        jobs: list[Job] = []
         with self._lock:
             for ident, call in self._open.items():
-                if ident in self.abandoned or now_ns - call.started_ns <= limit_ns:
+                if ident in self._abandoned or now_ns - call.started_ns <= limit_ns:
                     continue
-                self.abandoned.add(ident)
-                for job in call.jobs:
-                    if not job.answered:
-                        job.answered = True
-                        stuck.append(job)
-        return stuck
+                self._abandoned.add(ident)
+                jobs.extend(call.jobs)
+        return jobs
 
-    def current_abandoned(self) -> bool:
-        return threading.get_ident() in self.abandoned
+    def abandoned(self, thread: threading.Thread) -> bool:
+        """Whether the watchdog gave up on `thread`: a worker asks before each job."""
+        # A set lookup without the lock: a stale answer only delays the worker by one job.
+        return thread.ident in self._abandoned
