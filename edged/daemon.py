@@ -167,6 +167,8 @@ class Daemon:
     # --- the loop's housekeeping ---------------------------------------------
 
     def _tick(self) -> None:
+        # Every wake-up, cheap when there is nothing: figures stay current for any reader.
+        self.dispatcher.settle()
         now = time.monotonic_ns()
         # The loop wakes for every request; housekeeping needs a cadence, not a per-request
         # cost. Signals and a finished load wake the loop with these flags already set.

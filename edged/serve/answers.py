@@ -52,8 +52,7 @@ class Answers:
     ) -> None:
         """A job that ran: OK with its outputs, or INTERNAL with `error`."""
         if not self._claim(job):
-            with self._stats.lock:  # the watchdog answered it while the call hung
-                self._stats.late_dropped += 1
+            self._stats.report_late()  # the watchdog answered it while the call hung
             return
         done_ns = time.monotonic_ns()
         queue_us = (taken_ns - job.received_ns) // 1000
@@ -67,7 +66,7 @@ class Answers:
                 error = f"the model's output cannot be sent: {exc}"
         if error is not None:
             frames = encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing)
-        self._stats.record_done(error is None, queue_us, compute_us, total_us)
+        self._stats.report_done(error is None, queue_us, compute_us, total_us)
         self._backlog.finish(job.cost_ns)
         self._reply(job.route, frames)
 
@@ -81,7 +80,7 @@ class Answers:
         count = 0
         for job in jobs:
             if self._claim(job):
-                self._stats.record_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
+                self._stats.report_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
                 self._send_unrun(job, Status.INTERNAL, message)
                 count += 1
         return count

@@ -59,6 +59,7 @@ class Dispatcher:
                 models = [self._model_wire(model) for model in self.models.values()]
                 self._reply(route, encode_reply(request.id, Status.OK, models=models))
             else:
+                self.settle()
                 self._reply(route, encode_reply(request.id, Status.OK, **self.stats()))
         except ProtocolError as exc:
             self.invalid += 1
@@ -75,7 +76,13 @@ class Dispatcher:
             "lanes": {name: lane.health for name, lane in self.lanes.items()},
         }
 
+    def settle(self) -> None:
+        """Count what the lanes' workers reported since the last call (socket loop only)."""
+        for lane in self.lanes.values():
+            lane.stats.settle()
+
     def stats(self) -> dict[str, Any]:
+        """The stats op's figures; safe from another thread (the Prometheus endpoint's)."""
         return {
             "state": self.state,
             "invalid": self.invalid,

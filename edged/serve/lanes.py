@@ -260,7 +260,7 @@ class Lane:
         live = []
         for job in batch:
             if taken_ns > job.deadline_ns:
-                self.stats.record_expired()
+                self.stats.report_expired()
                 self._answers.unrun(
                     job, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued; it was not run"
                 )
@@ -270,7 +270,7 @@ class Lane:
             return
         inputs, names = stack(live)
         rows = sum(job.rows for job in live)
-        self.stats.record_backend_call(rows)
+        self.stats.report_call(rows)
         start = time.perf_counter_ns()
         self._calls.begin(live, time.monotonic_ns())
         try:

@@ -8,6 +8,7 @@ whatever the traffic. No per-request list is ever kept.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,10 +67,20 @@ class Histogram:
         return figures
 
 
+# The kinds of fact a worker hands over (see ClassStats).
+_DONE, _CALL, _EXPIRED, _LATE = range(4)
+
+
 @dataclass
 class ClassStats:
-    """One class's figures. Arrival-side counters are written by the socket loop
-    only; completion-side ones by the lane's workers, under `lock`."""
+    """One class's figures, with one writer: the socket loop.
+
+    The loop counts arrivals itself as it decides them (`received`, `admitted`,
+    `shed_*`). Lane workers, which finish their calls on threads of their own, never
+    write a figure: the `report_*` methods only queue a fact, and the loop counts the
+    facts in `settle`, on each tick and before the stats op reads. `lock` is for a
+    reader on another thread (the Prometheus endpoint): it keeps a snapshot whole.
+    """
 
     received: int = 0
     admitted: int = 0
@@ -85,25 +96,54 @@ class ClassStats:
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # deque.append and popleft are atomic: workers append, the loop pops, no lock.
+    _facts: deque[tuple[int, ...]] = field(default_factory=deque)
 
-    def record_done(self, ok: bool, queue_us: int, compute_us: int, total_us: int) -> None:
-        with self.lock:
-            if ok:
-                self.completed += 1
-            else:
-                self.failed += 1
-            self.queue_us.record(queue_us)
-            self.compute_us.record(compute_us)
-            self.total_us.record(total_us)
+    # --- facts, from any thread ------------------------------------------------
 
-    def record_backend_call(self, rows: int) -> None:
-        with self.lock:
-            self.backend_calls += 1
-            self.backend_rows += rows
+    def report_done(self, ok: bool, queue_us: int, compute_us: int, total_us: int) -> None:
+        """A request answered after admission: OK (`ok`) or failed, with its times."""
+        self._facts.append((_DONE, ok, queue_us, compute_us, total_us))
 
-    def record_expired(self, count: int = 1) -> None:
+    def report_call(self, rows: int) -> None:
+        """A backend call of `rows` rows, about to start."""
+        self._facts.append((_CALL, rows))
+
+    def report_expired(self) -> None:
+        """A request whose deadline passed while it was queued."""
+        self._facts.append((_EXPIRED,))
+
+    def report_late(self) -> None:
+        """A result the watchdog had already answered for, dropped."""
+        self._facts.append((_LATE,))
+
+    # --- the loop --------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Count every fact handed over so far (socket loop only)."""
+        facts = self._facts
+        if not facts:
+            return
         with self.lock:
-            self.expired += count
+            while facts:
+                fact = facts.popleft()
+                kind = fact[0]
+                if kind == _DONE:
+                    _, ok, queue_us, compute_us, total_us = fact
+                    if ok:
+                        self.completed += 1
+                    else:
+                        self.failed += 1
+                    self.queue_us.record(queue_us)
+                    self.compute_us.record(compute_us)
+                    self.total_us.record(total_us)
+                elif kind == _CALL:
+                    self.backend_calls += 1
+                    self.backend_rows += fact[1]
+                elif kind == _EXPIRED:
+                    self.expired += 1
+                else:
+                    self.late_dropped += 1
 
     def snapshot(self, queue_depth: int) -> dict[str, Any]:
         with self.lock:
