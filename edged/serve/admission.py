@@ -28,7 +28,8 @@ class ServiceTimes:
     """How long a backend call of each model takes on one lane, learned live.
 
     A call costs a first row plus each further row: priced per request, a few
-    large batches would make every small request look expensive.
+    large batches would make every small request look expensive. Owned by a Lane:
+    its workers write it (each call they time); `Lane.offer` reads it.
     """
 
     def __init__(self) -> None:
@@ -55,8 +56,9 @@ def _update(averages: dict[str, float], model: str, value: float) -> None:
 class Backlog:
     """What a lane has accepted and not yet answered: a count and its estimated work.
 
-    The socket loop only adds and the workers only take away, each to counters of
-    its own, so no lock is needed on the hot path of admission.
+    Owned by a Lane: `Lane.offer` adds (socket loop) and the lane's Answers takes
+    away as each job is answered (worker, watchdog or shutdown), each to counters
+    of its own, so no lock is needed on the hot path of admission.
     """
 
     def __init__(self) -> None:

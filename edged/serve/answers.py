@@ -29,7 +29,7 @@ class Answers:
 
     def __init__(self, reply: ReplyFn, stats: ClassStats, backlog: Backlog) -> None:
         self._reply = reply
-        self._stats = stats
+        self.stats = stats
         self._backlog = backlog
         self._lock = threading.Lock()
 
@@ -52,7 +52,7 @@ class Answers:
     ) -> None:
         """A job that ran: OK with its outputs, or INTERNAL with `error`."""
         if not self._claim(job):
-            self._stats.report_late()  # the watchdog answered it while the call hung
+            self.stats.report_late()  # the watchdog answered it while the call hung
             return
         done_ns = time.monotonic_ns()
         queue_us = (taken_ns - job.received_ns) // 1000
@@ -66,9 +66,14 @@ class Answers:
                 error = f"the model's output cannot be sent: {exc}"
         if error is not None:
             frames = encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing)
-        self._stats.report_done(error is None, queue_us, compute_us, total_us)
+        self.stats.report_done(error is None, queue_us, compute_us, total_us)
         self._backlog.finish(job.cost_ns)
         self._reply(job.route, frames)
+
+    def expired(self, job: Job) -> None:
+        """A job whose deadline passed while it was queued: DEADLINE_EXCEEDED, not run."""
+        self.stats.report_expired()
+        self.unrun(job, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued; it was not run")
 
     def unrun(self, job: Job, status: Status, message: str) -> None:
         """A job that was not run (expired, or refused at shutdown)."""
@@ -80,7 +85,7 @@ class Answers:
         count = 0
         for job in jobs:
             if self._claim(job):
-                self._stats.report_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
+                self.stats.report_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
                 self._send_unrun(job, Status.INTERNAL, message)
                 count += 1
         return count

@@ -34,14 +34,18 @@ class Job:
 
     @property
     def rows(self) -> int:
-        """The job's size along the batch dimension (1 for a model that does not batch)."""
-        return next(iter(self.inputs.values())).shape[0] if self.model.signature.batchable else 1
+        return rows_of(self.model, self.inputs)
 
     def fits_with(self, other: Job) -> bool:
         """Whether the two can share one batched backend call."""
         return self.model is other.model and all(
             array.shape[1:] == other.inputs[name].shape[1:] for name, array in self.inputs.items()
         )
+
+
+def rows_of(model: ModelEntry, inputs: dict[str, np.ndarray]) -> int:
+    """A request's size along the batch dimension (1 for a model that does not batch)."""
+    return next(iter(inputs.values())).shape[0] if model.signature.batchable else 1
 
 
 def stack(jobs: list[Job]) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:

@@ -13,9 +13,8 @@ from typing import Any
 from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
 from edged.models.repository import ModelEntry
-from edged.serve.admission import admit
+from edged.serve.admission import Shed
 from edged.serve.answers import ReplyFn
-from edged.serve.batching import Job
 from edged.serve.lanes import Lane
 from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 
@@ -129,38 +128,16 @@ class Dispatcher:
                 f"unknown model {request.model!r}: this daemon serves {sorted(self.models)}",
                 request.id,
             )
-        inputs = model.signature.bind(request)
-        lane.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
-        budget_ns = int((request.deadline_ms or lane.klass.deadline_ms) * 1e6)
-        rows = next(iter(inputs.values())).shape[0] if model.signature.batchable else 1
-        cost_ns = lane.service.estimate_ns(model.name, rows)
-        now_ns = time.monotonic_ns()
-        shed = admit(lane.klass, lane.backlog, cost_ns, budget_ns - (now_ns - received_ns))
-        if shed is not None:
-            if shed.beyond_one_run:
-                lane.remeasure(model, now_ns)
-            if shed.reason == "queue_full":
-                lane.stats.shed_queue_full += 1
-            else:
-                lane.stats.shed_deadline += 1
+        outcome = lane.offer(route, request, model, model.signature.bind(request), received_ns)
+        if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.
             total_us = (time.monotonic_ns() - received_ns) // 1000
             timing = {"queue": 0, "compute": 0, "total": total_us}
             reply = encode_reply(
-                request.id, Status.OVERLOADED, error=shed.message, retry_after_ms=shed.retry_after_ms, timing_us=timing
+                request.id,
+                Status.OVERLOADED,
+                error=outcome.message,
+                retry_after_ms=outcome.retry_after_ms,
+                timing_us=timing,
             )
             self._reply(route, reply)
-            return
-        lane.stats.admitted += 1
-        job = Job(
-            route=route,
-            request_id=request.id,
-            model=model,
-            inputs=inputs,
-            output_names=tuple(request.outputs or model.signature.output_names),
-            received_ns=received_ns,
-            deadline_ns=received_ns + budget_ns,
-            cost_ns=cost_ns,
-        )
-        if not lane.run_inline(job):
-            lane.submit(job)

@@ -1,50 +1,44 @@
 """Lanes: one per priority class, reserved at start-up, each with its own queue,
-worker threads and backend runners.
+worker threads and backend runners, and its own admission state.
 
-A worker takes a job off its class's queue, answers it DEADLINE_EXCEEDED if its
-deadline passed while queued (it is not run), batches only what the class allows,
-runs the backend and hands each reply to the `reply` callback it was given: a
-lane never touches a socket.
+`offer` admits a request or sheds it at once; an admitted job runs inline on the
+socket loop when it is cheap and the lane idle, else on a worker (edged.serve.worker).
+Replies go to the `reply` callback the lane was given: a lane never touches a socket.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from edged.backends import Backend, Runner
+import numpy as np
+
+from edged.backends import Backend
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
-from edged.serve.admission import Backlog, ServiceTimes
+from edged.serve.admission import Backlog, ServiceTimes, Shed, admit
 from edged.serve.answers import Answers, ReplyFn
-from edged.serve.batching import Job, fill, stack, unstack, zero_inputs
+from edged.serve.batching import Job, rows_of
 from edged.serve.stats import ClassStats
 from edged.serve.watchdog import OpenCalls
-from edged.wire.codec import Status
+from edged.serve.worker import STOP, Remeasure, Worker
+from edged.wire.codec import Request, Status
 
 log = logging.getLogger("edged.lanes")
 
-WARMUP_RUNS = 5
 REMEASURE_EVERY_NS = 1_000_000_000
 INLINE_OVERSHOOT = 4  # an inline run this many times over the limit disqualifies its model
 
 
-_STOP = object()
-
-
-@dataclass(frozen=True, slots=True)
-class _Remeasure:
-    """Ask a worker to time the model afresh (see Lane.remeasure)."""
-
-    model: ModelEntry
-
-
 class Lane:
+    """One class's lane. Its admission state (`backlog`, `service`) and its figures
+    (`stats`) are its own: `offer` (socket loop) is the only place that admits and
+    counts arrivals; the lane's workers time calls into `service` and answer through
+    its Answers, which takes finished work off `backlog`."""
+
     def __init__(
         self,
         klass: ClassConfig,
@@ -63,7 +57,7 @@ class Lane:
         self._threads: list[threading.Thread] = []
         self._ready = threading.Barrier(klass.workers + 1)
         self._load_errors: list[BaseException] = []
-        self._shared_runners: dict[str, Runner] = {}
+        self._inline: Worker | None = None  # the first worker to load: its runners serve inline runs too
         self._not_inline: set[str] = set()
         self._last_remeasure_ns = 0
         self._calls = OpenCalls()
@@ -81,58 +75,6 @@ class Lane:
             self.stop(timeout_s=1.0)
             raise self._load_errors[0]
 
-    def submit(self, job: Job) -> None:
-        """Queue an admitted job (socket loop only)."""
-        self.backlog.add(job.cost_ns)
-        self._queue.put(job)
-
-    def run_inline(self, job: Job) -> bool:
-        """Run a cheap job on the caller's (the socket loop's) thread when the lane is idle.
-
-        Two thread handoffs (to a worker and back) cost more than a model of a few
-        tens of microseconds takes to run. A class with `inline_max_us` set runs such
-        jobs at once instead, which delays the loop's next request by about that
-        long; a lane with work queued or running never does, so order is kept.
-        A model whose run overshoots its estimate by far (its cost depends on the
-        values it is given, say) is never run inline again on this lane.
-        """
-        limit_ns = self.klass.inline_max_us * 1000
-        if (
-            job.cost_ns > limit_ns
-            or self.backlog.depth
-            or not self._shared_runners
-            or job.model.name in self._not_inline
-        ):
-            return False
-        self.backlog.add(job.cost_ns)
-        # CPU time of this thread, not wall time: being preempted once by another
-        # process must not disqualify a model that is cheap.
-        start = time.thread_time_ns()
-        # ONNX Runtime and TensorRT runners take concurrent calls, so a worker's serves here too.
-        self._run([job], self._shared_runners[job.model.name])
-        elapsed_ns = time.thread_time_ns() - start
-        if elapsed_ns > INLINE_OVERSHOOT * limit_ns:
-            self._not_inline.add(job.model.name)
-            log.warning(
-                "%s took %.1f ms of CPU on the socket loop, past classes.%s.inline_max_us; "
-                "it now always runs on the lane",
-                job.model.name,
-                elapsed_ns / 1e6,
-                self.klass.name,
-            )
-        return True
-
-    def remeasure(self, model: ModelEntry, now_ns: int) -> None:
-        """Refresh the model's service estimate on an idle lane, at most once a second.
-
-        Called when admission sheds a request as too slow for its deadline: were the
-        estimate stale (inflated by a burst of contention, say), it would shed those
-        requests forever, since nothing admitted would ever measure it again.
-        """
-        if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
-            self._last_remeasure_ns = now_ns
-            self._queue.put(_Remeasure(model))
-
     def reject_queued(self, message: str) -> int:
         """Answer every job still queued UNAVAILABLE, without running it."""
         count = 0
@@ -141,7 +83,7 @@ class Lane:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return count
-            if job is _STOP:
+            if job is STOP:
                 self._queue.put(job)
                 return count
             if isinstance(job, Job):
@@ -151,7 +93,7 @@ class Lane:
     def retire(self) -> None:
         """Let the workers finish every job already queued, then end."""
         for _ in self._workers():
-            self._queue.put(_STOP)
+            self._queue.put(STOP)
 
     @property
     def alive(self) -> bool:
@@ -164,9 +106,92 @@ class Lane:
         for thread in self._workers():
             thread.join(max(end - time.monotonic(), 0.0))
 
+    # --- admission (socket loop only) --------------------------------------
+
+    def offer(
+        self, route: Any, request: Request, model: ModelEntry, inputs: dict[str, np.ndarray], received_ns: int
+    ) -> Job | Shed:
+        """Admit a valid request and queue it (or run it inline), or shed it at once."""
+        self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
+        budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
+        cost_ns = self.service.estimate_ns(model.name, rows_of(model, inputs))
+        now_ns = time.monotonic_ns()
+        shed = admit(self.klass, self.backlog, cost_ns, budget_ns - (now_ns - received_ns))
+        if shed is not None:
+            if shed.beyond_one_run:
+                self._remeasure(model, now_ns)
+            if shed.reason == "queue_full":
+                self.stats.shed_queue_full += 1
+            else:
+                self.stats.shed_deadline += 1
+            return shed
+        self.stats.admitted += 1
+        job = Job(
+            route=route,
+            request_id=request.id,
+            model=model,
+            inputs=inputs,
+            output_names=tuple(request.outputs or model.signature.output_names),
+            received_ns=received_ns,
+            deadline_ns=received_ns + budget_ns,
+            cost_ns=cost_ns,
+        )
+        if not self._run_inline(job):
+            self.submit(job)
+        return job
+
+    def submit(self, job: Job) -> None:
+        """Queue an admitted job for the workers."""
+        self.backlog.add(job.cost_ns)
+        self._queue.put(job)
+
+    def _run_inline(self, job: Job) -> bool:
+        """Run a cheap job on the caller's (the socket loop's) thread when the lane is idle.
+
+        Two thread handoffs (to a worker and back) cost more than a model of a few
+        tens of microseconds takes to run. A class with `inline_max_us` set runs such
+        jobs at once instead, which delays the loop's next request by about that
+        long; a lane with work queued or running never does, so order is kept.
+        A model whose run overshoots its estimate by far (its cost depends on the
+        values it is given, say) is never run inline again on this lane.
+        """
+        limit_ns = self.klass.inline_max_us * 1000
+        if job.cost_ns > limit_ns or self.backlog.depth or self._inline is None or job.model.name in self._not_inline:
+            return False
+        self.backlog.add(job.cost_ns)
+        # CPU time of this thread, not wall time: being preempted once by another
+        # process must not disqualify a model that is cheap.
+        start = time.thread_time_ns()
+        # ONNX Runtime and TensorRT runners take concurrent calls, so a worker's serve here too.
+        self._inline.run([job])
+        elapsed_ns = time.thread_time_ns() - start
+        if elapsed_ns > INLINE_OVERSHOOT * limit_ns:
+            self._not_inline.add(job.model.name)
+            log.warning(
+                "%s took %.1f ms of CPU on the socket loop, past classes.%s.inline_max_us; "
+                "it now always runs on the lane",
+                job.model.name,
+                elapsed_ns / 1e6,
+                self.klass.name,
+            )
+        return True
+
+    def _remeasure(self, model: ModelEntry, now_ns: int) -> None:
+        """Refresh the model's service estimate on an idle lane, at most once a second.
+
+        Called when admission sheds a request as too slow for its deadline: were the
+        estimate stale (inflated by a burst of contention, say), it would shed those
+        requests forever, since nothing admitted would ever measure it again.
+        """
+        if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
+            self._last_remeasure_ns = now_ns
+            self._queue.put(Remeasure(model))
+
+    # --- the watchdog (socket loop's tick, and the shutdown) ---------------
+
     def check_stuck(self, now_ns: int) -> None:
         """Answer the requests of a backend call open past `stuck_after_ms`, and
-        replace its worker (socket loop only, from its periodic tick)."""
+        replace its worker."""
         limit_ms = self.klass.stuck_after_ms
         stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else []
         if not stuck:
@@ -184,6 +209,8 @@ class Lane:
         now_ns = time.monotonic_ns()
         return self._answers.failures(self._calls.overdue(now_ns, -1), now_ns, message)
 
+    # --- workers -----------------------------------------------------------
+
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if not self._calls.abandoned(thread)]
 
@@ -193,16 +220,11 @@ class Lane:
         thread.start()
         self._threads.append(thread)
 
-    # --- the worker --------------------------------------------------------
-
     def _work(self, ready: threading.Barrier | None) -> None:
         """A worker's life; `ready` is start-up's barrier, None for a replacement."""
-        runners: dict[str, Runner] = {}
+        worker = Worker(self.klass, self.models, self._backend, self._queue, self._calls, self._answers, self.service)
         try:
-            self._reserve_thread()
-            for model in self.models:
-                runners[model.name] = self._backend.load(model, self.klass)
-                self._warm(model, runners[model.name])
+            worker.load()
         except BaseException as exc:
             if ready is None:
                 log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)
@@ -210,83 +232,10 @@ class Lane:
             self._load_errors.append(exc)  # reported by start(), on the caller's thread
             ready.wait()
             return
-        self._shared_runners = self._shared_runners or runners
+        self._inline = self._inline or worker
         if ready is None:
             self.health = "ok"
             log.info("class %s: a new worker serves", self.klass.name)
         else:
             ready.wait()
-        held: Job | None = None
-        me = threading.current_thread()
-        while not self._calls.abandoned(me):
-            job = held if held is not None else self._queue.get()
-            held = None
-            if job is _STOP:
-                break
-            if isinstance(job, _Remeasure):
-                self._measure(job.model, runners[job.model.name], rows=1, runs=1)
-                continue
-            batch = [job]
-            if self.klass.max_batch > 1 and job.model.signature.batchable:
-                held = fill(batch, self._queue, self.klass.max_batch, self.klass.batch_wait_us)
-            self._run(batch, runners[job.model.name])
-        for runner in runners.values():
-            runner.close()
-
-    def _reserve_thread(self) -> None:
-        # Both apply to the calling thread on Linux, and the backend's own
-        # threads, created from this one, inherit them.
-        if self.klass.cpu_affinity:
-            os.sched_setaffinity(0, self.klass.cpu_affinity)
-        if self.klass.nice:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.klass.nice)
-
-    def _warm(self, model: ModelEntry, runner: Runner) -> None:
-        """Run the model at batch 1 and at the class's largest batch before serving."""
-        for rows in sorted({1, self.klass.max_batch if model.signature.batchable else 1}):
-            self._measure(model, runner, rows, WARMUP_RUNS)
-
-    def _measure(self, model: ModelEntry, runner: Runner, rows: int, runs: int) -> None:
-        """Time `runs` calls on zeros of `rows` rows; the last one feeds the service estimate."""
-        inputs = zero_inputs(model, rows)
-        for _ in range(runs):
-            start = time.perf_counter_ns()
-            runner.run(inputs, model.signature.output_names)
-            elapsed = time.perf_counter_ns() - start
-        self.service.observe(model.name, elapsed, rows)
-
-    def _run(self, batch: list[Job], runner: Runner) -> None:
-        taken_ns = time.monotonic_ns()
-        live = []
-        for job in batch:
-            if taken_ns > job.deadline_ns:
-                self.stats.report_expired()
-                self._answers.unrun(
-                    job, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued; it was not run"
-                )
-            else:
-                live.append(job)
-        if not live:
-            return
-        inputs, names = stack(live)
-        rows = sum(job.rows for job in live)
-        self.stats.report_call(rows)
-        start = time.perf_counter_ns()
-        self._calls.begin(live, time.monotonic_ns())
-        try:
-            outputs = runner.run(inputs, names)
-        except Exception as exc:
-            self._calls.end()
-            if len(live) > 1:
-                # Run each alone, so only the request that fails gets INTERNAL.
-                for job in live:
-                    self._run([job], runner)
-                return
-            self._answers.result(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
-            log.warning("backend error on %s: %s", live[0].model.name, exc)
-            return
-        self._calls.end()
-        compute_ns = time.perf_counter_ns() - start
-        self.service.observe(live[0].model.name, compute_ns, rows)
-        for job, result in zip(live, unstack(live, names, outputs)):
-            self._answers.result(job, taken_ns, compute_ns, outputs=result)
+        worker.serve()

@@ -1,0 +1,134 @@
+"""A lane's worker: the thread that runs its class's jobs on the backend.
+
+It loads and warms every model of the lane, then takes jobs off the lane's queue:
+a job whose deadline passed while it waited is answered DEADLINE_EXCEEDED and not
+run; the rest run alone or, where the class allows, batched with what waits beside
+them. Each result goes to the lane's Answers; the worker touches no socket and
+writes no figure (it reports facts to the class's stats).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from edged.backends import Backend, Runner
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
+from edged.serve.admission import ServiceTimes
+from edged.serve.answers import Answers
+from edged.serve.batching import Job, fill, stack, unstack, zero_inputs
+from edged.serve.watchdog import OpenCalls
+
+log = logging.getLogger("edged.lanes")
+
+WARMUP_RUNS = 5
+
+STOP = object()  # queued to end one worker once what is ahead of it is done
+
+
+@dataclass(frozen=True, slots=True)
+class Remeasure:
+    """Ask a worker to time the model afresh (see Lane.offer)."""
+
+    model: ModelEntry
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker of a lane, with what it shares with the lane's other workers.
+
+    Its `runners` are written once, by `load` on the worker's own thread, before it serves.
+    """
+
+    klass: ClassConfig
+    models: list[ModelEntry]
+    backend: Backend
+    jobs: queue.SimpleQueue[Any]
+    calls: OpenCalls
+    answers: Answers
+    service: ServiceTimes
+    runners: dict[str, Runner] = field(default_factory=dict)
+
+    def load(self) -> None:
+        """Pin the thread as the class asks, then load and warm each model (on the worker's thread)."""
+        # Both apply to the calling thread on Linux, and the backend's own
+        # threads, created from this one, inherit them.
+        if self.klass.cpu_affinity:
+            os.sched_setaffinity(0, self.klass.cpu_affinity)
+        if self.klass.nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.klass.nice)
+        for model in self.models:
+            self.runners[model.name] = self.backend.load(model, self.klass)
+            # At batch 1 and at the class's largest batch, before serving.
+            for rows in sorted({1, self.klass.max_batch if model.signature.batchable else 1}):
+                self._measure(model, rows, WARMUP_RUNS)
+
+    def serve(self) -> None:
+        """Run jobs until STOP, or until the watchdog gives up on this thread."""
+        held: Job | None = None
+        me = threading.current_thread()
+        while not self.calls.abandoned(me):
+            job = held if held is not None else self.jobs.get()
+            held = None
+            if job is STOP:
+                break
+            if isinstance(job, Remeasure):
+                self._measure(job.model, rows=1, runs=1)
+                continue
+            batch = [job]
+            if self.klass.max_batch > 1 and job.model.signature.batchable:
+                held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us)
+            self.run(batch)
+        for runner in self.runners.values():
+            runner.close()
+
+    def _measure(self, model: ModelEntry, rows: int, runs: int) -> None:
+        """Time `runs` calls on zeros of `rows` rows; the last one feeds the service estimate."""
+        runner = self.runners[model.name]
+        inputs = zero_inputs(model, rows)
+        for _ in range(runs):
+            start = time.perf_counter_ns()
+            runner.run(inputs, model.signature.output_names)
+            elapsed = time.perf_counter_ns() - start
+        self.service.observe(model.name, elapsed, rows)
+
+    def run(self, batch: list[Job]) -> None:
+        """Run the batch's live jobs in one backend call and answer each of them."""
+        taken_ns = time.monotonic_ns()
+        live = []
+        for job in batch:
+            if taken_ns > job.deadline_ns:
+                self.answers.expired(job)
+            else:
+                live.append(job)
+        if not live:
+            return
+        inputs, names = stack(live)
+        rows = sum(job.rows for job in live)
+        self.answers.stats.report_call(rows)
+        runner = self.runners[live[0].model.name]
+        start = time.perf_counter_ns()
+        self.calls.begin(live, time.monotonic_ns())
+        try:
+            outputs = runner.run(inputs, names)
+        except Exception as exc:
+            self.calls.end()
+            if len(live) > 1:
+                # Run each alone, so only the request that fails gets INTERNAL.
+                for job in live:
+                    self.run([job])
+                return
+            self.answers.result(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
+            log.warning("backend error on %s: %s", live[0].model.name, exc)
+            return
+        self.calls.end()
+        compute_ns = time.perf_counter_ns() - start
+        self.service.observe(live[0].model.name, compute_ns, rows)
+        for job, result in zip(live, unstack(live, names, outputs)):
+            self.answers.result(job, taken_ns, compute_ns, outputs=result)
