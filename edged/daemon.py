@@ -15,15 +15,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from edged.backends import VARIANTS_OF, Reserving, backend_named
 from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
 from edged.models.repository import ModelEntry, discover
-from edged.serve.dispatch import DRAINING, SERVING, STARTING, Dispatcher
+from edged.serve.dispatch import Dispatcher
 from edged.serve.lanes import Lane
+from edged.serve.lifecycle import Lifecycle, State
 from edged.serve.prometheus import PrometheusEndpoint
+from edged.serve.stats import ClassStats
 from edged.serve.transport import Server
 from edged.systemd import Notifier
 
@@ -37,12 +39,26 @@ TICK_MS = 250
 HOUSEKEEPING_EVERY_NS = 10_000_000
 STATUS_EVERY_NS = 5_000_000_000
 
-Loaded = tuple[Config, list[ModelEntry], dict[str, Lane], dict[str, LaneReservation]]
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What the loader built, handed to the loop to open."""
+
+    config: Config
+    models: list[ModelEntry]
+    lanes: dict[str, Lane]
+    reservations: dict[str, LaneReservation]
+    seconds: float
 
 
 class Daemon:
+    """The daemon's life. Its state is `lifecycle`, moved only here, on the socket
+    loop's thread (signal handlers run on it too); the loader thread writes nothing
+    but its result, in `_loaded`, which the loop takes."""
+
     def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
         self.config = config
+        self.lifecycle = Lifecycle()
         self.server = Server(
             config.endpoints,
             config.max_message_bytes,
@@ -50,7 +66,9 @@ class Daemon:
             ipc_group=config.ipc_group,
             security=config.security,
         )
-        self.dispatcher = Dispatcher(config, self.server.reply, lambda: {"unroutable": self.server.unroutable})
+        self.dispatcher = Dispatcher(
+            config, self.server.reply, lambda: {"unroutable": self.server.unroutable}, self.lifecycle
+        )
         self.prometheus: PrometheusEndpoint | None = None
         if config.metrics.prometheus_port:
             try:
@@ -61,12 +79,11 @@ class Daemon:
         self.notifier = Notifier()
         self.exit_code = 0
         self._reread_config = reread_config or (lambda: config)
-        self._stop_requested = False
         self._drain_deadline_ns = 0
         self._loading: threading.Thread | None = None
-        self._reload_requested = False
-        self._loaded: Loaded | None = None  # handed from the loading thread to the loop
-        self._retiring: list[Lane] = []  # replaced by a reload, finishing what they hold
+        self._loaded: Loaded | Exception | None = None  # the loader's result, until the loop takes it
+        self._reload_asked = False  # by SIGHUP; started by the loop once it serves
+        self._retiring: list[Lane] = []  # replaced by a reload (or never opened), finishing what they hold
         self._next_watchdog_ns = 0
         self._next_housekeeping_ns = 0
         self._next_status_ns = 0
@@ -82,7 +99,7 @@ class Daemon:
             signal.signal(signum, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_reload_signal)
         log.info("listening on %s; loading models", ", ".join(self.config.endpoints))
-        self._start_loading(self.config)
+        self._start_loading(lambda: self.config)
         tick_ms = TICK_MS
         if self.notifier.watchdog_interval_ns:
             tick_ms = min(TICK_MS, self.notifier.watchdog_interval_ns // 4_000_000 or 1)
@@ -94,16 +111,17 @@ class Daemon:
 
     # --- loading, at start and on SIGHUP -------------------------------------
 
-    def _start_loading(self, config: Config | None) -> None:
-        self._loading = threading.Thread(target=self._load, args=(config,), name="loader", daemon=True)
+    def _start_loading(self, read_config: Callable[[], Config]) -> None:
+        # A reloaded lane keeps its class's counters: stats never jump back to zero.
+        stats = {name: lane.stats for name, lane in self.dispatcher.lanes.items()}
+        self._loading = threading.Thread(target=self._load, args=(read_config, stats), name="loader", daemon=True)
         self._loading.start()
 
-    def _load(self, config: Config | None) -> None:
+    def _load(self, read_config: Callable[[], Config], stats: dict[str, ClassStats]) -> None:
+        """Build warm lanes for the configuration `read_config` gives (on the loader thread)."""
         started = time.monotonic()
-        first = config is not None
         try:
-            if config is None:
-                config = replace(self._reread_config(), endpoints=self.config.endpoints)
+            config = read_config()
             variants = VARIANTS_OF.get(config.backend, config.backend)
             models = discover(config.model_repository, variants, config.models)
             backend = backend_named(config.backend, config.fallback)
@@ -114,42 +132,52 @@ class Daemon:
             lanes: dict[str, Lane] = {}
             try:
                 for klass in config.classes:
-                    # A reloaded lane keeps its class's counters: stats never jump back to zero.
-                    old = self.dispatcher.lanes.get(klass.name)
-                    lanes[klass.name] = Lane(klass, models, backend, self.server.reply, old.stats if old else None)
+                    lanes[klass.name] = Lane(klass, models, backend, self.server.reply, stats.get(klass.name))
                     lanes[klass.name].start()
             except BaseException:
                 for lane in lanes.values():
                     lane.stop(timeout_s=1.0)
                 raise
+            self._loaded = Loaded(config, models, lanes, reservations, time.monotonic() - started)
         except Exception as exc:
-            if first:
-                log.error("start-up failed: %s", exc)
+            self._loaded = exc
+        self.server.wake()
+
+    def _reread(self) -> Config:
+        return replace(self._reread_config(), endpoints=self.config.endpoints)
+
+    def _take_loaded(self, result: Loaded | Exception) -> None:
+        """Open what the loader built, or report why it could not (on the loop's thread)."""
+        state = self.lifecycle.state
+        if isinstance(result, Exception):
+            if state in (State.STARTING, State.STOPPING):
+                log.error("start-up failed: %s", result)
                 self.exit_code = 1
-                self._stop_requested = True
-            else:
-                log.error("reload refused, still serving the previous configuration: %s", exc)
-                self.notifier.notify(READY="1", STATUS=f"reload refused: {exc}")
-            self.server.wake()
+                if state is State.STARTING:
+                    self.lifecycle.move(State.STOPPING)
+                return
+            log.error("reload refused, still serving the previous configuration: %s", result)
+            self.notifier.notify(READY="1", STATUS=f"reload refused: {result}")
+            if state is State.RELOADING:
+                self.lifecycle.move(State.SERVING)
             return
+        if self.lifecycle.stopping:  # built, but never opened
+            for lane in result.lanes.values():
+                lane.retire()
+            self._retiring.extend(result.lanes.values())
+            return
+        first = state is State.STARTING
         log.info(
             "%s %s with classes %s (%.1f s)",
             "loaded and warmed" if first else "reloaded:",
-            ", ".join(m.name for m in models),
-            ", ".join(lanes),
-            time.monotonic() - started,
+            ", ".join(m.name for m in result.models),
+            ", ".join(result.lanes),
+            result.seconds,
         )
-        self._loaded = (config, models, lanes, reservations)
-        self.server.wake()
-
-    def _swap_in(self, loaded: Loaded) -> None:
-        """Open what the loader built (on the loop's thread, so no request sees half of it)."""
-        config, models, lanes, reservations = loaded
-        first = self.dispatcher.state == STARTING
         old = list(self.dispatcher.lanes.values())
-        self.config = config
-        self.dispatcher.reservations = reservations
-        self.dispatcher.serve(config, models, lanes)
+        self.config = result.config
+        self.dispatcher.serve(result.config, result.models, result.lanes, result.reservations)
+        self.lifecycle.move(State.SERVING)
         for lane in old:
             lane.retire()
         self._retiring.extend(old)
@@ -161,7 +189,7 @@ class Daemon:
             log.info("ready on %s", ", ".join(self.config.endpoints))
 
     def _on_reload_signal(self, _signum: int, _frame: object) -> None:
-        self._reload_requested = True
+        self._reload_asked = True
         self.server.wake()
 
     # --- the loop's housekeeping ---------------------------------------------
@@ -171,26 +199,27 @@ class Daemon:
         self.dispatcher.settle()
         now = time.monotonic_ns()
         # The loop wakes for every request; housekeeping needs a cadence, not a per-request
-        # cost. Signals and a finished load wake the loop with these flags already set.
-        if now < self._next_housekeeping_ns and self._loaded is None and not self._reload_requested:
+        # cost. Signals and a finished load wake the loop with their news already set.
+        if now < self._next_housekeeping_ns and self._loaded is None and not self._reload_asked:
             return
         self._next_housekeeping_ns = now + HOUSEKEEPING_EVERY_NS
         if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
             # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
             self.notifier.notify(WATCHDOG="1")
             self._next_watchdog_ns = now + self.notifier.watchdog_interval_ns
-        if self._loaded is not None and not self._stop_requested:
-            loaded, self._loaded = self._loaded, None
-            self._swap_in(loaded)
-        if self._reload_requested and self.dispatcher.state == SERVING and not self._loading_busy():
-            self._reload_requested = False
+        if self._loaded is not None:
+            result, self._loaded = self._loaded, None
+            self._take_loaded(result)
+        if self._reload_asked and self.lifecycle.state is State.SERVING and not self._loading_busy():
+            self._reload_asked = False
             log.info("SIGHUP: re-reading the configuration and the model repository")
             self.notifier.notify(RELOADING="1", STATUS="reloading")
-            self._start_loading(None)
+            self.lifecycle.move(State.RELOADING)
+            self._start_loading(self._reread)
         for lane in self.dispatcher.lanes.values():
             lane.check_stuck(now)
         self._retiring = [lane for lane in self._retiring if lane.alive]
-        if now >= self._next_status_ns and self.dispatcher.state == SERVING:
+        if now >= self._next_status_ns and self.lifecycle.open:
             self.notifier.notify(STATUS=self._status_line())
             self._next_status_ns = now + STATUS_EVERY_NS
 
@@ -200,7 +229,7 @@ class Daemon:
             stats = lane.stats
             shed = stats.shed_queue_full + stats.shed_deadline
             parts.append(f"{name} {stats.completed} ok, {shed} shed, p99 {stats.total_us.percentile(0.99)} us")
-        return f"{self.dispatcher.state}: " + "; ".join(parts)
+        return f"{self.lifecycle.reported}: " + "; ".join(parts)
 
     def _loading_busy(self) -> bool:
         return self._loading is not None and self._loading.is_alive()
@@ -208,33 +237,34 @@ class Daemon:
     # --- stopping ------------------------------------------------------------
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
-        if self._stop_requested:
+        if self.lifecycle.stopping:
             return
-        self._stop_requested = True
         self._drain_deadline_ns = time.monotonic_ns() + self.config.drain_timeout_ms * 1_000_000
         self.notifier.notify(STOPPING="1")
-        if self.dispatcher.state == SERVING:
-            self.dispatcher.state = DRAINING
+        if self.lifecycle.open:
+            self.lifecycle.move(State.DRAINING)
             log.info("%s: draining, at most %d ms", signal.Signals(signum).name, self.config.drain_timeout_ms)
         else:
+            self.lifecycle.move(State.STOPPING)
             log.info("%s: stopping once start-up is over", signal.Signals(signum).name)
         self.server.wake()
 
     def _keep_running(self) -> bool:
-        if not self._stop_requested:
+        if not self.lifecycle.stopping:
             return True
         # Threads inside a runtime's loader cannot be abandoned safely: let them finish.
         if self._loading_busy():
             return True
-        if self.dispatcher.state != DRAINING:
+        if self.lifecycle.state is State.STOPPING:
             return False
         idle = all(lane.backlog.depth == 0 for lane in self.lanes)
         return not idle and time.monotonic_ns() < self._drain_deadline_ns
 
     def _shut_down(self) -> None:
+        if self._loaded is not None:  # the loader ended after the loop's last tick
+            result, self._loaded = self._loaded, None
+            self._take_loaded(result)
         lanes = self.lanes
-        if self._loaded is not None:  # built, but never opened
-            lanes += list(self._loaded[2].values())
         unanswered = sum(lane.reject_queued("the daemon is shutting down") for lane in lanes)
         # A call already inside the backend cannot be cut short: wait for its reply,
         # so that nothing admitted goes unanswered (systemd's TimeoutStopSec is the backstop).

@@ -31,6 +31,7 @@ from edged.config import ClassConfig, ConfigError, parse_config
 from edged.models.repository import ModelEntry, Variant, discover
 from edged.serve.dispatch import Dispatcher
 from edged.serve.lanes import Lane
+from edged.serve.lifecycle import Lifecycle
 from edged.wire.codec import TensorSpec, encode_request
 from edged.wire.signature import Signature
 
@@ -117,10 +118,10 @@ def test_cuda_graph_is_off_by_default_and_takes_a_boolean() -> None:
 def test_stats_and_models_report_each_lane_reservation() -> None:
     config = parse_config({}, base_dir=Path("/srv"))
     replies: list[list[bytes]] = []
-    dispatcher = Dispatcher(config, lambda _route, frames: replies.append(frames), dict)
+    dispatcher = Dispatcher(config, lambda _route, frames: replies.append(frames), dict, Lifecycle())
     lanes = {c.name: Lane(c, MODELS, backend=None, reply=lambda *_: None) for c in config.classes}  # type: ignore[arg-type]
-    dispatcher.reservations = {c.name: lane_reservation(c, MODELS, WEIGHTS) for c in config.classes}
-    dispatcher.serve(config, MODELS, lanes)
+    reservations = {c.name: lane_reservation(c, MODELS, WEIGHTS) for c in config.classes}
+    dispatcher.serve(config, MODELS, lanes, reservations)
     gpu = dispatcher.stats()["classes"]["realtime"]["gpu"]
     assert gpu["stream_priority"] == -1
     assert gpu["reserved_bytes"] == dispatcher.reservations["realtime"].device_bytes
@@ -132,9 +133,9 @@ def test_stats_and_models_report_each_lane_reservation() -> None:
 
 def test_a_backend_that_reserves_nothing_adds_no_gpu_fields() -> None:
     config = parse_config({}, base_dir=Path("/srv"))
-    dispatcher = Dispatcher(config, lambda *_: None, dict)
+    dispatcher = Dispatcher(config, lambda *_: None, dict, Lifecycle())
     lane = Lane(config.classes[0], MODELS, backend=None, reply=lambda *_: None)  # type: ignore[arg-type]
-    dispatcher.serve(config, MODELS, {lane.klass.name: lane})
+    dispatcher.serve(config, MODELS, {lane.klass.name: lane}, {})
     assert "gpu" not in dispatcher.stats()["classes"][lane.klass.name]
 
 

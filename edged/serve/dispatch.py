@@ -16,33 +16,48 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
 from edged.serve.answers import ReplyFn
 from edged.serve.lanes import Lane
+from edged.serve.lifecycle import Lifecycle
 from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 
 log = logging.getLogger("edged.dispatch")
 
-STARTING, SERVING, DRAINING = "starting", "serving", "draining"
-
 
 class Dispatcher:
-    def __init__(self, config: Config, reply: ReplyFn, transport_counters: Callable[[], dict[str, int]]) -> None:
+    """Turns each request into one reply or one admitted job. Its models, lanes and
+    reservations are written only by `serve` and `invalid` only by `handle`, both on
+    the socket loop; the life cycle it reads is the daemon's."""
+
+    def __init__(
+        self,
+        config: Config,
+        reply: ReplyFn,
+        transport_counters: Callable[[], dict[str, int]],
+        lifecycle: Lifecycle,
+    ) -> None:
         self.config = config
-        self.state = STARTING
         self.models: dict[str, ModelEntry] = {}
         self.lanes: dict[str, Lane] = {}
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self.reservations: dict[str, LaneReservation] = {}  # by class; empty on a backend that reserves nothing
+        self._lifecycle = lifecycle
         self._reply = reply
         self._transport_counters = transport_counters
         self._class_names = {c.name for c in config.classes}
         self._started_ns = time.monotonic_ns()
 
-    def serve(self, config: Config, models: list[ModelEntry], lanes: dict[str, Lane]) -> None:
-        """Open for inference on warm lanes, at start-up or in place of the previous ones."""
+    def serve(
+        self,
+        config: Config,
+        models: list[ModelEntry],
+        lanes: dict[str, Lane],
+        reservations: dict[str, LaneReservation],
+    ) -> None:
+        """Take warm lanes, at start-up or in place of the previous ones; the daemon opens inference."""
         self.config = config
         self._class_names = {c.name for c in config.classes}
         self.models = {model.name: model for model in models}
         self.lanes = lanes
-        self.state = SERVING
+        self.reservations = reservations
 
     def handle(self, route: Any, frames: list[Buffer], received_ns: int) -> None:
         """Answer or admit one request; every call leads to exactly one reply."""
@@ -70,7 +85,7 @@ class Dispatcher:
 
     def health(self) -> dict[str, Any]:
         return {
-            "state": self.state,
+            "state": self._lifecycle.reported,
             "uptime_s": round((time.monotonic_ns() - self._started_ns) / 1e9, 3),
             "lanes": {name: lane.health for name, lane in self.lanes.items()},
         }
@@ -83,7 +98,7 @@ class Dispatcher:
     def stats(self) -> dict[str, Any]:
         """The stats op's figures; safe from another thread (the Prometheus endpoint's)."""
         return {
-            "state": self.state,
+            "state": self._lifecycle.reported,
             "invalid": self.invalid,
             **self._transport_counters(),
             "classes": {name: self._class_stats(name, lane) for name, lane in self.lanes.items()},
@@ -118,8 +133,10 @@ class Dispatcher:
                 f"unknown class {class_name!r}: this daemon has {sorted(self._class_names)}",
                 request.id,
             )
-        if self.state != SERVING:
-            raise ProtocolError(Status.UNAVAILABLE, f"the daemon is {self.state}; retry later", request.id)
+        if not self._lifecycle.open:
+            raise ProtocolError(
+                Status.UNAVAILABLE, f"the daemon is {self._lifecycle.reported}; retry later", request.id
+            )
         lane = self.lanes[class_name]
         model = self.models.get(request.model or "")
         if model is None:

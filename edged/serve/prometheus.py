@@ -16,11 +16,11 @@ from typing import Any
 
 from edged.config import MetricsConfig
 from edged.config.settings import ConfigError
+from edged.serve.lifecycle import REPORTED_STATES
 from edged.serve.stats import PERCENTILES
 
 Stats = Callable[[], dict[str, Any]]
 
-STATES = ("starting", "serving", "draining")
 # (stats key, metric name, help) of the per-class counters that are not outcomes
 CLASS_COUNTERS = (
     ("received", "edged_requests_received", "Valid inference requests received, by class."),
@@ -42,7 +42,7 @@ class StatsCollector:
         stats = self._stats()
         classes: dict[str, dict[str, Any]] = stats["classes"]
         state = GaugeMetricFamily("edged_state", "The daemon's state: 1 for the current one.", labels=["state"])
-        for name in STATES:
+        for name in REPORTED_STATES:
             state.add_metric([name], 1.0 if stats["state"] == name else 0.0)
         yield state
         yield CounterMetricFamily(

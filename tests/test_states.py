@@ -1,0 +1,36 @@
+"""The daemon's life cycle as a table: the moves it allows, the one it refuses, and
+what the health and stats ops show for each state."""
+
+from __future__ import annotations
+
+import pytest
+
+from edged.serve.lifecycle import REPORTED_STATES, Lifecycle, State
+
+
+def test_a_reload_serves_throughout_and_a_stop_drains() -> None:
+    life = Lifecycle()
+    assert (life.state, life.reported, life.open) == (State.STARTING, "starting", False)
+    life.move(State.SERVING)
+    life.move(State.RELOADING)
+    assert (life.reported, life.open) == ("serving", True)
+    life.move(State.SERVING)
+    life.move(State.DRAINING)
+    assert (life.reported, life.open, life.stopping) == ("draining", False, True)
+
+
+def test_a_stop_before_serving_still_reports_starting() -> None:
+    life = Lifecycle()
+    life.move(State.STOPPING)
+    assert (life.reported, life.open, life.stopping) == ("starting", False, True)
+
+
+def test_a_move_the_table_does_not_list_raises() -> None:
+    life = Lifecycle()
+    with pytest.raises(RuntimeError, match="cannot go from starting to draining"):
+        life.move(State.DRAINING)
+    assert life.state is State.STARTING
+
+
+def test_the_reported_states_are_protocol_v1s_three() -> None:
+    assert REPORTED_STATES == ("starting", "serving", "draining")
