@@ -14,8 +14,8 @@ from support import ENGINES, random_input, run_edged
 from edged.backends import BackendError
 from edged.backends.tensorrt import TensorRt
 from edged.config import ClassConfig, ConfigError, parse_config
-from edged.models.engines import EngineRecord, EngineRecordError, Environment, ShapeRange, refusal, select, sha256_of
-from edged.models.repository import discover
+from edged.models.engines import EngineRecord, EngineRecordError, Environment, ShapeRange, refusal, select
+from edged.models.repository import discover, sha256_of
 
 H100 = Environment("NVIDIA H100 80GB HBM3", (9, 0), "10.13.0")
 SOURCE_SHA = "a" * 64

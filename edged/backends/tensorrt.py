@@ -23,8 +23,8 @@ import numpy as np
 
 from edged.backends import BackendError, Runner
 from edged.config.classes import ClassConfig
-from edged.models.engines import EngineRecord, Environment, select, sha256_of
-from edged.models.repository import ModelEntry
+from edged.models.engines import EngineRecord, Environment, select
+from edged.models.repository import ModelEntry, sha256_of
 
 log = logging.getLogger("edged.tensorrt")
 

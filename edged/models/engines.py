@@ -17,10 +17,8 @@ refusal is a sentence saying why, and the caller logs them or raises with them.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 FP8_MIN_CC = (8, 9)  # FP8 tensor cores: Ada and Hopper on
@@ -121,14 +119,6 @@ def _profiles(raw: Any, where: str) -> tuple[dict[str, ShapeRange], ...]:
             raise EngineRecordError(f"{where}: an optimization profile names no input")
         profiles.append(ranges)
     return tuple(profiles)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ daemon serves, per model, the variants its configured backend can run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,3 +155,12 @@ def read_specs(manifest: dict[str, Any], key: str, where: str) -> tuple[TensorSp
             raise RepositoryError(f"{where}: {key} entry {item!r} needs a name, a known dtype and a shape of ints")
         specs.append(TensorSpec(item["name"], item["dtype"], tuple(item["shape"])))
     return tuple(specs)
+
+
+def sha256_of(path: Path) -> str:
+    """The hex SHA-256 of a file, as a manifest records it for each variant and source."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

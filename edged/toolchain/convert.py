@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
-from edged.models.engines import sha256_of
 from edged.models.manifest import ModelFolder
+from edged.models.repository import sha256_of
 
 PRECISIONS = ("fp16", "bf16")
 BF16_OPSET = 22

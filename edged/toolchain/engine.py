@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.models.engines import FP8_MIN_CC, EngineRecord, ShapeRange, sha256_of
+from edged.models.engines import FP8_MIN_CC, EngineRecord, ShapeRange
 from edged.models.manifest import ModelFolder
+from edged.models.repository import sha256_of
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 BUILD_HINT = (

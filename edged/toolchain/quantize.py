@@ -25,8 +25,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from edged.models.engines import sha256_of
 from edged.models.manifest import ModelFolder
+from edged.models.repository import sha256_of
 from edged.toolchain.calibration import Samples, held_out, load_calibration, standard_normal
 
 PRECISIONS = ("int8", "fp8")
