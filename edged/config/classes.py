@@ -14,7 +14,10 @@ class ClassConfig:
     """One priority class and the lane reserved for it."""
 
     name: str
-    order: int  # 0 is served first; lower order wins every tie
+    # Where the class is listed (stats, health) and its lane started, 0 first. Not a
+    # scheduling rank: every class has a lane of its own, and nice, cpu_affinity and
+    # stream_priority are what divide the machine between them.
+    order: int
     queue_capacity: int = 64
     deadline_ms: float = 100.0  # default budget of a request that names none
     workers: int = 1
