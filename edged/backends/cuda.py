@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,6 +145,19 @@ class Stream:
     def synchronize(self) -> None:
         _check("cudaStreamSynchronize", _runtime().cudaStreamSynchronize(self.handle))
 
+    def capture(self, enqueue: Callable[[], None]) -> Any:
+        """What `enqueue` puts on this stream, captured into an instantiated CUDA graph."""
+        rt = _runtime()
+        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        _check("cudaStreamBeginCapture", rt.cudaStreamBeginCapture(self.handle, mode))
+        enqueue()
+        graph = _check("cudaStreamEndCapture", rt.cudaStreamEndCapture(self.handle))
+        return _check("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
+
+    def launch(self, graph: Any) -> None:
+        """Launch a graph that `capture` made."""
+        _check("cudaGraphLaunch", _runtime().cudaGraphLaunch(graph, self.handle))
+
     def close(self) -> None:
         if self.handle is not None:
             _check("cudaStreamDestroy", _runtime().cudaStreamDestroy(self.handle))
@@ -206,3 +220,48 @@ class PinnedBuffer:
         if self.pointer:
             _check("cudaFreeHost", _runtime().cudaFreeHost(self.pointer))
             self.pointer = 0
+
+
+class Staged:
+    """One tensor's device buffer and the pinned host buffer its copies go through."""
+
+    def __init__(self, dtype: np.dtype[Any], nbytes: int) -> None:
+        self.dtype = dtype
+        self.device = DeviceBuffer(nbytes)
+        try:
+            self.pinned = PinnedBuffer(nbytes)
+        except BaseException:
+            self.device.close()
+            raise
+
+    def upload(self, stream: Stream, array: np.ndarray) -> None:
+        staged = self.pinned.array(self.dtype, array.shape)
+        np.copyto(staged, array, casting="same_kind")
+        stream.copy_to_device(self.device.pointer, self.pinned.pointer, staged.nbytes)
+
+    def download(self, stream: Stream, shape: tuple[int, ...]) -> np.ndarray:
+        """A view of the pinned buffer that holds `shape` once the stream is synchronized."""
+        view = self.pinned.array(self.dtype, shape)
+        stream.copy_to_host(self.pinned.pointer, self.device.pointer, view.nbytes)
+        return view
+
+    def close(self) -> None:
+        self.device.close()
+        self.pinned.close()
+
+
+def copy_run_sync(
+    stream: Stream,
+    inputs: list[tuple[Staged, np.ndarray]],
+    enqueue: Callable[[], None],
+    outputs: Callable[[], list[tuple[Staged, tuple[int, ...]]]],
+) -> list[np.ndarray]:
+    """One call on `stream`: stage the inputs to the device, enqueue the run, stage the
+    outputs (`outputs()` gives their shapes once the run is enqueued) back, and wait."""
+    for staged, array in inputs:
+        staged.upload(stream, array)
+    enqueue()
+    views = [staged.download(stream, shape) for staged, shape in outputs()]
+    stream.synchronize()
+    # Copies: the pinned buffers are reused by the next call while the reply may still be queued.
+    return [view.copy() for view in views]

@@ -85,25 +85,24 @@ def mib(nbytes: int) -> str:
     return f"{nbytes / MIB:.1f} MiB"
 
 
-def fixed_shape(spec: TensorSpec, rows: int, batchable: bool, model: str) -> tuple[int, ...]:
+def fixed_shape(model: ModelEntry, spec: TensorSpec, rows: int) -> tuple[int, ...]:
     """The tensor's shape at `rows` rows; a dynamic dimension other than the batch is refused,
     since its buffer could not be sized before the first request."""
-    dims = list(spec.shape)
-    if batchable:
-        dims[0] = rows
+    dims = model.signature.shape_at(spec, rows)
     if any(d < 0 for d in dims):
         raise ReservationError(
-            f"model {model}: {spec.name} has shape {list(spec.shape)}, with a dynamic dimension besides the batch; "
-            "the CUDA backend preallocates every buffer, so it serves only models whose other dimensions are fixed"
+            f"model {model.name}: {spec.name} has shape {list(spec.shape)}, with a dynamic dimension besides "
+            "the batch; the CUDA backend preallocates every buffer, so it serves only models whose other "
+            "dimensions are fixed"
         )
-    return tuple(dims)
+    return dims
 
 
 def io_bytes(model: ModelEntry, rows: int) -> int:
     """Bytes of every input and output of `model` at `rows` rows."""
     signature = model.signature
     return sum(
-        math.prod(fixed_shape(spec, rows, signature.batchable, model.name)) * np.dtype(DTYPES[spec.dtype]).itemsize
+        math.prod(fixed_shape(model, spec, rows)) * np.dtype(DTYPES[spec.dtype]).itemsize
         for spec in signature.inputs + signature.outputs
     )
 

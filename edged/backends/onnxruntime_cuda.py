@@ -23,7 +23,6 @@ Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,34 +31,21 @@ from edged.backends import BackendError, cuda
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, check_fits, fixed_shape, lane_reservation
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
-from edged.wire.codec import DTYPES, TensorSpec
+from edged.wire.codec import DTYPES
 
 # One daemon owns one GPU: edged@N sets CUDA_VISIBLE_DEVICES=N, so it is device 0 here.
 DEVICE = 0
 PROVIDER = "CUDAExecutionProvider"
 
 
-@dataclass(slots=True)
-class _Slot:
-    """One input or output: its preallocated device and pinned buffers."""
-
-    spec: TensorSpec
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...]  # at the largest batch
-    device: cuda.DeviceBuffer
-    pinned: cuda.PinnedBuffer
-
-    def at(self, rows: int, batchable: bool) -> tuple[int, ...]:
-        return (rows, *self.shape[1:]) if batchable else self.shape
-
-
 class OnnxRuntimeCudaRunner:
     def __init__(self, ort: Any, model: ModelEntry, lane: ClassConfig, reservation: ModelReservation) -> None:
         cuda.set_device(DEVICE)  # the current device is per thread: this is the worker's
         self._ort = ort
-        self._batchable = model.signature.batchable
-        self._max_rows = lane.max_batch if self._batchable else 1
-        self._slots: dict[str, _Slot] = {}
+        self._signature = model.signature
+        self._max_rows = lane.max_batch if self._signature.batchable else 1
+        self._specs = {spec.name: spec for spec in model.signature.inputs + model.signature.outputs}
+        self._staged: dict[str, cuda.Staged] = {}
         self._bound_rows = 0
         self.stream = cuda.Stream(lane.stream_priority)
         try:
@@ -68,8 +54,9 @@ class OnnxRuntimeCudaRunner:
             )
             if self._session.get_providers()[0] != PROVIDER:
                 raise BackendError(f"{model.name}: ONNX Runtime did not place the session on {PROVIDER}")
-            for spec in model.signature.inputs + model.signature.outputs:
-                self._slots[spec.name] = self._slot(spec, model.name)
+            for spec in self._specs.values():
+                nbytes = int(np.prod(fixed_shape(model, spec, self._max_rows), dtype=np.int64))
+                self._staged[spec.name] = cuda.Staged(DTYPES[spec.dtype], nbytes * DTYPES[spec.dtype].itemsize)
             self._inputs = [spec.name for spec in model.signature.inputs]
             self._outputs = [spec.name for spec in model.signature.outputs]
             self._binding = self._session.io_binding()
@@ -80,7 +67,9 @@ class OnnxRuntimeCudaRunner:
                     # 0 is reserved by ONNX Runtime; one graph per batch size, each id >= 1.
                     self._run_options[rows].add_run_config_entry("gpu_graph_id", str(rows))
             if lane.cuda_graph:
-                self._capture_graphs(model)
+                # Run every batch size once, so no request pays for a capture.
+                for rows in range(1, self._max_rows + 1):
+                    self.run(self._signature.zeros(rows), self._outputs)
         except BaseException:
             self.close()
             raise
@@ -90,35 +79,25 @@ class OnnxRuntimeCudaRunner:
         return self._session.get_providers()
 
     def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        rows = next(iter(inputs.values())).shape[0] if self._batchable else 1
+        rows = self._signature.rows(inputs)
         if rows > self._max_rows:
             raise BackendError(f"{rows} rows exceed the {self._max_rows} this lane's buffers hold")
-        for name, array in inputs.items():
-            slot = self._slots[name]
-            staged = slot.pinned.array(slot.dtype, array.shape)
-            np.copyto(staged, array)
-            self.stream.copy_to_device(slot.device.pointer, slot.pinned.pointer, staged.nbytes)
         if rows != self._bound_rows:
             self._bind(rows)
-        # Enqueued on the lane's stream behind the copies above; ONNX Runtime waits for it at the end.
-        self._session.run_with_iobinding(self._binding, self._run_options[rows])
-        views = []
-        for name in output_names:
-            slot = self._slots[name]
-            view = slot.pinned.array(slot.dtype, slot.at(rows, self._batchable))
-            self.stream.copy_to_host(slot.pinned.pointer, slot.device.pointer, view.nbytes)
-            views.append(view)
-        self.stream.synchronize()
-        # Copies: the pinned buffers are reused by the next call while the reply may still be queued.
-        return [view.copy() for view in views]
+        return cuda.copy_run_sync(
+            self.stream,
+            [(self._staged[name], array) for name, array in inputs.items()],
+            # Enqueued on the lane's stream behind the copies; ONNX Runtime waits for it at the end.
+            lambda: self._session.run_with_iobinding(self._binding, self._run_options[rows]),
+            lambda: [(self._staged[name], self._shape(name, rows)) for name in output_names],
+        )
 
     def close(self) -> None:
         # The session first: it launches work on the stream and into the buffers.
         self._session = None
-        for slot in self._slots.values():
-            slot.device.close()
-            slot.pinned.close()
-        self._slots.clear()
+        for staged in self._staged.values():
+            staged.close()
+        self._staged.clear()
         self.stream.close()
 
     # --- load-time steps -------------------------------------------------------
@@ -142,38 +121,20 @@ class OnnxRuntimeCudaRunner:
             options["gpu_mem_limit"] = str(reservation.arena_limit_bytes)
         return options
 
-    def _slot(self, spec: TensorSpec, model: str) -> _Slot:
-        shape = fixed_shape(spec, self._max_rows, self._batchable, model)
-        dtype = DTYPES[spec.dtype]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        device = cuda.DeviceBuffer(nbytes)
-        try:
-            pinned = cuda.PinnedBuffer(nbytes)
-        except BaseException:
-            device.close()
-            raise
-        return _Slot(spec, dtype, shape, device, pinned)
+    def _shape(self, name: str, rows: int) -> tuple[int, ...]:
+        return self._signature.shape_at(self._specs[name], rows)
 
     def _bind(self, rows: int) -> None:
         """Point the binding at the same buffers with `rows` rows (a CUDA graph needs fixed addresses)."""
         for name in self._inputs:
-            slot = self._slots[name]
-            shape = list(slot.at(rows, self._batchable))
-            self._binding.bind_input(name, "cuda", DEVICE, slot.dtype, shape, slot.device.pointer)
+            staged = self._staged[name]
+            shape = list(self._shape(name, rows))
+            self._binding.bind_input(name, "cuda", DEVICE, staged.dtype, shape, staged.device.pointer)
         for name in self._outputs:
-            slot = self._slots[name]
-            shape = list(slot.at(rows, self._batchable))
-            self._binding.bind_output(name, "cuda", DEVICE, slot.dtype, shape, slot.device.pointer)
+            staged = self._staged[name]
+            shape = list(self._shape(name, rows))
+            self._binding.bind_output(name, "cuda", DEVICE, staged.dtype, shape, staged.device.pointer)
         self._bound_rows = rows
-
-    def _capture_graphs(self, model: ModelEntry) -> None:
-        """Run every batch size once, so no request pays for a capture."""
-        for rows in range(1, self._max_rows + 1):
-            inputs = {
-                name: np.zeros(self._slots[name].at(rows, self._batchable), dtype=self._slots[name].dtype)
-                for name in self._inputs
-            }
-            self.run(inputs, self._outputs)
 
 
 class OnnxRuntimeCuda:

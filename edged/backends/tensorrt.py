@@ -25,6 +25,7 @@ from edged.backends import BackendError, Runner
 from edged.config.classes import ClassConfig
 from edged.models.engines import EngineRecord, Environment, select
 from edged.models.repository import ModelEntry, sha256_of
+from edged.wire.signature import Signature
 
 log = logging.getLogger("edged.tensorrt")
 
@@ -83,7 +84,7 @@ class TensorRt:
             except BackendError as exc:
                 return self._fall_back(model, lane, str(exc))
             self._engines[model.name] = loaded
-        return TensorRtRunner(trt, loaded[1], lane)
+        return TensorRtRunner(trt, loaded[1], model.signature, lane)
 
     def _deserialize(self, model: ModelEntry, env: Environment, trt: Any) -> tuple[Any, Any]:
         folder = model.variant.path
@@ -126,12 +127,13 @@ def _deserialize(trt: Any, folder: Path, record: EngineRecord) -> tuple[Any, Any
 class TensorRtRunner:
     """One lane worker's context: stream, device memory and buffers, all made here, once."""
 
-    def __init__(self, trt: Any, engine: Any, lane: ClassConfig) -> None:
+    def __init__(self, trt: Any, engine: Any, signature: Signature, lane: ClassConfig) -> None:
         from edged.backends import cuda
 
         cuda.set_device(0)
         self._cuda = cuda
         self._engine = engine
+        self._signature = signature
         self.stream = cuda.Stream(lane.stream_priority)
         strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
         self._context = engine.create_execution_context(strategy)
@@ -146,13 +148,11 @@ class TensorRtRunner:
         # Buffers sized for the largest shape of profile 0, so no call ever allocates.
         for name in self._inputs:
             self._context.set_input_shape(name, tuple(engine.get_tensor_profile_shape(name, 0)[2]))
-        self._device: dict[str, Any] = {}
-        self._host: dict[str, Any] = {}
+        self._staged: dict[str, Any] = {}
         for name in names:
             nbytes = int(np.prod(tuple(self._context.get_tensor_shape(name)))) * self._dtype[name].itemsize
-            self._device[name] = cuda.DeviceBuffer(nbytes)
-            self._host[name] = cuda.PinnedBuffer(nbytes)
-            self._context.set_tensor_address(name, self._device[name].pointer)
+            self._staged[name] = cuda.Staged(self._dtype[name], nbytes)
+            self._context.set_tensor_address(name, self._staged[name].device.pointer)
         self._graphs: dict[tuple[tuple[int, ...], ...], Any] = {}
         self._capture = lane.cuda_graph
         self._warm_up(lane.max_batch)
@@ -161,69 +161,34 @@ class TensorRtRunner:
         """Run every batch size once (and capture its graph if asked) before serving."""
         limit = min(max_batch, self._engine.get_tensor_profile_shape(self._inputs[0], 0)[2][0])
         for rows in range(1, limit + 1):
-            inputs = {}
-            for name in self._inputs:
-                shape = tuple(self._engine.get_tensor_profile_shape(name, 0)[2])
-                inputs[name] = np.zeros((rows, *shape[1:]), dtype=self._dtype[name])
-            self.run(inputs, self._outputs)
+            self.run(self._signature.zeros(rows), self._outputs)
 
     def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         for name in self._inputs:
-            array = inputs[name]
-            staged = self._host[name].array(self._dtype[name], array.shape)
-            np.copyto(staged, array, casting="same_kind")
-            self.stream.copy_to_device(self._device[name].pointer, self._host[name].pointer, staged.nbytes)
-            self._context.set_input_shape(name, array.shape)
+            self._context.set_input_shape(name, inputs[name].shape)
         key = tuple(inputs[name].shape for name in self._inputs)
-        self._enqueue(key)
-        results = []
-        for name in output_names:
-            shape = tuple(self._context.get_tensor_shape(name))
-            staged = self._host[name].array(self._dtype[name], shape)
-            self.stream.copy_to_host(self._host[name].pointer, self._device[name].pointer, staged.nbytes)
-            results.append(staged)
-        self.stream.synchronize()
-        # The pinned buffers are reused by the next call: the reply gets its own copy.
-        return [staged.copy() for staged in results]
+        return self._cuda.copy_run_sync(
+            self.stream,
+            [(self._staged[name], inputs[name]) for name in self._inputs],
+            lambda: self._enqueue(key),
+            lambda: [(self._staged[name], tuple(self._context.get_tensor_shape(name))) for name in output_names],
+        )
 
     def _enqueue(self, key: tuple[tuple[int, ...], ...]) -> None:
         graph = self._graphs.get(key)
         if graph is not None:
-            _cuda_call("cudaGraphLaunch", _cudart().cudaGraphLaunch(graph, self.stream.handle))
+            self.stream.launch(graph)
             return
         if not self._context.execute_async_v3(self.stream.pointer):
             raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
         if self._capture:
-            self._graphs[key] = self._captured()
-
-    def _captured(self) -> Any:
-        """Capture one enqueue of the current shapes into a CUDA graph; done during warm-up,
-        after a plain enqueue has flushed TensorRT's deferred set-up for these shapes."""
-        rt = _cudart()
-        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-        _cuda_call("cudaStreamBeginCapture", rt.cudaStreamBeginCapture(self.stream.handle, mode))
-        self._context.execute_async_v3(self.stream.pointer)
-        graph = _cuda_call("cudaStreamEndCapture", rt.cudaStreamEndCapture(self.stream.handle))
-        return _cuda_call("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
+            # During warm-up, after a plain enqueue has flushed TensorRT's deferred set-up for these shapes.
+            self._graphs[key] = self.stream.capture(lambda: self._context.execute_async_v3(self.stream.pointer))
 
     def close(self) -> None:
         self.stream.synchronize()
-        for buffer in [*self._device.values(), *self._host.values(), self._scratch]:
-            buffer.close()
+        for staged in self._staged.values():
+            staged.close()
+        self._scratch.close()
         del self._context
         self.stream.close()
-
-
-def _cudart() -> Any:
-    from cuda.bindings import runtime
-
-    return runtime
-
-
-def _cuda_call(call: str, result: tuple[Any, ...]) -> Any:
-    from edged.backends.cuda import CudaError
-
-    status, *values = result
-    if status != _cudart().cudaError_t.cudaSuccess:
-        raise CudaError(f"{call} failed: {status}")
-    return values[0] if values else None

@@ -23,6 +23,11 @@ from edged.wire.codec import Buffer, Status, encode_reply
 ReplyFn = Callable[[Any, list[Buffer]], None]
 
 
+def timing_us(queue_us: int, compute_us: int, total_us: int) -> dict[str, int]:
+    """A reply's `timing_us` (docs/protocol.md): waiting, the backend call, and receipt to result."""
+    return {"queue": queue_us, "compute": compute_us, "total": total_us}
+
+
 class Answers:
     """One lane's answering. The one writer of `Job.answered`, under `_lock`: a
     worker, the watchdog and the shutdown may race to answer a job, and one wins."""
@@ -58,7 +63,7 @@ class Answers:
         queue_us = (taken_ns - job.received_ns) // 1000
         compute_us = compute_ns // 1000
         total_us = (done_ns - job.received_ns) // 1000
-        timing = {"queue": queue_us, "compute": compute_us, "total": total_us}
+        timing = timing_us(queue_us, compute_us, total_us)
         if error is None:
             try:
                 frames = encode_reply(job.request_id, Status.OK, outputs=outputs, timing_us=timing)
@@ -92,6 +97,6 @@ class Answers:
 
     def _send_unrun(self, job: Job, status: Status, message: str) -> None:
         waited_us = (time.monotonic_ns() - job.received_ns) // 1000
-        timing = {"queue": waited_us, "compute": 0, "total": waited_us}
+        timing = timing_us(waited_us, 0, waited_us)
         self._backlog.finish(job.cost_ns)
         self._reply(job.route, encode_reply(job.request_id, status, error=message, timing_us=timing))

@@ -34,18 +34,13 @@ class Job:
 
     @property
     def rows(self) -> int:
-        return rows_of(self.model, self.inputs)
+        return self.model.signature.rows(self.inputs)
 
     def fits_with(self, other: Job) -> bool:
         """Whether the two can share one batched backend call."""
         return self.model is other.model and all(
             array.shape[1:] == other.inputs[name].shape[1:] for name, array in self.inputs.items()
         )
-
-
-def rows_of(model: ModelEntry, inputs: dict[str, np.ndarray]) -> int:
-    """A request's size along the batch dimension (1 for a model that does not batch)."""
-    return next(iter(inputs.values())).shape[0] if model.signature.batchable else 1
 
 
 def stack(jobs: list[Job]) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
@@ -86,14 +81,3 @@ def fill(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, wait_us
             return item
         batch.append(item)
     return None
-
-
-def zero_inputs(model: ModelEntry, rows: int) -> dict[str, np.ndarray]:
-    """Inputs of zeros for `rows` rows (1 for every other dynamic dimension): for warm-up and timing."""
-    batchable = model.signature.batchable
-    return {
-        spec.name: np.zeros(
-            [rows if i == 0 and batchable else max(d, 1) for i, d in enumerate(spec.shape)], dtype=spec.dtype
-        )
-        for spec in model.signature.inputs
-    }

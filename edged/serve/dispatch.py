@@ -14,7 +14,7 @@ from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
-from edged.serve.answers import ReplyFn
+from edged.serve.answers import ReplyFn, timing_us
 from edged.serve.lanes import Lane
 from edged.serve.lifecycle import Lifecycle
 from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
@@ -149,7 +149,7 @@ class Dispatcher:
         if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.
             total_us = (time.monotonic_ns() - received_ns) // 1000
-            timing = {"queue": 0, "compute": 0, "total": total_us}
+            timing = timing_us(0, 0, total_us)
             reply = encode_reply(
                 request.id,
                 Status.OVERLOADED,

@@ -21,7 +21,7 @@ from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, ServiceTimes, Shed, admit
 from edged.serve.answers import Answers, ReplyFn
-from edged.serve.batching import Job, rows_of
+from edged.serve.batching import Job
 from edged.serve.stats import ClassStats
 from edged.serve.watchdog import OpenCalls
 from edged.serve.worker import STOP, Remeasure, Worker
@@ -114,7 +114,7 @@ class Lane:
         """Admit a valid request and queue it (or run it inline), or shed it at once."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        cost_ns = self.service.estimate_ns(model.name, rows_of(model, inputs))
+        cost_ns = self.service.estimate_ns(model.name, model.signature.rows(inputs))
         now_ns = time.monotonic_ns()
         shed = admit(self.klass, self.backlog, cost_ns, budget_ns - (now_ns - received_ns))
         if shed is not None:

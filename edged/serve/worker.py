@@ -22,7 +22,7 @@ from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 from edged.serve.admission import ServiceTimes
 from edged.serve.answers import Answers
-from edged.serve.batching import Job, fill, stack, unstack, zero_inputs
+from edged.serve.batching import Job, fill, stack, unstack
 from edged.serve.watchdog import OpenCalls
 
 log = logging.getLogger("edged.lanes")
@@ -91,7 +91,7 @@ class Worker:
     def _measure(self, model: ModelEntry, rows: int, runs: int) -> None:
         """Time `runs` calls on zeros of `rows` rows; the last one feeds the service estimate."""
         runner = self.runners[model.name]
-        inputs = zero_inputs(model, rows)
+        inputs = model.signature.zeros(rows)
         for _ in range(runs):
             start = time.perf_counter_ns()
             runner.run(inputs, model.signature.output_names)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from edged.wire.codec import ProtocolError, Request, Status, TensorSpec, tensor_views
+from edged.wire.tensors import DTYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,21 @@ class Signature:
                     request.id,
                 )
         return tensor_views(request)
+
+    def rows(self, inputs: dict[str, np.ndarray]) -> int:
+        """A request's size along the batch dimension (1 for a model that does not batch)."""
+        return next(iter(inputs.values())).shape[0] if self.batchable else 1
+
+    def shape_at(self, spec: TensorSpec, rows: int) -> tuple[int, ...]:
+        """`spec`'s shape with `rows` rows (its own shape for a model that does not batch)."""
+        return (rows, *spec.shape[1:]) if self.batchable else spec.shape
+
+    def zeros(self, rows: int) -> dict[str, np.ndarray]:
+        """Inputs of zeros for `rows` rows (1 for every other dynamic dimension): for warm-up and timing."""
+        return {
+            spec.name: np.zeros([max(d, 1) for d in self.shape_at(spec, rows)], dtype=DTYPES[spec.dtype])
+            for spec in self.inputs
+        }
 
     def to_wire(self) -> dict[str, Any]:
         return {
