@@ -138,7 +138,9 @@ class OnnxRuntimeCudaRunner:
 
 
 class OnnxRuntimeCuda:
-    """The backend. Construction checks that CUDA and the CUDA provider are here."""
+    """The backend. Construction checks that CUDA and the CUDA provider are here;
+    `reserve` (the loader thread, before any lane loads) writes the plans that the
+    workers' `load` then reads."""
 
     def __init__(self) -> None:
         reason = cuda.cuda_available()

@@ -68,7 +68,9 @@ def environment() -> tuple[Environment, Any]:
 
 class TensorRt:
     """Backend "tensorrt". `fallback="onnxruntime"` serves the model's ONNX of the same
-    precision on the CPU where no engine fits (server.fallback); each refusal is logged."""
+    precision on the CPU where no engine fits (server.fallback); each refusal is logged.
+    Its one mutable field, the engines shared by lanes, is written by the loading
+    workers, under `_lock`."""
 
     def __init__(self, fallback: str | None = None) -> None:
         self._fallback = fallback

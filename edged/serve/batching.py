@@ -20,7 +20,8 @@ from edged.wire.codec import RequestId
 
 @dataclass(slots=True)
 class Job:
-    """An admitted inference request, as a lane sees it."""
+    """An admitted inference request, as a lane sees it. Built by `Lane.offer`; its one
+    mutable field, `answered`, is written by the lane's Answers only."""
 
     route: Any  # opaque to the lane: where the transport sends the reply
     request_id: RequestId

@@ -34,10 +34,11 @@ INLINE_OVERSHOOT = 4  # an inline run this many times over the limit disqualifie
 
 
 class Lane:
-    """One class's lane. Its admission state (`backlog`, `service`) and its figures
-    (`stats`) are its own: `offer` (socket loop) is the only place that admits and
-    counts arrivals; the lane's workers time calls into `service` and answer through
-    its Answers, which takes finished work off `backlog`."""
+    """One class's lane. Its own state is written on one thread at a time: by the
+    loader while it builds and starts the lane, then by the socket loop (`offer`:
+    admission and arrivals; `check_stuck`: workers and health). Its workers write
+    nothing of the lane's: they time calls into `service`, report facts to `stats`
+    and answer through its Answers, which takes finished work off `backlog`."""
 
     def __init__(
         self,
@@ -56,24 +57,32 @@ class Lane:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._ready = threading.Barrier(klass.workers + 1)
-        self._load_errors: list[BaseException] = []
-        self._inline: Worker | None = None  # the first worker to load: its runners serve inline runs too
+        self._inline: Worker | None = None  # a started worker whose runners serve inline runs too
         self._not_inline: set[str] = set()
         self._last_remeasure_ns = 0
         self._calls = OpenCalls()
         self._answers = Answers(reply, self.stats, self.backlog)
-        self.health = "ok"  # or why not: shown by the health op
+        self._recovery: tuple[str, Worker] | None = None  # why the lane is not ok, and the worker it waits for
 
     # --- life cycle --------------------------------------------------------
 
     def start(self) -> None:
         """Start the workers; returns once each has loaded and warmed every model."""
-        for _ in range(self.klass.workers):
-            self._start_worker(self._ready)
+        workers = [self._start_worker(self._ready) for _ in range(self.klass.workers)]
         self._ready.wait()
-        if self._load_errors:
+        errors = [worker.error for worker in workers if worker.error is not None]
+        if errors:
             self.stop(timeout_s=1.0)
-            raise self._load_errors[0]
+            raise errors[0]
+        # ONNX Runtime and TensorRT runners take concurrent calls, so a worker's serve inline runs too.
+        self._inline = workers[0]
+
+    @property
+    def health(self) -> str:
+        """ "ok", or why not: shown by the health op."""
+        if self._recovery is None or self._recovery[1].loaded.is_set():
+            return "ok"
+        return self._recovery[0]
 
     def reject_queued(self, message: str) -> int:
         """Answer every job still queued UNAVAILABLE, without running it."""
@@ -199,9 +208,9 @@ class Lane:
         self._answers.failures(
             stuck, now_ns, f"the backend call has not returned after {limit_ms} ms; the lane is restarting its worker"
         )
-        self.health = f"recovering: a backend call of {stuck[0].model.name} has not returned after {limit_ms} ms"
-        log.error("class %s: %s; starting a new worker", self.klass.name, self.health)
-        self._start_worker(None)
+        why = f"recovering: a backend call of {stuck[0].model.name} has not returned after {limit_ms} ms"
+        log.error("class %s: %s; starting a new worker", self.klass.name, why)
+        self._recovery = (why, self._start_worker(None))
 
     def answer_open_calls(self, message: str) -> int:
         """Answer INTERNAL every request still inside a backend call: the last act of a
@@ -214,27 +223,26 @@ class Lane:
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if not self._calls.abandoned(thread)]
 
-    def _start_worker(self, ready: threading.Barrier | None) -> None:
+    def _start_worker(self, ready: threading.Barrier | None) -> Worker:
+        worker = Worker(self.klass, self.models, self._backend, self._queue, self._calls, self._answers, self.service)
         name = f"lane-{self.klass.name}-{len(self._threads)}"
-        thread = threading.Thread(target=self._work, args=(ready,), name=name, daemon=True)
+        thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+        return worker
 
-    def _work(self, ready: threading.Barrier | None) -> None:
+    def _work(self, worker: Worker, ready: threading.Barrier | None) -> None:
         """A worker's life; `ready` is start-up's barrier, None for a replacement."""
-        worker = Worker(self.klass, self.models, self._backend, self._queue, self._calls, self._answers, self.service)
         try:
             worker.load()
         except BaseException as exc:
+            worker.error = exc  # reported by start(), on the caller's thread
             if ready is None:
                 log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)
                 return
-            self._load_errors.append(exc)  # reported by start(), on the caller's thread
             ready.wait()
             return
-        self._inline = self._inline or worker
         if ready is None:
-            self.health = "ok"
             log.info("class %s: a new worker serves", self.klass.name)
         else:
             ready.wait()

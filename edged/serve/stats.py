@@ -35,7 +35,7 @@ def _bucket_value(index: int) -> int:
 
 
 class Histogram:
-    """Latencies in microseconds."""
+    """Latencies in microseconds; written by its ClassStats's `settle` only."""
 
     __slots__ = ("counts", "max", "total")
 

@@ -61,6 +61,10 @@ class SocketOptions:
 
 
 class Server:
+    """The daemon's sockets and the loop that owns them. Written by the loop's thread
+    only (`unroutable`, every socket), but for the outbox: any thread appends a reply
+    there (`reply`) and only the loop takes them off (`flush`)."""
+
     def __init__(
         self,
         endpoints: tuple[str, ...],

@@ -43,7 +43,8 @@ class Remeasure:
 class Worker:
     """One worker of a lane, with what it shares with the lane's other workers.
 
-    Its `runners` are written once, by `load` on the worker's own thread, before it serves.
+    Its own fields (`runners`, `error`, `loaded`) are written by its thread only, in
+    `load` (or, for `error`, when `load` fails), before it serves.
     """
 
     klass: ClassConfig
@@ -54,6 +55,8 @@ class Worker:
     answers: Answers
     service: ServiceTimes
     runners: dict[str, Runner] = field(default_factory=dict)
+    error: BaseException | None = None  # why `load` failed
+    loaded: threading.Event = field(default_factory=threading.Event)
 
     def load(self) -> None:
         """Pin the thread as the class asks, then load and warm each model (on the worker's thread)."""
@@ -68,6 +71,7 @@ class Worker:
             # At batch 1 and at the class's largest batch, before serving.
             for rows in sorted({1, self.klass.max_batch if model.signature.batchable else 1}):
                 self._measure(model, rows, WARMUP_RUNS)
+        self.loaded.set()
 
     def serve(self) -> None:
         """Run jobs until STOP, or until the watchdog gives up on this thread."""
