@@ -15,6 +15,10 @@ from edged.protocol import encode_request
 PIPELINED = 1000
 
 
+def standard_stats(sock: zmq.Socket) -> dict:
+    return exchange(sock, [header(id="stats", op="stats")]).header["classes"]["standard"]
+
+
 def test_thousand_pipelined_requests_are_each_answered_once_and_correctly(
     context: zmq.Context, endpoint: str, reference: Reference
 ) -> None:
@@ -26,6 +30,7 @@ def test_thousand_pipelined_requests_are_each_answered_once_and_correctly(
     expected = np.split(reference.run("mlp-light", {"x": np.concatenate(xs)}), np.cumsum(rows)[:-1])
     sock = connect(context, endpoint)
     sock.sndhwm = sock.rcvhwm = 0  # the client's own queues must not be what limits the test
+    before = standard_stats(sock)
     for i, x in enumerate(xs):
         sock.send_multipart(encode_request(i, model="mlp-light", inputs={"x": x}), copy=False)
     replies = [receive(sock) for _ in range(PIPELINED)]
@@ -45,6 +50,10 @@ def test_thousand_pipelined_requests_are_each_answered_once_and_correctly(
         else:
             assert reply.header["retry_after_ms"] > 0
             assert reply.payloads == []
+    after = standard_stats(sock)
+    calls, completed = after["backend_calls"] - before["backend_calls"], after["completed"] - before["completed"]
+    assert completed == statuses["OK"]
+    assert calls < completed, f"{completed} requests in {calls} backend calls: no batch mixed them"
 
 
 def test_a_client_vanishing_mid_flight_harms_no_one(
