@@ -13,6 +13,7 @@ from edged.client import Client
 from edged.protocol import encode_request
 
 PIPELINED = 1000
+STANDARD_QUEUE_CAPACITY = 128  # the default class's, in the shared daemon's built-in config
 
 
 def standard_stats(sock: zmq.Socket) -> dict:
@@ -32,7 +33,7 @@ def test_thousand_pipelined_requests_are_each_answered_once_and_correctly(
     sock.sndhwm = sock.rcvhwm = 0  # the client's own queues must not be what limits the test
     before = standard_stats(sock)
     for i, x in enumerate(xs):
-        sock.send_multipart(encode_request(i, model="mlp-light", inputs={"x": x}), copy=False)
+        sock.send_multipart(encode_request(i, model="mlp-light", deadline_ms=60_000, inputs={"x": x}), copy=False)
     replies = [receive(sock) for _ in range(PIPELINED)]
     assert sock.poll(200) == 0, "a reply came beyond one per request"
 
@@ -40,10 +41,11 @@ def test_thousand_pipelined_requests_are_each_answered_once_and_correctly(
     assert sorted(ids) == list(range(PIPELINED))
     assert set(ids.values()) == {1}
     statuses = Counter(reply.status for reply in replies)
-    # Shedding on arrival is the daemon's right (the standard class queues 128), so an
-    # OVERLOADED reply is correct; anything else is not, and most requests must run.
+    # Shedding on arrival is the daemon's right, so an OVERLOADED reply is correct;
+    # anything else is not. How many are shed depends on the box's speed, but a queue
+    # is only full once it holds its capacity, and a minute's deadline cannot expire.
     assert set(statuses) <= {"OK", "OVERLOADED"}, statuses
-    assert statuses["OK"] >= PIPELINED // 2, statuses
+    assert statuses["OK"] >= STANDARD_QUEUE_CAPACITY, statuses
     for reply in replies:
         if reply.status == "OK":
             assert_close(reply.output(), expected[reply.header["id"]])
