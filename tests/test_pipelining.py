@@ -79,16 +79,16 @@ def test_a_client_vanishing_mid_flight_harms_no_one(
     leaver.close(linger=0)
     assert in_flight > 0, "the leaver left too late for this test to mean anything"
 
+    # What is checked is that the others are served, and correctly: deadlines roomy enough
+    # for a busy 2-core box (realtime's own 20 ms once expired here in a CI run).
     with Client(daemon.ipc, timeout_ms=10_000) as client:
         for klass in ("realtime", "standard", "bulk"):
             for seed in range(5):
                 xs = np.random.default_rng(seed).standard_normal((2, 64), dtype=np.float32)
-                assert_close(
-                    client.infer("mlp-light", {"x": xs}, klass=klass)["scores"], reference.run("mlp-light", {"x": xs})
-                )
-        assert_close(
-            client.infer("cnn-heavy", {"image": image})["logits"], reference.run("cnn-heavy", {"image": image})
-        )
+                scores = client.infer("mlp-light", {"x": xs}, klass=klass, deadline_ms=5000)["scores"]
+                assert_close(scores, reference.run("mlp-light", {"x": xs}))
+        logits = client.infer("cnn-heavy", {"image": image}, deadline_ms=5000)["logits"]
+        assert_close(logits, reference.run("cnn-heavy", {"image": image}))
         assert client.health()["state"] == "serving"
     # Replies to the gone client are dropped, and its work leaves the queue all the same.
     wait_for(lambda: bulk()["queue_depth"] == 0, 10, "the bulk queue drained")
