@@ -139,10 +139,18 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=config.log_level.upper(), format=stamp + "%(levelname)s %(name)s: %(message)s")
     try:
         # SIGHUP re-reads the same file; endpoints stay as bound (a change needs a restart).
-        return Daemon(config, reread_config=lambda: load_config(args.config)).run()
+        code = Daemon(config, reread_config=lambda: load_config(args.config)).run()
     except (EndpointError, RepositoryError) as exc:
         logging.getLogger("edged").error("%s", exc)
         return 1
+    # A backend call that the stop cut short, or that the lane watchdog gave up on, is
+    # still running native code on its thread. A normal exit would destroy the runtime's
+    # thread pools under it (seen: "terminate called without an active exception",
+    # SIGABRT, exit -6). Every reply is sent by now: leave without the C++ destructors.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _keygen(args: argparse.Namespace) -> int:

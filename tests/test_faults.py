@@ -18,9 +18,17 @@ from edged.wire.codec import encode_request
 
 X = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
 IMAGE = np.random.default_rng(0).standard_normal((1, 3, 64, 64), dtype=np.float32)
-# Far above a realtime round trip here (well under a millisecond); low enough that a loop
-# stuck behind a gone or full peer, or replies parked behind others, would show.
-SANE_MS = 250.0
+# A realtime round trip takes well under a millisecond here. A loop that blocked on a
+# gone or full peer would hang, or park every reply behind the drops: the typical
+# round trip then grows by the drain time (hundreds of ms). The median bound is 25x
+# above the expected value, the worst-case bound 2 s, so a busy box does not trip them.
+TYPICAL_MS = 25.0
+WORST_MS = 2000.0
+
+
+def assert_served_as_usual(latencies: list[float]) -> None:
+    assert float(np.median(latencies)) < TYPICAL_MS, sorted(latencies)
+    assert max(latencies) < WORST_MS, sorted(latencies)[-5:]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,9 @@ def stats(sock: zmq.Socket) -> dict:
 def round_trip_ms(sock: zmq.Socket, request_id: int) -> float:
     """One realtime mlp-light request on a socket nobody else uses; its latency."""
     started = time.perf_counter()
-    reply = exchange(sock, encode_request(request_id, model="mlp-light", klass="realtime", inputs={"x": X}))
+    # A roomy deadline: latency is what is measured here, so a slow answer must come back as one.
+    frames = encode_request(request_id, model="mlp-light", klass="realtime", deadline_ms=5000, inputs={"x": X})
+    reply = exchange(sock, frames)
     assert reply.status == "OK" and reply.header["id"] == request_id, reply.header
     return (time.perf_counter() - started) * 1000
 
@@ -70,7 +80,7 @@ def test_replies_to_a_vanished_client_are_dropped_counted_and_cost_nothing(
     # A reply sent in the moment before ZeroMQ notices the close goes into the dying
     # connection uncounted; every later one must be counted.
     assert 0.8 * pending_at_close <= dropped <= 900, (dropped, pending_at_close)
-    assert max(latencies) < SANE_MS, sorted(latencies)[-5:]
+    assert_served_as_usual(latencies)
     grown_mib = (resident_kib(running.pid) - rss_before) / 1024
     assert grown_mib < 32, f"the daemon grew by {grown_mib:.0f} MiB over three vanished clients"
 
@@ -106,4 +116,4 @@ def test_a_client_that_stops_reading_slows_no_one_and_its_drops_are_counted(
     assert received >= 1000, f"only {received} replies were held for the slow client"
     # Nothing lost without a trace: each reply was either delivered or counted as dropped.
     assert received + dropped == sent, (received, dropped, sent)
-    assert max(latencies) < SANE_MS, sorted(latencies)[-5:]
+    assert_served_as_usual(latencies)

@@ -1,8 +1,9 @@
 """The ONNX Runtime CUDA backend.
 
 Pure and CPU tiers (run everywhere): the reservation arithmetic and its refusal,
-the `cuda_graph` key, the `stats`/`models` fields, and that selecting the backend
-where there is no GPU stops `edged serve` with one clear sentence. GPU tier (marked
+the `cuda_graph` key, the `stats`/`models` fields and the start-up refusal (through a
+daemon on a fake reserving backend, tests/fake_gpu.py), and that selecting the
+backend where there is no GPU stops `edged serve` with one clear sentence. GPU tier (marked
 `gpu`, skipped with the reason where CUDA cannot be used): the session really runs
 on CUDA, agrees with the CPU, each lane has its own stream at its priority, and the
 memory limit is what the config asked.
@@ -10,14 +11,16 @@ memory limit is what the config asked.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-import msgpack
 import numpy as np
 import pytest
-from support import ENGINES, Reference, random_input, run_edged, short_dir
+from support import ENGINES, Reference, RunningDaemon, random_input, run_edged, short_dir, wait_for
 
 from edged.backends.cuda import clamp_priority, cuda_available
 from edged.backends.gpu_memory import (
@@ -26,15 +29,15 @@ from edged.backends.gpu_memory import (
     check_fits,
     io_bytes,
     lane_reservation,
+    reserve_lanes,
 )
+from edged.client import Client
 from edged.config import ClassConfig, ConfigError, parse_config
 from edged.models.repository import ModelEntry, Variant, discover
-from edged.serve.dispatch import Dispatcher
-from edged.serve.lanes import Lane
-from edged.serve.lifecycle import Lifecycle
-from edged.wire.codec import TensorSpec, encode_request
+from edged.wire.codec import TensorSpec
 from edged.wire.signature import Signature
 
+TESTS = Path(__file__).resolve().parent
 NO_CUDA = cuda_available()
 MODELS = discover(ENGINES, "onnxruntime")
 WEIGHTS = {m.name: m.variant.path.stat().st_size for m in MODELS}
@@ -115,28 +118,62 @@ def test_cuda_graph_is_off_by_default_and_takes_a_boolean() -> None:
 # --- replies: what an operator reads ------------------------------------------------
 
 
-def test_stats_and_models_report_each_lane_reservation() -> None:
+def serve_on_fake_gpu(free_mb: int, folder: Path) -> subprocess.Popen[bytes]:
+    """`edged serve` on the fake GPU backend (tests/fake_gpu.py), with `free_mb` free."""
+    config = folder / "edged.toml"
+    config.write_text('[server]\nbackend = "fake-gpu"\n')
+    log = (folder / "daemon.log").open("wb")
+    command = [sys.executable, str(TESTS / "fake_gpu.py"), "serve", "--config", str(config)]
+    return subprocess.Popen(
+        [*command, "--endpoint", f"ipc://{folder}/d.sock"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "EDGED_FAKE_GPU_FREE_MB": str(free_mb)},
+    )
+
+
+def test_fake_gpu_daemon_reports_each_lane_reservation_in_stats_and_models() -> None:
+    """Through the daemon's real start-up, with a fake reserving backend: the figures
+    an operator reads are the reservations worked out before any lane loaded."""
+    folder = short_dir()
+    daemon = serve_on_fake_gpu(64 * 1024, folder)
+    try:
+        endpoint = f"ipc://{folder}/d.sock"
+        with Client(endpoint, timeout_ms=60_000) as client:
+            wait_for(lambda: daemon.poll() is None and client.health()["state"] == "serving", 60, "serving")
+            stats, models = client.stats(), client.models()
+    finally:
+        daemon.terminate()
+        assert daemon.wait(30) == 0
     config = parse_config({}, base_dir=Path("/srv"))
-    replies: list[list[bytes]] = []
-    dispatcher = Dispatcher(config, lambda _route, frames: replies.append(frames), dict, Lifecycle())
-    lanes = {c.name: Lane(c, MODELS, backend=None, reply=lambda *_: None) for c in config.classes}  # type: ignore[arg-type]
-    reservations = {c.name: lane_reservation(c, MODELS, WEIGHTS) for c in config.classes}
-    dispatcher.serve(config, MODELS, lanes, reservations)
-    gpu = dispatcher.stats()["classes"]["realtime"]["gpu"]
-    assert gpu["stream_priority"] == -1
-    assert gpu["reserved_bytes"] == dispatcher.reservations["realtime"].device_bytes
-    dispatcher.handle(None, encode_request(7, "models"), 0)
-    models = msgpack.unpackb(bytes(replies[-1][0]))["models"]
+    expected = reserve_lanes(MODELS, config.classes, 1 << 40, "any")
+    for klass in config.classes:
+        gpu = stats["classes"][klass.name]["gpu"]
+        assert gpu["stream_priority"] == klass.stream_priority
+        assert gpu["reserved_bytes"] == expected[klass.name].device_bytes > 0
+        assert gpu["pinned_bytes"] == expected[klass.name].pinned_bytes
     reserved = next(m for m in models if m["name"] == "mlp-light")["reserved"]
     assert reserved["bulk"]["io_bytes_per_worker"] == io_bytes(mlp(), 16)
+    assert "lane realtime: stream priority -1" in (folder / "daemon.log").read_text()
 
 
-def test_a_backend_that_reserves_nothing_adds_no_gpu_fields() -> None:
-    config = parse_config({}, base_dir=Path("/srv"))
-    dispatcher = Dispatcher(config, lambda *_: None, dict, Lifecycle())
-    lane = Lane(config.classes[0], MODELS, backend=None, reply=lambda *_: None)  # type: ignore[arg-type]
-    dispatcher.serve(config, MODELS, {lane.klass.name: lane}, {})
-    assert "gpu" not in dispatcher.stats()["classes"][lane.klass.name]
+def test_fake_gpu_daemon_too_small_for_its_lanes_refuses_to_start_naming_each() -> None:
+    folder = short_dir()
+    daemon = serve_on_fake_gpu(0, folder)
+    try:
+        assert daemon.wait(60) == 1
+    finally:
+        daemon.kill()
+    log = (folder / "daemon.log").read_text()
+    assert "start-up failed: the lanes would reserve" in log and "Fake GPU has 0.0 MiB free" in log
+    assert all(name in log for name in ("realtime", "standard", "bulk")), log
+
+
+def test_a_backend_that_reserves_nothing_adds_no_gpu_fields(daemon: RunningDaemon) -> None:
+    with Client(daemon.ipc) as client:
+        stats, models = client.stats(), client.models()
+    assert all("gpu" not in figures for figures in stats["classes"].values())
+    assert all("reserved" not in model for model in models)
 
 
 # --- without a GPU: a clear refusal ---------------------------------------------------

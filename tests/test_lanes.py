@@ -1,12 +1,14 @@
 """Lanes in-process, on the real ONNX Runtime backend and the demo models.
 
-The backend is wrapped only to count (and, in one test, to fail) what reaches it:
-the counting is how a test proves that shed or expired work was never run.
+The backend is wrapped only to count (and, in some tests, to fail or to hold) what
+reaches it: the counting is how a test proves that shed or expired work was never
+run, and the gate is how a test orders events without racing a clock.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,12 +29,17 @@ POISON = -999.0  # a value the failing wrapper refuses to run
 
 
 class CountingBackend:
-    """The real ONNX Runtime backend; counts rows run, and fails any call holding a POISON row."""
+    """The real ONNX Runtime backend; counts rows run, fails any call holding a POISON
+    row, and, while `gate` is clear, holds each counted call at its start (`entered`
+    is set once a call waits there)."""
 
     def __init__(self) -> None:
         self.rows = 0
         self.calls: list[int] = []
         self.counting = False
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
         self._real = OnnxRuntimeCpu()
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> CountingRunner:
@@ -48,6 +55,8 @@ class CountingRunner:
         if self._owner.counting:
             self._owner.rows += first.shape[0]
             self._owner.calls.append(first.shape[0])
+            self._owner.entered.set()
+            assert self._owner.gate.wait(timeout=30), "the test never opened the gate"
         if (first == POISON).any():
             raise RuntimeError("poisoned row")
         return self._runner.run(inputs, output_names)
@@ -126,19 +135,31 @@ def test_bulk_batches_what_waits_and_each_reply_gets_its_own_rows(models):
         np.testing.assert_allclose(got[i].outputs["scores"], reference("mlp-light", x), rtol=1e-5, atol=1e-5)
 
 
-def test_latency_class_does_not_wait_to_fill_a_batch(models):
+def test_latency_class_takes_what_is_queued_and_never_waits_for_more(models):
+    """A latency class batches only what already waits: a job alone is run alone, at
+    once, however large max_batch is."""
     klass = ClassConfig("realtime", order=0, max_batch=8, batch_wait_us=0)
     lane, backend, replies = make_lane(klass, models)
+    heavy, image = models["cnn-heavy"], np.zeros((1, 3, 64, 64), np.float32)
     try:
-        start = time.monotonic()
-        lane.submit(job(models["cnn-heavy"], np.zeros((1, 3, 64, 64), np.float32), route=1))
-        got = collect(replies, 1)
-        elapsed = time.monotonic() - start
+        # The worker is held inside the first call while two more jobs queue behind it.
+        backend.gate.clear()
+        lane.submit(job(heavy, image, route=1))
+        assert backend.entered.wait(10), "the first job never reached the backend"
+        lane.submit(job(heavy, image, route=2))
+        lane.submit(job(heavy, image, route=3))
+        backend.gate.set()
+        got = collect(replies, 3)
+        assert backend.calls == [1, 2], f"the two queued jobs should share one call: {backend.calls}"
+        # A job that finds nothing queued is not held for company: it is answered even
+        # though nothing else ever arrives (a worker waiting to fill the batch never would).
+        lane.submit(job(heavy, image, route=4))
+        got.update(collect(replies, 1))
     finally:
+        backend.gate.set()
         lane.stop(2.0)
-    assert got[1].status is Status.OK
-    assert backend.calls == [1]
-    assert elapsed < 1.0  # gross regression margin: a batch wait would not show at this scale otherwise
+    assert all(reply.status is Status.OK for reply in got.values())
+    assert backend.calls == [1, 2, 1]
 
 
 def test_a_failing_request_gets_internal_and_its_batch_neighbours_their_answers(models):

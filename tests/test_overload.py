@@ -125,6 +125,21 @@ def test_realtime_keeps_answering_while_bulk_is_flooded(endpoint):
 
 
 def test_class_counters_add_up(endpoint):
-    stats = class_stats(endpoint, "bulk")
-    assert stats["received"] == stats["admitted"] + stats["shed"]["queue_full"] + stats["shed"]["deadline"]
-    assert stats["admitted"] == stats["completed"] + stats["failed"] + stats["expired"] + stats["queue_depth"]
+    """Every request lands in exactly one counter. The test makes each kind itself
+    (completed, shed for a full queue, shed for its deadline), so the sums are not
+    zeros that prove nothing."""
+    before = class_stats(endpoint, "bulk")
+    # First those that cannot meet their deadline (a full queue would shed them first).
+    requests = [heavy(100 + i, klass="bulk", deadline_ms=0.001) for i in range(3)]
+    requests += [heavy(i, klass="bulk") for i in range(60)]
+    send_all(endpoint, requests)
+    after = class_stats(endpoint, "bulk")
+    delta = {key: after[key] - before[key] for key in ("received", "admitted", "completed", "failed", "expired")}
+    shed = {key: after["shed"][key] - before["shed"][key] for key in ("queue_full", "deadline")}
+    assert delta["received"] == len(requests)
+    assert delta["completed"] > 0 and shed["queue_full"] > 0 and shed["deadline"] > 0, (delta, shed)
+    assert after["queue_depth"] == 0
+    assert delta["received"] == delta["admitted"] + shed["queue_full"] + shed["deadline"]
+    assert delta["admitted"] == delta["completed"] + delta["failed"] + delta["expired"]
+    assert after["received"] == after["admitted"] + after["shed"]["queue_full"] + after["shed"]["deadline"]
+    assert after["admitted"] == after["completed"] + after["failed"] + after["expired"] + after["queue_depth"]

@@ -13,6 +13,11 @@ from edged.client import Client
 from edged.wire.codec import encode_request
 
 PIPELINED = 1000
+STANDARD_QUEUE_CAPACITY = 128  # the default class's, in the shared daemon's built-in config
+
+
+def standard_stats(sock: zmq.Socket) -> dict:
+    return exchange(sock, [header(id="stats", op="stats")]).header["classes"]["standard"]
 
 
 def test_thousand_pipelined_requests_are_each_answered_once_and_correctly(
@@ -26,8 +31,9 @@ def test_thousand_pipelined_requests_are_each_answered_once_and_correctly(
     expected = np.split(reference.run("mlp-light", {"x": np.concatenate(xs)}), np.cumsum(rows)[:-1])
     sock = connect(context, endpoint)
     sock.sndhwm = sock.rcvhwm = 0  # the client's own queues must not be what limits the test
+    before = standard_stats(sock)
     for i, x in enumerate(xs):
-        sock.send_multipart(encode_request(i, model="mlp-light", inputs={"x": x}), copy=False)
+        sock.send_multipart(encode_request(i, model="mlp-light", deadline_ms=60_000, inputs={"x": x}), copy=False)
     replies = [receive(sock) for _ in range(PIPELINED)]
     assert sock.poll(200) == 0, "a reply came beyond one per request"
 
@@ -35,16 +41,21 @@ def test_thousand_pipelined_requests_are_each_answered_once_and_correctly(
     assert sorted(ids) == list(range(PIPELINED))
     assert set(ids.values()) == {1}
     statuses = Counter(reply.status for reply in replies)
-    # Shedding on arrival is the daemon's right (the standard class queues 128), so an
-    # OVERLOADED reply is correct; anything else is not, and most requests must run.
+    # Shedding on arrival is the daemon's right, so an OVERLOADED reply is correct;
+    # anything else is not. How many are shed depends on the box's speed, but a queue
+    # is only full once it holds its capacity, and a minute's deadline cannot expire.
     assert set(statuses) <= {"OK", "OVERLOADED"}, statuses
-    assert statuses["OK"] >= PIPELINED // 2, statuses
+    assert statuses["OK"] >= STANDARD_QUEUE_CAPACITY, statuses
     for reply in replies:
         if reply.status == "OK":
             assert_close(reply.output(), expected[reply.header["id"]])
         else:
             assert reply.header["retry_after_ms"] > 0
             assert reply.payloads == []
+    after = standard_stats(sock)
+    calls, completed = after["backend_calls"] - before["backend_calls"], after["completed"] - before["completed"]
+    assert completed == statuses["OK"]
+    assert calls < completed, f"{completed} requests in {calls} backend calls: no batch mixed them"
 
 
 def test_a_client_vanishing_mid_flight_harms_no_one(
@@ -68,16 +79,16 @@ def test_a_client_vanishing_mid_flight_harms_no_one(
     leaver.close(linger=0)
     assert in_flight > 0, "the leaver left too late for this test to mean anything"
 
+    # What is checked is that the others are served, and correctly: deadlines roomy enough
+    # for a busy 2-core box (realtime's own 20 ms once expired here in a CI run).
     with Client(daemon.ipc, timeout_ms=10_000) as client:
         for klass in ("realtime", "standard", "bulk"):
             for seed in range(5):
                 xs = np.random.default_rng(seed).standard_normal((2, 64), dtype=np.float32)
-                assert_close(
-                    client.infer("mlp-light", {"x": xs}, klass=klass)["scores"], reference.run("mlp-light", {"x": xs})
-                )
-        assert_close(
-            client.infer("cnn-heavy", {"image": image})["logits"], reference.run("cnn-heavy", {"image": image})
-        )
+                scores = client.infer("mlp-light", {"x": xs}, klass=klass, deadline_ms=5000)["scores"]
+                assert_close(scores, reference.run("mlp-light", {"x": xs}))
+        logits = client.infer("cnn-heavy", {"image": image}, deadline_ms=5000)["logits"]
+        assert_close(logits, reference.run("cnn-heavy", {"image": image}))
         assert client.health()["state"] == "serving"
     # Replies to the gone client are dropped, and its work leaves the queue all the same.
     wait_for(lambda: bulk()["queue_depth"] == 0, 10, "the bulk queue drained")

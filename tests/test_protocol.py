@@ -245,6 +245,18 @@ DECODE_ERRORS: dict[str, tuple[list[bytes], Status, str, Any]] = {
         "over the limit",
         9,
     ),
+    # Found by the codec fuzzer: zero elements, yet NumPy refused the shape as too big (a ValueError).
+    "empty tensor with huge dimensions": (
+        [
+            msgpack.packb(
+                infer_header(inputs=[{"name": "x", "dtype": "float32", "shape": [0, 1518494220, 1518506280]}])
+            ),
+            b"",
+        ],
+        Status.INVALID_ARGUMENT,
+        "over the limit",
+        9,
+    ),
     "missing payload frame": ([msgpack.packb(infer_header())], Status.INVALID_ARGUMENT, "payload frames", 9),
     "extra payload frame": (
         [msgpack.packb(infer_header()), PAYLOAD, PAYLOAD],

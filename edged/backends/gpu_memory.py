@@ -122,6 +122,16 @@ def lane_reservation(klass: ClassConfig, models: Sequence[ModelEntry], weights: 
     )
 
 
+def reserve_lanes(
+    models: Sequence[ModelEntry], classes: Sequence[ClassConfig], free_bytes: int, device: str
+) -> dict[str, LaneReservation]:
+    """Every class's lane reservation, by class; refused whole when they exceed `free_bytes`."""
+    weights = {model.name: model.variant.path.stat().st_size for model in models}
+    plans = {klass.name: lane_reservation(klass, models, weights) for klass in classes}
+    check_fits(list(plans.values()), free_bytes, device)
+    return plans
+
+
 def check_fits(lanes: Sequence[LaneReservation], free_bytes: int, device: str) -> None:
     """Refuse a set of lanes whose reservations exceed the GPU's free memory."""
     total = sum(lane.device_bytes for lane in lanes)

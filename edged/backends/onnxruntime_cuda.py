@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends import BackendError, cuda
-from edged.backends.gpu_memory import LaneReservation, ModelReservation, check_fits, fixed_shape, lane_reservation
+from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, reserve_lanes
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 from edged.wire.codec import DTYPES
@@ -160,12 +160,9 @@ class OnnxRuntimeCuda:
 
     def reserve(self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig]) -> dict[str, LaneReservation]:
         """Work out every lane's reservation and refuse if together they exceed the free memory."""
-        weights = {model.name: model.variant.path.stat().st_size for model in models}
-        plans = {klass.name: lane_reservation(klass, models, weights) for klass in classes}
         free, _ = cuda.memory_info()
-        check_fits(list(plans.values()), free, self.device.name)
-        self._plans = plans
-        return plans
+        self._plans = reserve_lanes(models, classes, free, self.device.name)
+        return self._plans
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCudaRunner:
         plan = self._plans.get(lane.name)

@@ -248,10 +248,13 @@ def _input_specs(header: dict[str, Any], n_payloads: int, limits: Limits, reques
         ):
             raise bad(f"input {name!r}: shape must be a list of non-negative ints, got {shape!r}")
         # Python ints do not overflow: an absurd shape is refused here, before any allocation.
-        elements = math.prod(shape)
+        # The zero dimensions are left out of the count, since NumPy refuses a shape such as
+        # [0, 2**31, 2**31] as too big even though it holds nothing.
+        elements = math.prod(d for d in shape if d)
         if elements > limits.max_tensor_elements:
             raise bad(
-                f"input {name!r}: shape {shape} has {elements} elements, over the limit of {limits.max_tensor_elements}"
+                f"input {name!r}: shape {shape} spans {elements} elements, "
+                f"over the limit of {limits.max_tensor_elements}"
             )
         specs.append(TensorSpec(name, dtype, tuple(shape)))
     return specs
