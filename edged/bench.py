@@ -224,8 +224,8 @@ def run_sweep(
     return steps
 
 
-def plot(steps: list[dict[str, Any]], path: str) -> None:
-    """Latency percentiles of OK replies against offered load, one panel per class."""
+def pyplot() -> Any:
+    """matplotlib.pyplot, drawing to files only; a clear exit where it is not installed."""
     try:
         import matplotlib
 
@@ -233,6 +233,12 @@ def plot(steps: list[dict[str, Any]], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("edged bench --png needs matplotlib: pip install -e '.[bench]'") from None
+    return plt
+
+
+def plot(steps: list[dict[str, Any]], path: str) -> None:
+    """Latency percentiles of OK replies against offered load, one panel per class."""
+    plt = pyplot()
     classes = [row["class"] for row in steps[0]["classes"]]
     figure, axes = plt.subplots(1, len(classes), figsize=(5 * len(classes), 4), squeeze=False)
     for ax, name in zip(axes[0], classes):

@@ -85,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--sweep", default="1", help="multipliers of every rate, one step each, e.g. 0.5,1,2,3")
     bench.add_argument("--json", type=Path, help="write every step's figures here")
     bench.add_argument("--png", type=Path, help="plot latency percentiles against offered load here")
+    bench.add_argument(
+        "--isolation",
+        action="store_true",
+        help="realtime beside a bulk flood of the same heavy model, with each precedence rule off in turn "
+        "(ignores --mix, --sweep, --endpoint and --config; --duration is per step)",
+    )
     bench.set_defaults(run=_bench)
 
     args = parser.parse_args(argv)
@@ -228,6 +234,8 @@ def _bench(args: argparse.Namespace) -> int:
     from edged.bench import Stream, format_table, plot, progress_to_stderr, run_sweep
     from edged.launch import DaemonProcess
 
+    if args.isolation:
+        return _bench_isolation(args)
     streams = [Stream.parse(text) for text in args.mix or ["realtime:mlp-light:200", "bulk:cnn-heavy:200"]]
     factors = [float(f) for f in args.sweep.split(",")]
     with tempfile.TemporaryDirectory(prefix="edged-bench-") as folder:
@@ -244,6 +252,19 @@ def _bench(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps({"duration_s": args.duration, "steps": steps}, indent=2) + "\n")
     if args.png:
         plot(steps, str(args.png))
+    return 0
+
+
+def _bench_isolation(args: argparse.Namespace) -> int:
+    from edged.bench import progress_to_stderr
+    from edged.bench_isolation import format_isolation, plot_isolation, run_isolation
+
+    results = run_isolation(args.duration, progress_to_stderr)
+    print(format_isolation(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.png:
+        plot_isolation(results, str(args.png))
     return 0
 
 

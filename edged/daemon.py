@@ -24,6 +24,7 @@ from edged.models.repository import ModelEntry, discover
 from edged.serve.dispatch import Dispatcher
 from edged.serve.lanes import Lane
 from edged.serve.lifecycle import Lifecycle, State
+from edged.serve.precedence import Precedence
 from edged.serve.prometheus import PrometheusEndpoint
 from edged.serve.stats import ClassStats
 from edged.serve.transport import Server
@@ -130,10 +131,13 @@ class Daemon:
             for reservation in reservations.values():
                 log.info("%s", reservation.describe())
             lanes: dict[str, Lane] = {}
+            # One per generation of lanes: a reload's lanes do not yield to the ones they replace.
+            precedence = Precedence()
             try:
                 for klass in config.classes:
-                    lanes[klass.name] = Lane(klass, models, backend, self.server.reply, stats.get(klass.name))
-                    lanes[klass.name].start()
+                    lane = Lane(klass, models, backend, self.server.reply, stats.get(klass.name), precedence)
+                    lanes[klass.name] = lane
+                    lane.start()
             except BaseException:
                 for lane in lanes.values():
                     lane.stop(timeout_s=1.0)

@@ -69,9 +69,29 @@ def test_a_budget_already_spent_sheds() -> None:
 
 def test_work_ahead_is_shared_among_the_workers() -> None:
     backlog = backlog_of(10 * MS, 10 * MS)
-    # Alone, one worker would finish at 21 ms; two workers share the 20 ms ahead.
-    assert admit(lane(workers=1), backlog, cost_ns=1 * MS, budget_ns=12 * MS) is not None
-    assert admit(lane(workers=2), backlog, cost_ns=1 * MS, budget_ns=12 * MS) is None
+    # Alone, one worker would finish at 25 ms (20 ms ahead, with a fifth in hand); two share it: 13 ms.
+    assert admit(lane(workers=1), backlog, cost_ns=1 * MS, budget_ns=14 * MS) is not None
+    assert admit(lane(workers=2), backlog, cost_ns=1 * MS, budget_ns=14 * MS) is None
+
+
+def test_a_fifth_of_the_work_ahead_is_kept_in_hand() -> None:
+    """A queue estimated at 100 ms may take longer; a job admitted with no slack would expire."""
+    backlog = backlog_of(100 * MS)
+    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=110 * MS) is not None
+    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=121 * MS) is None
+
+
+def test_a_yielding_class_counts_the_higher_classes_work_as_ahead_of_it() -> None:
+    assert admit(lane(), backlog_of(), cost_ns=1 * MS, budget_ns=10 * MS, above_ns=20 * MS) is not None
+    assert admit(lane(), backlog_of(), cost_ns=1 * MS, budget_ns=10 * MS, above_ns=5 * MS) is None
+
+
+def test_a_job_is_charged_at_the_dearer_of_a_first_row_and_a_further_row() -> None:
+    times = ServiceTimes()
+    times.observe("m", 1 * MS, rows=1)
+    times.observe("m", 1 * MS + 8 * 2 * MS, rows=9)  # further rows at 2 ms: batches ran beside other work
+    assert times.charge_ns("m", 1) == 2 * MS
+    assert times.charge_ns("m", 3) == 6 * MS
 
 
 def test_finished_work_no_longer_counts_against_a_deadline() -> None:

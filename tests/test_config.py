@@ -176,7 +176,19 @@ INVALID = {
         "classes.realtime.cpu_affinity",
     ),
     "affinity negative": (klass("realtime", "cpu_affinity = [-1]"), "classes.realtime.cpu_affinity"),
+    "yields a string": (klass("bulk", 'yields = "yes"'), "classes.bulk.yields"),
+    "preemptible a number": (klass("bulk", "preemptible = 1"), "classes.bulk.preemptible"),
+    "cap negative": (klass("bulk", "max_call_ms = -1"), "classes.bulk.max_call_ms"),
+    "cap a string": (klass("bulk", 'max_call_ms = "5"'), "classes.bulk.max_call_ms"),
 }
+
+
+def test_a_yielding_class_is_capped_at_a_quarter_of_the_top_deadline_unless_set() -> None:
+    text = "[classes.realtime]\ndeadline_ms = 40.0\n[classes.standard]\nyields = true\n[classes.bulk]\n"
+    capped = {c.name: c.max_call_ms for c in parse(text).classes}
+    assert capped == {"realtime": 0.0, "standard": 10.0, "bulk": 10.0}
+    explicit = {c.name: c.max_call_ms for c in parse(text + "max_call_ms = 0\n").classes}
+    assert explicit["bulk"] == 0.0  # no cap, as set
 
 
 @pytest.mark.parametrize("case", list(INVALID))

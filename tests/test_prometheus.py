@@ -61,14 +61,22 @@ def test_a_scrape_reports_what_the_stats_op_reports(scraped_daemon: tuple[Runnin
     assert value(samples, "edged_invalid_requests_total") == stats["invalid"] >= 1
     assert value(samples, "edged_unroutable_replies_total") == stats["unroutable"]
     assert stats["classes"]["realtime"]["completed"] == 6 and stats["classes"]["bulk"]["completed"] == 3
+    assert stats["classes"]["realtime"]["inline"] == 6  # mlp-light, on an idle realtime lane
     for klass, figures in stats["classes"].items():
         for key, name in (
             ("received", "edged_requests_received_total"),
             ("admitted", "edged_requests_admitted_total"),
             ("backend_calls", "edged_backend_calls_total"),
             ("backend_rows", "edged_backend_rows_total"),
+            ("inline", "edged_requests_inline_total"),
         ):
             assert value(samples, name, **{"class": klass}) == figures[key], (klass, key)
+        for key, name, scale in (
+            ("calls", "edged_preempted_calls_total", 1),
+            ("rows", "edged_preempted_rows_total", 1),
+            ("work_us", "edged_preempted_work_seconds_total", 1e-6),
+        ):
+            assert value(samples, name, **{"class": klass}) == figures["preempted"][key] * scale, (klass, key)
         for outcome in ("completed", "failed", "expired"):
             assert value(samples, "edged_requests_total", **{"class": klass, "outcome": outcome}) == figures[outcome]
         for reason, count in figures["shed"].items():

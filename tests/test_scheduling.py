@@ -217,40 +217,6 @@ def test_long_work_in_one_class_does_not_hold_up_another(context: zmq.Context, m
     assert receive(slow, 60_000).status == "OK"
 
 
-def test_a_model_that_overruns_the_inline_path_stops_stalling_the_others(
-    context: zmq.Context, models_daemon: RunningDaemon
-) -> None:
-    """Realtime runs requests it estimates as tiny on the socket loop itself, so one
-    that overruns its estimate stalls every class once. Once, not again, even after
-    cheap runs make it look tiny: the second long request runs on the lane, and
-    another class is answered while it runs."""
-    running = models_daemon
-    slow, fast, watcher = (connect(context, running.ipc) for _ in range(3))
-    first = exchange(
-        slow, encode_request(0, model="sleeper", klass="realtime", deadline_ms=60_000, inputs=sleep_for(8000)), 60_000
-    )
-    assert first.status == "OK", first.header
-    # Only the inline path says this: the first long request did run on the socket loop.
-    wait_for(lambda: "on the socket loop" in running.log(), 5, "the inline overrun to be logged")
-    # Cheap runs pull the model's estimate back under the inline limit; the overrun
-    # must still keep it off the loop.
-    with Client(running.ipc) as client:
-        for _ in range(150):
-            client.infer("sleeper", sleep_for(0), klass="realtime", deadline_ms=60_000)
-    calls_before = stats(watcher, "realtime")["backend_calls"]
-    slow.send_multipart(
-        encode_request(1, model="sleeper", klass="realtime", deadline_ms=60_000, inputs=sleep_for(8000))
-    )
-    # The loop answers stats while the lane's worker computes: it is not blocked.
-    wait_for(lambda: stats(watcher, "realtime")["backend_calls"] > calls_before, 10, "the lane to start the second one")
-    quick = exchange(
-        fast, encode_request(1, model="mlp-light", klass="standard", inputs=random_input("mlp-light", 1, 0))
-    )
-    assert quick.status == "OK", quick.header
-    assert not slow.poll(0), "the standard request was answered only after realtime's long one"
-    assert receive(slow, 60_000).status == "OK"
-
-
 # --- backend failures ---------------------------------------------------------------
 
 

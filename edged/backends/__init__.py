@@ -8,7 +8,7 @@ does not use (and the server never imports one at all).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -34,9 +34,38 @@ class BackendError(RuntimeError):
     """A backend that cannot be used here; the message says why and how to fix it."""
 
 
+class CallStop:
+    """A handle on one backend call that another thread may cancel.
+
+    The runner binds how to stop its call before starting it (ONNX Runtime:
+    `RunOptions.terminate`, checked between nodes), and a call so stopped raises. A
+    runtime that cannot stop a call once started binds nothing: the call runs to its
+    end and its result stands. A cancel that comes before the bind acts at the bind.
+    """
+
+    __slots__ = ("_stop", "cancelled")
+
+    def __init__(self) -> None:
+        self._stop: Callable[[], None] | None = None
+        self.cancelled = False
+
+    def bind(self, stop: Callable[[], None]) -> None:
+        self._stop = stop
+        if self.cancelled:
+            stop()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self._stop is not None:
+            self._stop()
+
+
 class Runner(Protocol):
-    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        """Run one (possibly batched) call; inputs were checked against the signature."""
+    def run(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
+    ) -> list[np.ndarray]:
+        """Run one (possibly batched) call; inputs were checked against the signature.
+        With `stop`, the call may be cancelled from another thread (see CallStop)."""
         ...
 
     def close(self) -> None: ...

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from edged.backends import CallStop
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 
@@ -30,8 +31,15 @@ class OnnxRuntimeCpuRunner:
         options.log_severity_level = 3
         self._session = ort.InferenceSession(str(model.variant.path), options, providers=["CPUExecutionProvider"])
 
-    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        return self._session.run(list(output_names), inputs)
+    def run(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
+    ) -> list[np.ndarray]:
+        if stop is None:
+            return self._session.run(list(output_names), inputs)
+        options = ort.RunOptions()
+        # ONNX Runtime reads the flag between nodes: the call raises within one node's time.
+        stop.bind(lambda: setattr(options, "terminate", True))
+        return self._session.run(list(output_names), inputs, options)
 
     def close(self) -> None:
         del self._session

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.backends import BackendError, cuda
+from edged.backends import BackendError, CallStop, cuda
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, reserve_lanes
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
@@ -78,17 +78,24 @@ class OnnxRuntimeCudaRunner:
     def providers(self) -> list[str]:
         return self._session.get_providers()
 
-    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
+    ) -> list[np.ndarray]:
         rows = self._signature.rows(inputs)
         if rows > self._max_rows:
             raise BackendError(f"{rows} rows exceed the {self._max_rows} this lane's buffers hold")
         if rows != self._bound_rows:
             self._bind(rows)
+        options = self._run_options[rows]
+        options.terminate = False  # these options are reused: a past cancel must not stop this call
+        if stop is not None:
+            # Read between nodes: kernels already queued on the stream still run.
+            stop.bind(lambda: setattr(options, "terminate", True))
         return cuda.copy_run_sync(
             self.stream,
             [(self._staged[name], array) for name, array in inputs.items()],
             # Enqueued on the lane's stream behind the copies; ONNX Runtime waits for it at the end.
-            lambda: self._session.run_with_iobinding(self._binding, self._run_options[rows]),
+            lambda: self._session.run_with_iobinding(self._binding, options),
             lambda: [(self._staged[name], self._shape(name, rows)) for name in output_names],
         )
 

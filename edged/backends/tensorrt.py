@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.backends import BackendError, Runner
+from edged.backends import BackendError, CallStop, Runner
 from edged.config.classes import ClassConfig
 from edged.models.engines import EngineRecord, Environment, select
 from edged.models.repository import ModelEntry, sha256_of
@@ -165,7 +165,10 @@ class TensorRtRunner:
         for rows in range(1, limit + 1):
             self.run(self._signature.zeros(rows), self._outputs)
 
-    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
+    ) -> list[np.ndarray]:
+        # An enqueued engine cannot be stopped: `stop` binds nothing and the call runs to its end.
         for name in self._inputs:
             self._context.set_input_shape(name, inputs[name].shape)
         key = tuple(inputs[name].shape for name in self._inputs)

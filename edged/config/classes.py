@@ -33,9 +33,19 @@ class ClassConfig:
     reserved_memory_mb: int = 0  # GPU memory reserved for the lane; 0: what the model needs
     cuda_graph: bool = False  # GPU backends: replay a captured CUDA graph per batch size (fixed shapes only)
     stuck_after_ms: int = 10_000  # a backend call open this long is answered INTERNAL and its worker replaced; 0: never
+    # Precedence (edged.serve.precedence). A class that yields starts no backend call
+    # while a higher class has work queued or running; its calls are sized to finish
+    # within max_call_ms (None: a quarter of the highest class's deadline; 0: no cap);
+    # a preemptible class's call in flight is cancelled when a higher request would
+    # miss its deadline behind it, and its jobs run again.
+    yields: bool = False
+    max_call_ms: float | None = None
+    preemptible: bool = False
 
 
-DEFAULT_CLASSES = (
+# As written, before caps are derived (see resolve_caps): the bases a config file's
+# [classes.NAME] tables start from.
+_BUILT_IN = (
     ClassConfig(
         "realtime",
         order=0,
@@ -56,13 +66,32 @@ DEFAULT_CLASSES = (
         batch_wait_us=500,
         nice=10,
         stuck_after_ms=30_000,
+        yields=True,
+        preemptible=True,
     ),
 )
+# The cap a yielding class gets by default: a quarter of the highest class's deadline,
+# so a request of that class waits behind one capped call and keeps most of its budget.
+DERIVED_CAP_SHARE = 0.25
+
+
+def resolve_caps(classes: list[ClassConfig]) -> tuple[ClassConfig, ...]:
+    """The classes in order, each max_call_ms left out made a number: a quarter of the
+    highest class's deadline for a class that yields, else 0 (no cap)."""
+    ordered = sorted(classes, key=lambda c: c.order)
+    derived_ms = DERIVED_CAP_SHARE * ordered[0].deadline_ms
+    return tuple(
+        replace(c, max_call_ms=derived_ms if c.yields and c is not ordered[0] else 0.0) if c.max_call_ms is None else c
+        for c in ordered
+    )
+
+
+DEFAULT_CLASSES = resolve_caps(list(_BUILT_IN))
 
 
 def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
     expect(isinstance(table, dict), "classes", table, "a table of [classes.NAME] tables")
-    defaults = {c.name: c for c in DEFAULT_CLASSES}
+    defaults = {c.name: c for c in _BUILT_IN}
     classes = []
     # A file that names classes defines the full set; a file that names none keeps the defaults.
     for name, settings in table.items() if table else ((n, {}) for n in defaults):
@@ -79,9 +108,18 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             values[key] = read_int(settings, key, getattr(base, key), prefix, 0)
         values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
-        cuda_graph = settings.get("cuda_graph", base.cuda_graph)
-        expect(isinstance(cuda_graph, bool), prefix + "cuda_graph", cuda_graph, "true or false")
-        values["cuda_graph"] = cuda_graph
+        for key in ("cuda_graph", "yields", "preemptible"):
+            flag = settings.get(key, getattr(base, key))
+            expect(isinstance(flag, bool), prefix + key, flag, "true or false")
+            values[key] = flag
+        cap = settings.get("max_call_ms", base.max_call_ms)
+        expect(
+            cap is None or (isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 <= cap <= 3_600_000),
+            prefix + "max_call_ms",
+            cap,
+            "a number of milliseconds, 0 for no cap (leave it out: a quarter of the highest class's deadline)",
+        )
+        values["max_call_ms"] = None if cap is None else float(cap)
         deadline = settings.get("deadline_ms", base.deadline_ms)
         expect(
             isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and 0 < deadline <= 3_600_000,
@@ -102,4 +140,4 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         classes.append(replace(base, **values))
     orders = [c.order for c in classes]
     expect(len(set(orders)) == len(orders), "classes.*.order", orders, "a distinct order for each class")
-    return tuple(sorted(classes, key=lambda c: c.order))
+    return resolve_caps(classes)

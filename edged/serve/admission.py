@@ -7,6 +7,7 @@ A shed is a value with a reason and a retry hint, not an exception.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edged.config.classes import ClassConfig
@@ -14,6 +15,8 @@ from edged.config.classes import ClassConfig
 # Weight of the newest observation in the service-time average: heavy enough to
 # follow a change of load within a few dozen requests, light enough to ignore one outlier.
 EWMA_WEIGHT = 0.1
+# Admission keeps 1/this of the queued work ahead in hand (20%): see admit().
+QUEUE_SLACK_DIVISOR = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +47,19 @@ class ServiceTimes:
             _update(self._extra_row_ns, model, max(call_ns - first, 0.0) / (rows - 1))
 
     def estimate_ns(self, model: str, rows: int = 1) -> int:
-        first = self._first_row_ns.get(model, 0.0)
-        return int(first + (rows - 1) * self._extra_row_ns.get(model, first))
+        return int(self._first_row_ns.get(model, 0.0) + (rows - 1) * self.extra_row_ns(model))
+
+    def charge_ns(self, model: str, rows: int) -> int:
+        """What a job of `rows` rows adds to a lane's work: each row at the dearer of
+        a call's first row and a batch's further rows. A job alone costs its first
+        row; one batched behind others costs further rows, which cost more than the
+        first when batches run beside other work. Priced at the cheaper, a long queue
+        of batched jobs looked shorter than it was, and its tail expired."""
+        return int(rows * max(self._first_row_ns.get(model, 0.0), self.extra_row_ns(model)))
+
+    def extra_row_ns(self, model: str) -> float:
+        """What each row past the first adds to a call (the first row's cost until a batch is seen)."""
+        return self._extra_row_ns.get(model, self._first_row_ns.get(model, 0.0))
 
 
 def _update(averages: dict[str, float], model: str, value: float) -> None:
@@ -61,12 +75,13 @@ class Backlog:
     of its own, so no lock is needed on the hot path of admission.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_empty: Callable[[], None] | None = None) -> None:
         self._added = 0
         self._added_ns = 0
         self._finished = 0
         self._finished_ns = 0
         self._lock = threading.Lock()  # between a lane's own workers
+        self._on_empty = on_empty  # told each time the last job is answered
 
     def add(self, cost_ns: int) -> None:
         self._added += 1
@@ -76,6 +91,8 @@ class Backlog:
         with self._lock:
             self._finished += 1
             self._finished_ns += cost_ns
+        if self._on_empty is not None and self.depth == 0:
+            self._on_empty()
 
     @property
     def depth(self) -> int:
@@ -86,8 +103,9 @@ class Backlog:
         return max(self._added_ns - self._finished_ns, 0)
 
 
-def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int) -> Shed | None:
-    """None to admit; a Shed when the queue is full or the deadline cannot be met."""
+def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, above_ns: int = 0) -> Shed | None:
+    """None to admit; a Shed when the queue is full or the deadline cannot be met.
+    `above_ns` is the work of higher classes that this one waits for (it yields)."""
     depth = backlog.depth
     if depth >= klass.queue_capacity:
         # One slot frees when the average job ahead finishes on one of the workers.
@@ -98,7 +116,10 @@ def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int) ->
             f"(classes.{klass.name}.queue_capacity = {klass.queue_capacity})",
             _ms(per_job_ns / klass.workers),
         )
-    ahead_ns = backlog.work_ns / klass.workers
+    queued_ns = backlog.work_ns // klass.workers + above_ns
+    # The estimate of a long queue errs by a share of its length, and a job admitted with
+    # no slack then expires: admission keeps that share in hand.
+    ahead_ns = queued_ns + queued_ns // QUEUE_SLACK_DIVISOR
     if ahead_ns + cost_ns > budget_ns:
         if cost_ns > budget_ns:
             message = (

@@ -65,20 +65,23 @@ def unstack(jobs: list[Job], names: tuple[str, ...], outputs: list[np.ndarray]) 
     return results
 
 
-def fill(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, wait_us: int) -> Any:
-    """Add compatible queued jobs to `batch`; returns the item that did not fit, if any.
+def fill(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, wait_us: int, max_rows: int) -> Any:
+    """Add compatible queued jobs to `batch`, up to `max_batch` jobs and `max_rows` rows;
+    returns the item that did not fit, if any.
 
     Latency classes (wait_us 0) take only what is already queued; a throughput class
     may wait that long for more.
     """
     wait_until = time.monotonic_ns() + wait_us * 1000
+    rows = sum(job.rows for job in batch)
     while len(batch) < max_batch:
         try:
             remaining_s = (wait_until - time.monotonic_ns()) / 1e9
             item = jobs.get(timeout=remaining_s) if remaining_s > 0 else jobs.get_nowait()
         except queue.Empty:
             return None
-        if not isinstance(item, Job) or not item.fits_with(batch[0]):
+        if not isinstance(item, Job) or not item.fits_with(batch[0]) or rows + item.rows > max_rows:
             return item
         batch.append(item)
+        rows += item.rows
     return None

@@ -22,6 +22,8 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, ServiceTimes, Shed, admit
 from edged.serve.answers import Answers, ReplyFn
 from edged.serve.batching import Job
+from edged.serve.inline import InlinePath
+from edged.serve.precedence import Precedence
 from edged.serve.stats import ClassStats
 from edged.serve.watchdog import OpenCalls
 from edged.serve.worker import STOP, Remeasure, Worker
@@ -30,7 +32,6 @@ from edged.wire.codec import Request, Status
 log = logging.getLogger("edged.lanes")
 
 REMEASURE_EVERY_NS = 1_000_000_000
-INLINE_OVERSHOOT = 4  # an inline run this many times over the limit disqualifies its model
 
 
 class Lane:
@@ -47,18 +48,20 @@ class Lane:
         backend: Backend,
         reply: ReplyFn,
         stats: ClassStats | None = None,
+        precedence: Precedence | None = None,
     ) -> None:
         self.klass = klass
         self.models = models
         self.stats = stats or ClassStats()
-        self.backlog = Backlog()
+        self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
+        self.backlog = Backlog(on_empty=self.precedence.idle)
+        self.precedence.join(klass.order, self.backlog)
         self.service = ServiceTimes()
         self._backend = backend
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._ready = threading.Barrier(klass.workers + 1)
-        self._inline: Worker | None = None  # a started worker whose runners serve inline runs too
-        self._not_inline: set[str] = set()
+        self._inline: InlinePath | None = None
         self._last_remeasure_ns = 0
         self._calls = OpenCalls()
         self._answers = Answers(reply, self.stats, self.backlog)
@@ -74,8 +77,10 @@ class Lane:
         if errors:
             self.stop(timeout_s=1.0)
             raise errors[0]
-        # ONNX Runtime and TensorRT runners take concurrent calls, so a worker's serve inline runs too.
-        self._inline = workers[0]
+        if self.klass.inline_max_us:
+            loop_worker = self._new_worker()
+            loop_worker.load(pin=False)  # the loop's own thread keeps its settings
+            self._inline = InlinePath(self.klass, loop_worker)
 
     @property
     def health(self) -> str:
@@ -100,9 +105,13 @@ class Lane:
             count += 1
 
     def retire(self) -> None:
-        """Let the workers finish every job already queued, then end."""
+        """Let the workers finish every job already queued, then end (socket loop, or
+        the loader for a lane it never opened: the inline path is not called after)."""
         for _ in self._workers():
             self._queue.put(STOP)
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
 
     @property
     def alive(self) -> bool:
@@ -123,9 +132,12 @@ class Lane:
         """Admit a valid request and queue it (or run it inline), or shed it at once."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        cost_ns = self.service.estimate_ns(model.name, model.signature.rows(inputs))
+        cost_ns = self.service.charge_ns(model.name, model.signature.rows(inputs))
         now_ns = time.monotonic_ns()
-        shed = admit(self.klass, self.backlog, cost_ns, budget_ns - (now_ns - received_ns))
+        left_ns = budget_ns - (now_ns - received_ns)
+        # A lane that yields waits for the higher classes' work as well as its own.
+        above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
+        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns)
         if shed is not None:
             if shed.beyond_one_run:
                 self._remeasure(model, now_ns)
@@ -145,7 +157,15 @@ class Lane:
             deadline_ns=received_ns + budget_ns,
             cost_ns=cost_ns,
         )
-        if not self._run_inline(job):
+        if self.precedence.flying:
+            slack_ns = left_ns - cost_ns - self.backlog.work_ns // self.klass.workers
+            self.precedence.make_room(self.klass.order, slack_ns, now_ns)
+        # An idle lane's cheap job runs on the loop, now: two thread hand-offs would cost more.
+        if self._inline is not None and not self.backlog.depth and self._inline.qualifies(job):
+            self.backlog.add(job.cost_ns)
+            self.stats.inline += 1
+            self._inline.run(job)
+        else:
             self.submit(job)
         return job
 
@@ -153,37 +173,6 @@ class Lane:
         """Queue an admitted job for the workers."""
         self.backlog.add(job.cost_ns)
         self._queue.put(job)
-
-    def _run_inline(self, job: Job) -> bool:
-        """Run a cheap job on the caller's (the socket loop's) thread when the lane is idle.
-
-        Two thread handoffs (to a worker and back) cost more than a model of a few
-        tens of microseconds takes to run. A class with `inline_max_us` set runs such
-        jobs at once instead, which delays the loop's next request by about that
-        long; a lane with work queued or running never does, so order is kept.
-        A model whose run overshoots its estimate by far (its cost depends on the
-        values it is given, say) is never run inline again on this lane.
-        """
-        limit_ns = self.klass.inline_max_us * 1000
-        if job.cost_ns > limit_ns or self.backlog.depth or self._inline is None or job.model.name in self._not_inline:
-            return False
-        self.backlog.add(job.cost_ns)
-        # CPU time of this thread, not wall time: being preempted once by another
-        # process must not disqualify a model that is cheap.
-        start = time.thread_time_ns()
-        # ONNX Runtime and TensorRT runners take concurrent calls, so a worker's serve here too.
-        self._inline.run([job])
-        elapsed_ns = time.thread_time_ns() - start
-        if elapsed_ns > INLINE_OVERSHOOT * limit_ns:
-            self._not_inline.add(job.model.name)
-            log.warning(
-                "%s took %.1f ms of CPU on the socket loop, past classes.%s.inline_max_us; "
-                "it now always runs on the lane",
-                job.model.name,
-                elapsed_ns / 1e6,
-                self.klass.name,
-            )
-        return True
 
     def _remeasure(self, model: ModelEntry, now_ns: int) -> None:
         """Refresh the model's service estimate on an idle lane, at most once a second.
@@ -223,8 +212,20 @@ class Lane:
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if not self._calls.abandoned(thread)]
 
+    def _new_worker(self) -> Worker:
+        return Worker(
+            self.klass,
+            self.models,
+            self._backend,
+            self._queue,
+            self._calls,
+            self._answers,
+            self.service,
+            self.precedence,
+        )
+
     def _start_worker(self, ready: threading.Barrier | None) -> Worker:
-        worker = Worker(self.klass, self.models, self._backend, self._queue, self._calls, self._answers, self.service)
+        worker = self._new_worker()
         name = f"lane-{self.klass.name}-{len(self._threads)}"
         thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
         thread.start()

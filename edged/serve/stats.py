@@ -68,7 +68,7 @@ class Histogram:
 
 
 # The kinds of fact a worker hands over (see ClassStats).
-_DONE, _CALL, _EXPIRED, _LATE = range(4)
+_DONE, _CALL, _EXPIRED, _LATE, _PREEMPTED = range(5)
 
 
 @dataclass
@@ -92,6 +92,10 @@ class ClassStats:
     backend_calls: int = 0
     backend_rows: int = 0  # rows handed to the backend: shed or expired work never adds here
     late_dropped: int = 0  # results of calls the watchdog had given up on, never sent
+    inline: int = 0  # requests run on the socket loop itself (edged.serve.inline)
+    preempted: int = 0  # calls cancelled for a higher class; their jobs ran again
+    preempted_rows: int = 0
+    preempted_work_us: int = 0  # compute thrown away by those calls
     queue_us: Histogram = field(default_factory=Histogram)
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
@@ -112,6 +116,10 @@ class ClassStats:
     def report_expired(self) -> None:
         """A request whose deadline passed while it was queued."""
         self._facts.append((_EXPIRED,))
+
+    def report_preempted(self, rows: int, work_us: int) -> None:
+        """A call of `rows` rows cancelled for a higher class after `work_us` of compute."""
+        self._facts.append((_PREEMPTED, rows, work_us))
 
     def report_late(self) -> None:
         """A result the watchdog had already answered for, dropped."""
@@ -142,6 +150,10 @@ class ClassStats:
                     self.backend_rows += fact[1]
                 elif kind == _EXPIRED:
                     self.expired += 1
+                elif kind == _PREEMPTED:
+                    self.preempted += 1
+                    self.preempted_rows += fact[1]
+                    self.preempted_work_us += fact[2]
                 else:
                     self.late_dropped += 1
 
@@ -157,6 +169,8 @@ class ClassStats:
                 "backend_calls": self.backend_calls,
                 "backend_rows": self.backend_rows,
                 "late_dropped": self.late_dropped,
+                "inline": self.inline,
+                "preempted": {"calls": self.preempted, "rows": self.preempted_rows, "work_us": self.preempted_work_us},
                 "queue_depth": queue_depth,
                 "latency_us": {
                     "queue": self.queue_us.summary(),

@@ -5,6 +5,10 @@ a job whose deadline passed while it waited is answered DEADLINE_EXCEEDED and no
 run; the rest run alone or, where the class allows, batched with what waits beside
 them. Each result goes to the lane's Answers; the worker touches no socket and
 writes no figure (it reports facts to the class's stats).
+
+A class that yields waits for its turn before each call, and sizes the call's batch
+to its cap; a preemptible class's call may be cancelled by a higher arrival, and
+then its jobs wait for their turn again and run again (edged.serve.precedence).
 """
 
 from __future__ import annotations
@@ -12,17 +16,19 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.backends import Backend, Runner
+from edged.backends import Backend, CallStop, Runner
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 from edged.serve.admission import ServiceTimes
 from edged.serve.answers import Answers
 from edged.serve.batching import Job, fill, stack, unstack
+from edged.serve.precedence import Precedence
 from edged.serve.watchdog import OpenCalls
 
 log = logging.getLogger("edged.lanes")
@@ -54,17 +60,19 @@ class Worker:
     calls: OpenCalls
     answers: Answers
     service: ServiceTimes
+    precedence: Precedence
     runners: dict[str, Runner] = field(default_factory=dict)
     error: BaseException | None = None  # why `load` failed
     loaded: threading.Event = field(default_factory=threading.Event)
 
-    def load(self) -> None:
-        """Pin the thread as the class asks, then load and warm each model (on the worker's thread)."""
+    def load(self, pin: bool = True) -> None:
+        """Pin the thread as the class asks (unless `pin` is false), then load and warm
+        each model, on the thread that will call the runners."""
         # Both apply to the calling thread on Linux, and the backend's own
         # threads, created from this one, inherit them.
-        if self.klass.cpu_affinity:
+        if pin and self.klass.cpu_affinity:
             os.sched_setaffinity(0, self.klass.cpu_affinity)
-        if self.klass.nice:
+        if pin and self.klass.nice:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.klass.nice)
         for model in self.models:
             self.runners[model.name] = self.backend.load(model, self.klass)
@@ -85,9 +93,12 @@ class Worker:
             if isinstance(job, Remeasure):
                 self._measure(job.model, rows=1, runs=1)
                 continue
+            if self.klass.yields:
+                self.precedence.wait_turn(self.klass.order)
             batch = [job]
             if self.klass.max_batch > 1 and job.model.signature.batchable:
-                held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us)
+                rows = self._row_cap(job.model)
+                held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us, rows)
             self.run(batch)
         for runner in self.runners.values():
             runner.close()
@@ -102,37 +113,66 @@ class Worker:
             elapsed = time.perf_counter_ns() - start
         self.service.observe(model.name, elapsed, rows)
 
+    def _row_cap(self, model: ModelEntry) -> int:
+        """The most rows of `model` one call may carry and still end within the class's
+        max_call_ms, by the lane's estimate (at least one: a job is never split)."""
+        cap_ns = (self.klass.max_call_ms or 0) * 1e6  # None: a class built by hand, never derived
+        if not cap_ns:
+            return sys.maxsize
+        first_ns, extra_ns = self.service.estimate_ns(model.name, 1), self.service.extra_row_ns(model.name)
+        return 1 + max(int((cap_ns - first_ns) // extra_ns), 0) if extra_ns > 0 else sys.maxsize
+
     def run(self, batch: list[Job]) -> None:
-        """Run the batch's live jobs in one backend call and answer each of them."""
-        taken_ns = time.monotonic_ns()
-        live = []
-        for job in batch:
-            if taken_ns > job.deadline_ns:
-                self.answers.expired(job)
-            else:
-                live.append(job)
-        if not live:
-            return
+        """Run the batch's live jobs in one backend call and answer each of them; a call
+        cancelled for a higher class runs again, once that class is done, until its
+        jobs are answered or expire."""
+        while True:
+            taken_ns = time.monotonic_ns()
+            live = []
+            for job in batch:
+                if taken_ns > job.deadline_ns:
+                    self.answers.expired(job)
+                else:
+                    live.append(job)
+            if not live or not self._call(live, taken_ns):
+                return
+            batch = live
+            self.precedence.wait_turn(self.klass.order)
+
+    def _call(self, live: list[Job], taken_ns: int) -> bool:
+        """One backend call for `live`; True when it was cancelled and must run again."""
         inputs, names = stack(live)
         rows = sum(job.rows for job in live)
         self.answers.stats.report_call(rows)
         runner = self.runners[live[0].model.name]
+        stop = CallStop() if self.klass.preemptible else None
         start = time.perf_counter_ns()
         self.calls.begin(live, time.monotonic_ns())
+        if stop is not None:
+            predicted_ns = self.service.estimate_ns(live[0].model.name, rows)
+            self.precedence.take_off(self.klass.order, stop, predicted_ns, time.monotonic_ns())
         try:
-            outputs = runner.run(inputs, names)
+            outputs = runner.run(inputs, names, stop)
         except Exception as exc:
             self.calls.end()
+            if stop is not None:
+                self.precedence.land(stop)
+                if stop.cancelled:
+                    self.answers.stats.report_preempted(rows, (time.perf_counter_ns() - start) // 1000)
+                    return True
             if len(live) > 1:
                 # Run each alone, so only the request that fails gets INTERNAL.
                 for job in live:
                     self.run([job])
-                return
+                return False
             self.answers.result(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
             log.warning("backend error on %s: %s", live[0].model.name, exc)
-            return
+            return False
         self.calls.end()
+        if stop is not None:
+            self.precedence.land(stop)
         compute_ns = time.perf_counter_ns() - start
         self.service.observe(live[0].model.name, compute_ns, rows)
         for job, result in zip(live, unstack(live, names, outputs)):
             self.answers.result(job, taken_ns, compute_ns, outputs=result)
+        return False

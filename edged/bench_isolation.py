@@ -1,0 +1,128 @@
+"""`edged bench --isolation`: realtime against a bulk flood of the same heavy model.
+
+The hard case for a priority daemon: both classes send `cnn-heavy`, so every bulk
+batch competes with realtime for the same cores. For each configuration (every
+mechanism on, then yield, cap and preemption each turned off in turn, then all
+off), one freshly started daemon serves:
+- realtime alone, at 50 requests/s (a quarter of bulk's capacity, if lower);
+- the same realtime stream beside bulk at 0.5x, 1x, 2x and 3x its capacity.
+Bulk's capacity is its goodput alone, offered far more than it can take, on the
+configuration with every mechanism off (its best: the largest batches).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edged.bench import Stream, run_load
+from edged.client import Client
+from edged.launch import DaemonProcess
+
+MODEL = "cnn-heavy"
+REALTIME_RPS = 50.0
+FACTORS = (0.5, 1.0, 2.0, 3.0)
+# Each configuration's [classes.bulk] lines; the other two classes keep their defaults.
+ABLATIONS: dict[str, str] = {
+    "all on": "",
+    "no yield": "yields = false\n",
+    "no cap": "max_call_ms = 0\n",
+    "no preemption": "preemptible = false\n",
+    "all off": "yields = false\nmax_call_ms = 0\npreemptible = false\n",
+}
+BEST = "all off"
+
+
+def _config(bulk_lines: str) -> str:
+    return f"[classes.realtime]\n[classes.standard]\n[classes.bulk]\n{bulk_lines}"
+
+
+def _bulk_figures(client: Client) -> dict[str, int]:
+    bulk = client.stats()["classes"]["bulk"]
+    return {"preempted": bulk["preempted"]["calls"], "expired": bulk["expired"]}
+
+
+def _step(client: Client, endpoint: str, streams: list[Stream], duration_s: float) -> dict[str, Any]:
+    """One load step: each stream's figures, and what the daemon's own counters moved by."""
+    inputs = {m["name"]: m["inputs"] for m in client.models()}
+    before = _bulk_figures(client)
+    rows = run_load(endpoint, streams, inputs, duration_s)
+    after = _bulk_figures(client)
+    return {
+        "classes": {row["class"]: row for row in rows},
+        "bulk_stats": {key: after[key] - before[key] for key in after},
+    }
+
+
+def run_isolation(duration_s: float, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every configuration's figures, and bulk's capacity they are scaled by."""
+    results: dict[str, Any] = {"model": MODEL, "duration_s": duration_s, "configs": {}}
+    with tempfile.TemporaryDirectory(prefix="edged-iso-") as folder:
+        config = Path(folder) / "edged.toml"
+        endpoint = f"ipc://{folder}/edged.sock"
+        for name in [BEST, *(n for n in ABLATIONS if n != BEST)]:
+            config.write_text(_config(ABLATIONS[name]))
+            with (
+                DaemonProcess([endpoint], config=config, log_path=Path(folder) / "daemon.log") as daemon,
+                Client(endpoint) as client,
+            ):
+                daemon.wait_serving()
+                if name == BEST:
+                    alone = _step(client, endpoint, [Stream("bulk", MODEL, 2000.0)], duration_s)
+                    results["bulk_capacity_rps"] = alone["classes"]["bulk"]["goodput_rps"]
+                capacity = results["bulk_capacity_rps"]
+                realtime = Stream("realtime", MODEL, min(REALTIME_RPS, capacity / 4))
+                steps = {"alone": _step(client, endpoint, [realtime], duration_s)}
+                for factor in FACTORS:
+                    if progress is not None:
+                        progress(f"{name}: bulk at {factor}x capacity\n")
+                    bulk = Stream("bulk", MODEL, factor * capacity)
+                    steps[str(factor)] = _step(client, endpoint, [realtime, bulk], duration_s)
+                results["configs"][name] = steps
+    return results
+
+
+def format_isolation(results: dict[str, Any]) -> str:
+    """One line per configuration and load: realtime's percentiles and OK share, bulk's goodput."""
+    capacity = results["bulk_capacity_rps"]
+    lines = [
+        f"bulk capacity alone ({BEST}): {capacity:.1f} req/s of {results['model']}",
+        f"{'config':<14} {'bulk load':>9} {'rt ok':>7} {'p50':>7} {'p99':>7} {'p99.9':>7} {'p99/alone':>9} "
+        f"{'bulk good':>9} {'preempted':>9} {'expired':>7}",
+    ]
+    for name, steps in results["configs"].items():
+        alone_p99 = steps["alone"]["classes"]["realtime"]["latency_us"]["p99"]
+        for step, figures in steps.items():
+            rt = figures["classes"]["realtime"]
+            bulk = figures["classes"].get("bulk")
+            lat = rt["latency_us"]
+            good = f"{bulk['goodput_rps'] / capacity:>8.0%}" if bulk else f"{'-':>9}"
+            lines.append(
+                f"{name:<14} {step:>9} {rt['ok_fraction']:>7.2%} "
+                + " ".join(f"{lat[k] / 1000:>7.2f}" for k in ("p50", "p99", "p999"))
+                + f" {lat['p99'] / alone_p99:>9.2f} {good} {figures['bulk_stats']['preempted']:>9} "
+                f"{figures['bulk_stats']['expired']:>7}"
+            )
+    lines.append("(realtime latency of OK replies in ms; bulk goodput as a share of its capacity alone)")
+    return "\n".join(lines)
+
+
+def plot_isolation(results: dict[str, Any], path: str) -> None:
+    """Realtime p99 against bulk load, one line per configuration."""
+    from edged.bench import pyplot
+
+    plt = pyplot()
+    figure, ax = plt.subplots(figsize=(6, 4))
+    for name, steps in results["configs"].items():
+        factors = [0.0, *FACTORS]
+        p99 = [steps[key]["classes"]["realtime"]["latency_us"]["p99"] / 1000 for key in ("alone", *map(str, FACTORS))]
+        ax.plot(factors, p99, marker="o", label=name)
+    ax.set_xlabel(f"bulk load ({results['model']}, multiples of its capacity alone)")
+    ax.set_ylabel(f"realtime p99 (ms), {results['model']}")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)

@@ -1,0 +1,104 @@
+"""The inline path: a job estimated as tiny runs on the socket loop itself.
+
+Two thread hand-offs (to a worker and back) cost more than a model of a few tens of
+microseconds takes to run, so a class with `inline_max_us` set runs such jobs at
+once, on the loop, when its lane is idle. That delays the loop's next request by
+about as long, so a model whose inline runs overrun by far (its cost follows the
+values it is given, say) is taken off the loop. One slow run is not enough: a first
+call on a fresh thread, a page fault or a preemption can cost milliseconds once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from edged.config.classes import ClassConfig
+from edged.serve.batching import Job
+from edged.serve.worker import Worker
+
+log = logging.getLogger("edged.lanes")
+
+OVERSHOOT = 4  # an inline run this many times over the limit is an overrun
+STRIKES = 3  # this many overruns ...
+WITHIN_RUNS = 64  # ... within this many inline runs of the model take it off the loop
+# Admissions estimated under the limit that bring a model back, doubled each time it is taken off.
+REQUALIFY_AFTER = 100
+
+
+@dataclass(slots=True)
+class _Standing:
+    """One model's record on the inline path."""
+
+    runs: int = 0
+    overruns: deque[int] = field(default_factory=lambda: deque(maxlen=STRIKES))  # run numbers of recent overruns
+    barred: bool = False
+    times_barred: int = 0
+    clean: int = 0  # admissions estimated under the limit since it was barred
+
+
+class InlinePath:
+    """A lane's inline path, with runners of its own: a worker that is loaded for the
+    socket loop (on the loader's thread, before the lane serves) and never started.
+
+    Owned by the socket loop: from the first request on, only the loop calls `offer`
+    and writes the standings; the runners are never shared with a lane worker, so
+    a worker that the watchdog replaces takes nothing of the loop's with it.
+    """
+
+    def __init__(self, klass: ClassConfig, worker: Worker) -> None:
+        self._klass = klass
+        self._worker = worker
+        self._limit_ns = klass.inline_max_us * 1000
+        self._standing: dict[str, _Standing] = {model.name: _Standing() for model in worker.models}
+
+    def qualifies(self, job: Job) -> bool:
+        """Whether `job` may run here (its lane must be idle too); counts towards a
+        barred model's return."""
+        standing = self._standing[job.model.name]
+        cheap = job.cost_ns <= self._limit_ns
+        if standing.barred:
+            standing.clean = standing.clean + 1 if cheap else 0
+            if standing.clean < REQUALIFY_AFTER << (standing.times_barred - 1):
+                return False
+            standing.barred = False
+            standing.overruns.clear()
+            log.info("%s runs on the socket loop again (class %s)", job.model.name, self._klass.name)
+        return cheap
+
+    def run(self, job: Job) -> None:
+        """Run a job that qualifies, here and now, and answer it."""
+        # CPU time of this thread, not wall time: being preempted by another process
+        # is not the model's cost.
+        start = time.thread_time_ns()
+        self._worker.run([job])
+        elapsed_ns = time.thread_time_ns() - start
+        standing = self._standing[job.model.name]
+        standing.runs += 1
+        if elapsed_ns > OVERSHOOT * self._limit_ns:
+            self._overran(job, standing, elapsed_ns)
+
+    def _overran(self, job: Job, standing: _Standing, elapsed_ns: int) -> None:
+        standing.overruns.append(standing.runs)
+        if len(standing.overruns) < STRIKES or standing.runs - standing.overruns[0] >= WITHIN_RUNS:
+            return
+        standing.barred = True
+        standing.times_barred += 1
+        standing.clean = 0
+        log.warning(
+            "%s took %.1f ms of CPU on the socket loop, its %d overruns of classes.%s.inline_max_us within %d runs; "
+            "it runs off the socket loop, on the lane, until %d requests in a row look cheap",
+            job.model.name,
+            elapsed_ns / 1e6,
+            STRIKES,
+            self._klass.name,
+            WITHIN_RUNS,
+            REQUALIFY_AFTER << (standing.times_barred - 1),
+        )
+
+    def close(self) -> None:
+        for runner in self._worker.runners.values():
+            runner.close()
+        self._worker.runners.clear()

@@ -1,0 +1,97 @@
+"""The inline path: realtime runs a job it estimates as tiny on the socket loop itself.
+
+It must stay safe when the lane's workers come and go, and it must not write a cheap
+model off for good because of one slow run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+import zmq
+from support import RunningDaemon, connect, exchange, header, random_input, short_dir, wait_for
+from test_scheduling import save_sleeper, sleep_for
+
+from edged.protocol import encode_request
+
+# Realtime's watchdog fires at 200 ms; the sleeper's long runs take 0.8 s and 1.6 s here.
+CONFIG = """
+[server]
+model_repository = "{repository}"
+
+[classes.realtime]
+deadline_ms = 60000
+stuck_after_ms = 200
+
+[classes.standard]
+
+[classes.bulk]
+"""
+
+
+@pytest.fixture
+def running(own_daemon) -> Iterator[RunningDaemon]:
+    repository = short_dir()
+    save_sleeper(repository)
+    yield own_daemon(CONFIG.format(repository=repository))
+    shutil.rmtree(repository, ignore_errors=True)
+
+
+def realtime_stats(sock: zmq.Socket) -> dict:
+    return exchange(sock, [header(id="s", op="stats")]).header["classes"]["realtime"]
+
+
+def light(request_id: object) -> list:
+    return encode_request(request_id, model="mlp-light", klass="realtime", inputs=random_input("mlp-light", 1, 0))
+
+
+def test_inline_requests_survive_the_watchdog_replacing_the_lanes_worker(
+    context: zmq.Context, running: RunningDaemon
+) -> None:
+    """Reproduced bug: the inline path borrowed the runners of the lane's first worker.
+    Once the watchdog gave up on that worker and its hung call returned, the worker
+    closed them, and every inline request after that was answered INTERNAL."""
+    sock, watcher = connect(context, running.ipc), connect(context, running.ipc)
+    assert exchange(sock, light("before")).status == "OK"
+    # A long run on the loop teaches the lane the sleeper is slow, so the next one goes to the worker.
+    slow = encode_request("taught", model="sleeper", klass="realtime", inputs=sleep_for(8000))
+    assert exchange(sock, slow, 60_000).status == "OK"
+    hung = exchange(sock, encode_request("hung", model="sleeper", klass="realtime", inputs=sleep_for(16000)))
+    assert hung.status == "INTERNAL" and "has not returned" in hung.header["error"], hung.header
+    # The abandoned worker's call returns and that worker ends: its runners are gone now.
+    wait_for(lambda: realtime_stats(watcher)["late_dropped"] == 1, 60, "the hung call to return")
+    inline_before = realtime_stats(watcher)["inline"]
+    for i in range(20):
+        reply = exchange(sock, light(i))
+        assert reply.status == "OK", reply.header
+    assert realtime_stats(watcher)["inline"] - inline_before == 20, "the light requests did not run inline"
+
+
+def test_one_slow_inline_run_does_not_disqualify_a_model_and_repeated_ones_do_for_a_while(
+    context: zmq.Context, running: RunningDaemon
+) -> None:
+    """A first call on a fresh thread, a page fault, a preemption: one slow run is noise.
+    Repeated overruns take a model off the loop; clean runs on the lane bring it back.
+    The sleeper's cost follows a value, so cheap runs make it look tiny again between
+    its slow ones (about 40 ms: over a hundred times realtime's 300 us inline limit)."""
+    sock, watcher = connect(context, running.ipc), connect(context, running.ipc)
+
+    def inline_runs(requests: int, n: int) -> int:
+        before = realtime_stats(watcher)["inline"]
+        for i in range(requests):
+            request = encode_request(i, model="sleeper", klass="realtime", inputs=sleep_for(n))
+            assert exchange(sock, request, 60_000).status == "OK"
+        return realtime_stats(watcher)["inline"] - before
+
+    assert inline_runs(10, 0) == 10
+    for overrun in range(1, 4):
+        assert inline_runs(1, 400) == 1, f"slow run {overrun} was not inline"
+        if overrun < 3:
+            # Its estimate falls back under the limit within the 40 cheap runs, and inline they go.
+            assert inline_runs(40, 0) > 0, f"{overrun} overrun(s) disqualified the model"
+            assert "off the socket loop" not in running.log()
+    wait_for(lambda: "off the socket loop" in running.log(), 5, "the disqualification to be logged")
+    assert inline_runs(40, 0) == 0, "a disqualified model still ran inline"
+    assert inline_runs(200, 0) > 0, "the model never qualified again after clean runs on the lane"
