@@ -78,6 +78,7 @@ class StreamResult:
                 "p999": float(np.percentile(latencies, 99.9)),
                 "max": float(latencies.max()),
             },
+            "shed_in_daemon_us_p999": float(np.percentile(shed, 99.9)),
             "shed_in_daemon_us_max": int(shed.max()),
             "send_lag_us_p99": float(np.percentile(self.send_lag_us, 99)) if self.send_lag_us else 0.0,
         }
