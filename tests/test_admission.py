@@ -120,3 +120,10 @@ def test_service_time_follows_a_change_of_load() -> None:
     for _ in range(100):
         times.observe("m", call_ns=3 * MS, rows=1)
     assert abs(times.estimate_ns("m") - 3 * MS) < 0.01 * MS
+
+
+def test_work_already_done_by_the_call_in_flight_is_not_ahead() -> None:
+    """A 30 ms call that has run for 25 ms leaves 5 ms ahead, not 30."""
+    backlog = backlog_of(30 * MS)
+    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS) is not None
+    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS, done_ns=25 * MS) is None

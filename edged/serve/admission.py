@@ -103,9 +103,12 @@ class Backlog:
         return max(self._added_ns - self._finished_ns, 0)
 
 
-def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, above_ns: int = 0) -> Shed | None:
+def admit(
+    klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, above_ns: int = 0, done_ns: int = 0
+) -> Shed | None:
     """None to admit; a Shed when the queue is full or the deadline cannot be met.
-    `above_ns` is the work of higher classes that this one waits for (it yields)."""
+    `above_ns` is the work of higher classes that this one waits for (it yields);
+    `done_ns` the part of the lane's own backlog that its calls in flight have done."""
     depth = backlog.depth
     if depth >= klass.queue_capacity:
         # One slot frees when the average job ahead finishes on one of the workers.
@@ -116,7 +119,7 @@ def admit(klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, ab
             f"(classes.{klass.name}.queue_capacity = {klass.queue_capacity})",
             _ms(per_job_ns / klass.workers),
         )
-    queued_ns = backlog.work_ns // klass.workers + above_ns
+    queued_ns = max(backlog.work_ns - done_ns, 0) // klass.workers + above_ns
     # The estimate of a long queue errs by a share of its length, and a job admitted with
     # no slack then expires: admission keeps that share in hand.
     ahead_ns = queued_ns + queued_ns // QUEUE_SLACK_DIVISOR

@@ -137,7 +137,7 @@ class Lane:
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
-        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns)
+        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns))
         if shed is not None:
             if shed.beyond_one_run:
                 self._remeasure(model, now_ns)

@@ -53,6 +53,16 @@ class OpenCalls:
                 jobs.extend(call.jobs)
         return jobs
 
+    def done_ns(self, now_ns: int) -> int:
+        """How much of the work charged for the calls in flight is already done, by
+        their elapsed time (each at most its charge): admission counts only the rest
+        as ahead (socket loop, on each arrival)."""
+        if not self._open:
+            return 0
+        # A snapshot without the lock: a call that begins or ends meanwhile is off by one call.
+        calls = list(self._open.values())
+        return sum(min(now_ns - call.started_ns, sum(job.cost_ns for job in call.jobs)) for call in calls)
+
     def abandoned(self, thread: threading.Thread) -> bool:
         """Whether the watchdog gave up on `thread`: a worker asks before each job."""
         # A set lookup without the lock: a stale answer only delays the worker by one job.
