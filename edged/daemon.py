@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -59,6 +60,10 @@ class Daemon:
 
     def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
         self.config = config
+        if config.classes[0].cpu_affinity:
+            # The loop runs the highest class's inline work: it runs on that class's cores.
+            # Pinned before any thread starts (ZeroMQ's I/O thread among them), which inherit it.
+            os.sched_setaffinity(0, config.classes[0].cpu_affinity)
         self.lifecycle = Lifecycle()
         self.server = Server(
             config.endpoints,

@@ -270,3 +270,15 @@ def test_the_example_config_names_every_key_at_its_default() -> None:
     class_keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name"}
     for name, table in raw["classes"].items():
         assert set(table) == class_keys, f"classes.{name} lacks {sorted(class_keys - set(table))}"
+
+
+def test_on_six_cores_or_more_realtime_and_the_loop_get_cores_of_their_own() -> None:
+    from edged.config.classes import resolve_cores
+
+    defaults = parse("").classes
+    assert all(c.cpu_affinity == () for c in resolve_cores(defaults, [0, 1, 2, 3, 4]))  # too few to split
+    split = {c.name: c.cpu_affinity for c in resolve_cores(defaults, list(range(16)))}
+    assert split == {"realtime": (0, 1, 2, 3), "standard": tuple(range(4, 16)), "bulk": tuple(range(4, 16))}
+    assert resolve_cores(defaults, list(range(6)))[0].cpu_affinity == (0, 1)
+    named = parse(klass("realtime", "cpu_affinity = [0]")).classes
+    assert resolve_cores(named, list(range(16))) == named  # a class that names its cores takes over

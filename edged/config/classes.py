@@ -86,7 +86,28 @@ def resolve_caps(classes: list[ClassConfig]) -> tuple[ClassConfig, ...]:
     )
 
 
-DEFAULT_CLASSES = resolve_caps(list(_BUILT_IN))
+# From this many usable cores on, the highest class and the socket loop get cores of
+# their own by default (see resolve_cores); below it, every lane may run anywhere.
+SPLIT_FROM_CORES = 6
+
+
+def resolve_cores(classes: tuple[ClassConfig, ...], usable: list[int]) -> tuple[ClassConfig, ...]:
+    """Where no class names its cores, on a machine with SPLIT_FROM_CORES or more: the
+    highest class gets a quarter of them (at least 2), shared with the socket loop
+    (edged.daemon pins it there), and every other class the rest, so bulk never
+    computes on realtime's cores or starves the loop."""
+    if len(usable) < SPLIT_FROM_CORES or any(c.cpu_affinity for c in classes):
+        return classes
+    split = max(2, len(usable) // 4)
+    own, rest = tuple(usable[:split]), tuple(usable[split:])
+    return tuple(replace(c, cpu_affinity=own if i == 0 else rest) for i, c in enumerate(classes))
+
+
+def usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+DEFAULT_CLASSES = resolve_cores(resolve_caps(list(_BUILT_IN)), usable_cores())
 
 
 def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
@@ -129,7 +150,7 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         )
         values["deadline_ms"] = float(deadline)
         affinity = settings.get("cpu_affinity", list(base.cpu_affinity))
-        usable = sorted(os.sched_getaffinity(0))
+        usable = usable_cores()
         expect(
             isinstance(affinity, list) and all(isinstance(c, int) and c in usable for c in affinity),
             prefix + "cpu_affinity",
@@ -140,4 +161,4 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         classes.append(replace(base, **values))
     orders = [c.order for c in classes]
     expect(len(set(orders)) == len(orders), "classes.*.order", orders, "a distinct order for each class")
-    return resolve_caps(classes)
+    return resolve_cores(resolve_caps(classes), usable_cores())
