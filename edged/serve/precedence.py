@@ -55,6 +55,7 @@ class Precedence:
         self._lanes: list[tuple[int, Depth]] = []
         self._flights: dict[int, _Flight] = {}  # by id of the call's stop
         self._turn = threading.Condition()
+        self._waiting = 0  # workers inside wait_turn; written under _turn
 
     def join(self, order: int, backlog: Depth) -> None:
         self._lanes.append((order, backlog))
@@ -72,13 +73,18 @@ class Precedence:
         if not self.busy_above(order):
             return
         with self._turn:
+            self._waiting += 1
             while self.busy_above(order):
                 self._turn.wait(WAIT_SLICE_S)
+            self._waiting -= 1
 
     def idle(self) -> None:
         """A lane has just run dry: wake the workers that yield to it."""
-        with self._turn:
-            self._turn.notify_all()
+        # Read without the lock, so that a lane's every answer costs no lock when nobody
+        # waits; a wake-up missed in a race costs the waiter one WAIT_SLICE_S.
+        if self._waiting:
+            with self._turn:
+                self._turn.notify_all()
 
     def take_off(self, order: int, stop: CallStop, predicted_ns: int, now_ns: int) -> None:
         self._flights[id(stop)] = _Flight(order, now_ns, predicted_ns, stop)
