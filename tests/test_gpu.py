@@ -31,7 +31,7 @@ from edged.backends.gpu_memory import (
     lane_reservation,
     reserve_lanes,
 )
-from edged.client import Client
+from edged.client import Client, InvalidArgument
 from edged.config import ClassConfig, ConfigError, parse_config
 from edged.models.repository import ModelEntry, Variant, discover
 from edged.wire.codec import TensorSpec
@@ -142,6 +142,10 @@ def test_fake_gpu_daemon_reports_each_lane_reservation_in_stats_and_models() -> 
         with Client(endpoint, timeout_ms=60_000) as client:
             wait_for(lambda: daemon.poll() is None and client.health()["state"] == "serving", 60, "serving")
             stats, models = client.stats(), client.models()
+            # Its buffers hold max_batch rows: 5 rows on realtime (max_batch 4) are refused at admission.
+            with pytest.raises(InvalidArgument, match=r"5 rows exceed classes\.realtime\.max_batch = 4"):
+                client.infer("mlp-light", random_input("mlp-light", 5, seed=1), klass="realtime")
+            assert client.infer("mlp-light", random_input("mlp-light", 4, seed=1), klass="realtime")["scores"].shape
     finally:
         daemon.terminate()
         assert daemon.wait(30) == 0
@@ -174,6 +178,14 @@ def test_a_backend_that_reserves_nothing_adds_no_gpu_fields(daemon: RunningDaemo
         stats, models = client.stats(), client.models()
     assert all("gpu" not in figures for figures in stats["classes"].values())
     assert all("reserved" not in model for model in models)
+
+
+def test_the_cpu_backend_serves_more_rows_than_max_batch(daemon: RunningDaemon, reference: Reference) -> None:
+    """ONNX Runtime's CPU runner has no fixed buffers: 5 rows on realtime (max_batch 4) run, in one call."""
+    inputs = random_input("mlp-light", 5, seed=2)
+    with Client(daemon.ipc, timeout_ms=30_000) as client:
+        got = client.infer("mlp-light", inputs, klass="realtime", deadline_ms=10_000)["scores"]
+    np.testing.assert_allclose(got, reference.run("mlp-light", inputs), rtol=1e-5, atol=1e-5)
 
 
 # --- without a GPU: a clear refusal ---------------------------------------------------

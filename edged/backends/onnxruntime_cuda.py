@@ -149,6 +149,8 @@ class OnnxRuntimeCuda:
     `reserve` (the loader thread, before any lane loads) writes the plans that the
     workers' `load` then reads."""
 
+    fixed_rows = True  # each runner's buffers hold its class's max_batch rows
+
     def __init__(self) -> None:
         reason = cuda.cuda_available()
         if reason is not None:

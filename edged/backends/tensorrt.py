@@ -72,6 +72,8 @@ class TensorRt:
     Its one mutable field, the engines shared by lanes, is written by the loading
     workers, under `_lock`."""
 
+    fixed_rows = True  # each runner's buffers hold its class's max_batch rows
+
     def __init__(self, fallback: str | None = None) -> None:
         self._fallback = fallback
         self._lock = threading.Lock()
