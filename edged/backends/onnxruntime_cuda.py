@@ -52,8 +52,14 @@ class OnnxRuntimeCudaRunner:
             self._session = ort.InferenceSession(
                 str(model.variant.path), self._options(), providers=[(PROVIDER, self._provider(lane, reservation))]
             )
-            if self._session.get_providers()[0] != PROVIDER:
-                raise BackendError(f"{model.name}: ONNX Runtime did not place the session on {PROVIDER}")
+            placed = self._session.get_providers()[0]
+            if placed != PROVIDER:
+                # ONNX Runtime falls back to the CPU without raising when the CUDA provider cannot load.
+                raise BackendError(
+                    f"{model.name}: ONNX Runtime put the session on {placed}, not {PROVIDER}, so its CUDA provider "
+                    "did not load (cuDNN or cuBLAS not found: python -c 'import onnxruntime as o; o.preload_dlls(); "
+                    "o.print_debug_info()' shows what it finds)"
+                )
             for spec in self._specs.values():
                 nbytes = int(np.prod(fixed_shape(model, spec, self._max_rows), dtype=np.int64))
                 self._staged[spec.name] = cuda.Staged(DTYPES[spec.dtype], nbytes * DTYPES[spec.dtype].itemsize)
@@ -162,6 +168,11 @@ class OnnxRuntimeCuda:
                 f'server.backend = "onnxruntime-cuda" needs onnxruntime-gpu, but this onnxruntime has no {PROVIDER}: '
                 "pip uninstall -y onnxruntime && pip install -e '.[gpu]'"
             )
+        # onnxruntime-gpu (1.21+) finds the cuDNN and cuBLAS of the nvidia-* wheels only
+        # when asked to load them, before its first CUDA session.
+        preload = getattr(ort, "preload_dlls", None)
+        if preload is not None:
+            preload()
         self._ort = ort
         cuda.set_device(DEVICE)
         self.device = cuda.device_info(DEVICE)
