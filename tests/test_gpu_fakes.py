@@ -7,6 +7,7 @@ the real libraries behave as the fakes do.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 from fake_cuda import PROVIDER, FakeCuda, FakeOrt
@@ -61,3 +62,15 @@ def test_fake_ort_session_placed_on_the_cpu_stops_start_up_in_one_sentence(
     assert f"put the session on CPUExecutionProvider, not {PROVIDER}" in message
     assert "preload_dlls" in message and message.count(". ") == 0
     assert log[-1] == "stream.close"  # what the runner made is given back
+
+
+def test_fake_ort_cuda_graphs_are_captured_at_load_for_every_batch_size(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    """The fake provider captures on the run after two regular runs of a graph id, as recent releases do."""
+    ort = fake_ort(monkeypatch, log)
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    klass = replace(REALTIME, cuda_graph=True)
+    backend.reserve([MLP], [klass])
+    backend.load(MLP, klass).close()
+    assert ort.captured == {"1", "2"}

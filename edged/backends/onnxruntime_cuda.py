@@ -8,7 +8,7 @@ Per worker and model, at load (never per request):
 - device buffers for every input and output at the class's largest batch, bound
   with I/O binding, and pinned host buffers to stage them;
 - with `cuda_graph = true`, one CUDA graph per batch size (ONNX Runtime's
-  `gpu_graph_id` run option), each captured here by running it once.
+  `gpu_graph_id` run option), each captured here, at load (see CAPTURE_RUNS).
 
 Weights are not shared between lanes: ONNX Runtime copies each session's
 initializers to the device. `SessionOptions.add_initializer` can share a host
@@ -36,6 +36,10 @@ from edged.wire.codec import DTYPES
 # One daemon owns one GPU: edged@N sets CUDA_VISIBLE_DEVICES=N, so it is device 0 here.
 DEVICE = 0
 PROVIDER = "CUDAExecutionProvider"
+# The CUDA provider captures a graph id's graph on the run after its first regular
+# runs of it (two in recent releases, one in older ones): warm-up runs each batch size
+# this many times, so the capture happens at load whichever release is installed.
+CAPTURE_RUNS = 3
 
 
 class OnnxRuntimeCudaRunner:
@@ -73,9 +77,10 @@ class OnnxRuntimeCudaRunner:
                     # 0 is reserved by ONNX Runtime; one graph per batch size, each id >= 1.
                     self._run_options[rows].add_run_config_entry("gpu_graph_id", str(rows))
             if lane.cuda_graph:
-                # Run every batch size once, so no request pays for a capture.
+                # So that no request pays for a capture, nor runs before its size's graph exists.
                 for rows in range(1, self._max_rows + 1):
-                    self.run(self._signature.zeros(rows), self._outputs)
+                    for _ in range(CAPTURE_RUNS):
+                        self.run(self._signature.zeros(rows), self._outputs)
         except BaseException:
             self.close()
             raise
