@@ -74,3 +74,23 @@ def test_fake_ort_cuda_graphs_are_captured_at_load_for_every_batch_size(
     backend.reserve([MLP], [klass])
     backend.load(MLP, klass).close()
     assert ort.captured == {"1", "2"}
+
+
+def test_fake_ort_close_frees_the_binding_then_the_session_then_the_buffers_then_the_stream(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    fake_ort(monkeypatch, log)
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    backend.reserve([MLP], [REALTIME])
+    runner = backend.load(MLP, REALTIME)
+    del log[:]
+    runner.close()
+    assert log == [
+        "binding.clear_inputs",
+        "binding.clear_outputs",
+        "binding.freed",
+        "session.freed",
+        "staged.close",  # x
+        "staged.close",  # scores
+        "stream.close",
+    ]

@@ -51,6 +51,9 @@ class OnnxRuntimeCudaRunner:
         self._specs = {spec.name: spec for spec in model.signature.inputs + model.signature.outputs}
         self._staged: dict[str, cuda.Staged] = {}
         self._bound_rows = 0
+        self._session: Any = None
+        self._binding: Any = None
+        self._run_options: dict[int, Any] = {}
         self.stream = cuda.Stream(lane.stream_priority)
         try:
             self._session = ort.InferenceSession(
@@ -70,7 +73,6 @@ class OnnxRuntimeCudaRunner:
             self._inputs = [spec.name for spec in model.signature.inputs]
             self._outputs = [spec.name for spec in model.signature.outputs]
             self._binding = self._session.io_binding()
-            self._run_options: dict[int, Any] = {}
             for rows in range(1, self._max_rows + 1):
                 self._run_options[rows] = ort.RunOptions()
                 if lane.cuda_graph:
@@ -111,8 +113,14 @@ class OnnxRuntimeCudaRunner:
         )
 
     def close(self) -> None:
-        # The session first: it launches work on the stream and into the buffers.
-        self._session = None
+        """Free in the reverse order of use: the session (and its CUDA graphs) launches work
+        on the stream into the buffers, and the binding holds a reference to the session."""
+        if self._binding is not None:
+            self._binding.clear_binding_inputs()
+            self._binding.clear_binding_outputs()
+        self._binding = None
+        self._run_options.clear()
+        self._session = None  # its last reference: ONNX Runtime frees it, graphs included, here
         for staged in self._staged.values():
             staged.close()
         self._staged.clear()
