@@ -1,5 +1,5 @@
 """Fakes of what cannot exist here, for the GPU runners' life cycle: a `cuda` layer
-(edged.backends.cuda), an `onnxruntime` with a CUDA provider. Each records what was
+(edged.backends.cuda), an `onnxruntime` with a CUDA provider, a TensorRT engine. Each records what was
 asked of it, in order, in one shared list, so a test can check the order of calls.
 Tests that use them say "fake" in their names; nothing here shows that a GPU works.
 """
@@ -30,17 +30,30 @@ class FakeCuda(types.SimpleNamespace):
             def synchronize(self) -> None:
                 log.append("stream.synchronize")
 
-            def capture(self, enqueue: Callable[[], None]) -> str:
+            def capture(self, enqueue: Callable[[], None]) -> Graph:
                 log.append("capture.begin")
-                enqueue()
-                log.append("capture.end")
-                return "graph"
+                try:
+                    enqueue()
+                finally:
+                    log.append("capture.end")
+                return Graph()
 
             def launch(self, graph: Any) -> None:
                 log.append("graph.launch")
 
             def close(self) -> None:
                 log.append("stream.close")
+
+        class Graph:
+            def close(self) -> None:
+                log.append("graph.destroy")
+
+        class DeviceBuffer:
+            def __init__(self, nbytes: int) -> None:
+                self.nbytes, self.pointer = nbytes, 200
+
+            def close(self) -> None:
+                log.append("scratch.free")
 
         class Staged:
             def __init__(self, dtype: np.dtype[Any], nbytes: int) -> None:
@@ -49,7 +62,8 @@ class FakeCuda(types.SimpleNamespace):
             def close(self) -> None:
                 log.append("staged.close")
 
-        self.Stream, self.Staged = Stream, Staged
+        self.Stream, self.Staged, self.Graph, self.DeviceBuffer = Stream, Staged, Graph, DeviceBuffer
+        self.CudaError = RuntimeError
         self.set_device = lambda device: None
         self.cuda_available = lambda: None
         self.device_info = lambda device=0: types.SimpleNamespace(name="Fake GPU", compute_capability=(9, 0))
@@ -138,3 +152,54 @@ class FakeOrt(types.ModuleType):
 
     def InferenceSession(self, path: str, options: Any, providers: Any) -> _Session:  # ONNX Runtime's name
         return _Session(self)
+
+
+class _Context:
+    """A TensorRT execution context for an engine with input x[N, 64] and output scores[N, 10]."""
+
+    def __init__(self, trt: FakeTrt) -> None:
+        self._trt, self._rows = trt, 0
+
+    def set_device_memory(self, pointer: int, size: int) -> None: ...
+
+    def set_optimization_profile_async(self, index: int, stream: int) -> bool:
+        return not self._trt.fail == "profile"
+
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+        if self._trt.fail == "shape" or not 1 <= shape[0] <= self._trt.profile_max:
+            return False
+        self._rows = shape[0]
+        return True
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return (self._rows, 64 if name == "x" else 10)
+
+    def set_tensor_address(self, name: str, pointer: int) -> None: ...
+
+    def execute_async_v3(self, stream: int) -> bool:
+        capturing = self._trt.log[-1] == "capture.begin"
+        return not (self._trt.fail == "execute" or (capturing and self._trt.fail == "capture"))
+
+    def __del__(self) -> None:
+        self._trt.log.append("context.freed")
+
+
+class FakeTrt(types.SimpleNamespace):
+    """Stands in for the tensorrt module and one engine (`engine`); `fail` names the call
+    that reports failure: "profile", "shape", "execute" or "capture"."""
+
+    def __init__(self, log: list[str], profile_max: int = 8, fail: str = "") -> None:
+        super().__init__(log=log, profile_max=profile_max, fail=fail)
+        self.ExecutionContextAllocationStrategy = types.SimpleNamespace(USER_MANAGED=2)
+        self.TensorIOMode = types.SimpleNamespace(INPUT=1, OUTPUT=2)
+        self.nptype = lambda dtype: np.float32
+        names = ["x", "scores"]
+        self.engine = types.SimpleNamespace(
+            device_memory_size_v2=1024,
+            num_io_tensors=2,
+            get_tensor_name=names.__getitem__,
+            get_tensor_mode=lambda name: 1 if name == "x" else 2,
+            get_tensor_dtype=lambda name: "float32",
+            get_tensor_profile_shape=lambda name, profile: [(1, 64), (4, 64), (profile_max, 64)],
+            create_execution_context=lambda strategy: _Context(self),
+        )

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
-from fake_cuda import PROVIDER, FakeCuda, FakeOrt
+from fake_cuda import PROVIDER, FakeCuda, FakeOrt, FakeTrt
 from support import ENGINES
 
-from edged.backends import BackendError, onnxruntime_cuda
+from edged.backends import BackendError, onnxruntime_cuda, tensorrt
+from edged.backends import cuda as cuda_layer
 from edged.config import ClassConfig
 from edged.models.repository import discover
 
@@ -31,6 +33,7 @@ def log() -> list[str]:
 def fake_cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> FakeCuda:
     cuda = FakeCuda(log)
     monkeypatch.setattr(onnxruntime_cuda, "cuda", cuda)
+    monkeypatch.setattr(tensorrt, "cuda", cuda)
     return cuda
 
 
@@ -94,3 +97,124 @@ def test_fake_ort_close_frees_the_binding_then_the_session_then_the_buffers_then
         "staged.close",  # scores
         "stream.close",
     ]
+
+
+# --- TensorRT ---------------------------------------------------------------------
+
+
+def trt_runner(trt: FakeTrt, klass: ClassConfig = REALTIME) -> tensorrt.TensorRtRunner:
+    return tensorrt.TensorRtRunner(trt, trt.engine, MLP.signature, klass)
+
+
+def test_fake_trt_close_frees_graphs_then_context_then_its_memory_then_buffers_then_stream(
+    log: list[str], fake_cuda: FakeCuda
+) -> None:
+    runner = trt_runner(FakeTrt(log), replace(REALTIME, cuda_graph=True))
+    assert log.count("capture.end") == 2  # one graph per batch size, 1 and 2
+    del log[:]
+    runner.close()
+    assert log == [
+        "stream.synchronize",
+        "graph.destroy",
+        "graph.destroy",
+        "context.freed",
+        "scratch.free",
+        "staged.close",
+        "staged.close",
+        "stream.close",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fail", "message"),
+    [
+        ("profile", "refused optimization profile 0"),
+        ("shape", r"refused shape \[2, 64\] for x"),
+        ("execute", "execute_async_v3 failed"),
+        ("capture", "execute_async_v3 failed"),
+    ],
+)
+def test_fake_trt_a_failed_call_stops_the_load_and_frees_what_it_made(
+    log: list[str], fake_cuda: FakeCuda, fail: str, message: str
+) -> None:
+    with pytest.raises(BackendError, match=message):
+        trt_runner(FakeTrt(log, fail=fail), replace(REALTIME, cuda_graph=True))
+    assert log.count("stream.create") == 1 and log[-1] == "stream.close"
+    assert "context.freed" in log and "scratch.free" in log
+    assert log.count("capture.begin") == log.count("capture.end")  # never left capturing
+
+
+def test_fake_trt_a_failed_shape_at_run_time_is_an_error_not_a_wrong_answer(
+    log: list[str], fake_cuda: FakeCuda
+) -> None:
+    trt = FakeTrt(log)
+    runner = trt_runner(trt)
+    trt.fail = "shape"
+    with pytest.raises(BackendError, match="refused shape"):
+        runner.run(MLP.signature.zeros(1), ["scores"])
+    runner.close()
+
+
+def test_fake_trt_an_engine_whose_profile_is_smaller_than_max_batch_is_refused(
+    log: list[str], fake_cuda: FakeCuda
+) -> None:
+    with pytest.raises(BackendError, match=r"at most 2 rows of x, fewer than classes\.bulk\.max_batch = 16"):
+        trt_runner(FakeTrt(log, profile_max=2), ClassConfig("bulk", order=0, max_batch=16))
+    assert log[-1] == "stream.close"
+
+
+def test_fake_trt_engine_builds_ask_for_no_auxiliary_streams() -> None:
+    from edged.models.engines import ShapeRange
+    from edged.toolchain.engine import builder_config
+
+    config = SimpleNamespace(add_optimization_profile=lambda profile: None)
+    profile = SimpleNamespace(set_shape=lambda *args: None)
+    builder = SimpleNamespace(create_builder_config=lambda: config, create_optimization_profile=lambda: profile)
+    shapes = {"x": ShapeRange((1, 64), (4, 64), (8, 64))}
+    assert builder_config(SimpleNamespace(), builder, shapes, version_compatible=False).max_aux_streams == 0
+
+
+# --- the cuda layer's graphs, on a fake cuda-python runtime ---------------------------
+
+
+def fake_runtime(log: list[str]) -> SimpleNamespace:
+    def call(name: str, *values: object) -> object:
+        return lambda *args: (log.append(name), (0, *values))[1]
+
+    return SimpleNamespace(
+        cudaError_t=SimpleNamespace(cudaSuccess=0),
+        cudaStreamCaptureMode=SimpleNamespace(cudaStreamCaptureModeThreadLocal=1),
+        cudaStreamBeginCapture=call("begin"),
+        cudaStreamEndCapture=call("end", "graph"),
+        cudaGraphInstantiate=call("instantiate", "exec"),
+        cudaGraphDestroy=call("graph.destroy"),
+        cudaGraphExecDestroy=call("exec.destroy"),
+        cudaGraphLaunch=call("launch"),
+    )
+
+
+def test_fake_cuda_runtime_capture_frees_the_captured_graph_and_close_the_executable(
+    monkeypatch: pytest.MonkeyPatch, log: list[str]
+) -> None:
+    monkeypatch.setattr(cuda_layer, "_runtime", lambda: fake_runtime(log))
+    stream = object.__new__(cuda_layer.Stream)
+    stream.handle = 7
+    graph = stream.capture(lambda: log.append("enqueue"))
+    stream.launch(graph)
+    graph.close()
+    assert log == ["begin", "enqueue", "end", "instantiate", "graph.destroy", "launch", "exec.destroy"]
+
+
+def test_fake_cuda_runtime_a_failed_capture_leaves_capture_mode_and_frees_its_graph(
+    monkeypatch: pytest.MonkeyPatch, log: list[str]
+) -> None:
+    monkeypatch.setattr(cuda_layer, "_runtime", lambda: fake_runtime(log))
+    stream = object.__new__(cuda_layer.Stream)
+    stream.handle = 7
+
+    def enqueue() -> None:
+        raise BackendError("execute_async_v3 failed")
+
+    with pytest.raises(BackendError):
+        stream.capture(enqueue)
+    assert log == ["begin", "end", "graph.destroy"]
