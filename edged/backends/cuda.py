@@ -105,7 +105,10 @@ def clamp_priority(asked: int, most_urgent: int, least_urgent: int) -> int:
 
 
 class Stream:
-    """A non-blocking stream with a priority (it never waits on the legacy default stream)."""
+    """A non-blocking stream with a priority (it never waits on the legacy default stream).
+
+    The priority ranks this stream's kernels waiting to start against other streams';
+    it preempts no kernel already running and does not apply to memory copies."""
 
     def __init__(self, priority: int = 0) -> None:
         rt = _runtime()

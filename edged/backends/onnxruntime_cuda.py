@@ -2,8 +2,10 @@
 
 Per worker and model, at load (never per request):
 - a CUDA stream created with the class's `stream_priority`, handed to the session as
-  its compute stream (`user_compute_stream`), so everything the session launches,
-  copies included, waits behind the lane's priority and nobody else's;
+  its compute stream (`user_compute_stream`), so what the session launches is ordered
+  on the lane's stream alone; the priority ranks the lane's kernels waiting to start
+  against other lanes' (never a kernel already running, and never a copy: stream
+  priorities do not apply to memory copies);
 - `gpu_mem_limit`: the lane's `reserved_memory_mb` split between its sessions;
 - device buffers for every input and output at the class's largest batch, bound
   with I/O binding, and pinned host buffers to stage them;
@@ -139,7 +141,7 @@ class OnnxRuntimeCudaRunner:
             "device_id": str(DEVICE),
             "has_user_compute_stream": "1",
             "user_compute_stream": str(self.stream.pointer),
-            # Copies on the compute stream too, so they carry the lane's priority.
+            # Copies on the compute stream too, so they stay in order with the lane's kernels (without its priority).
             "do_copy_in_default_stream": "1",
             "enable_cuda_graph": "1" if lane.cuda_graph else "0",
         }
