@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from importlib import metadata
 from types import SimpleNamespace
 
 import pytest
@@ -40,7 +41,40 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> FakeCuda:
 def fake_ort(monkeypatch: pytest.MonkeyPatch, log: list[str], **kwargs: object) -> FakeOrt:
     ort = FakeOrt(log, **kwargs)  # type: ignore[arg-type]
     monkeypatch.setitem(sys.modules, "onnxruntime", ort)
+    fake_installed(monkeypatch, "onnxruntime-gpu")
     return ort
+
+
+def fake_installed(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """importlib.metadata as it would be with the distributions `names` installed."""
+
+    def version(name: str) -> str:
+        if name not in names:
+            raise metadata.PackageNotFoundError(name)
+        return "1.31.1"
+
+    fake = SimpleNamespace(version=version, PackageNotFoundError=metadata.PackageNotFoundError)
+    monkeypatch.setattr(onnxruntime_cuda, "metadata", fake)
+
+
+def test_fake_metadata_onnxruntime_and_onnxruntime_gpu_both_installed_stop_start_up_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    fake_ort(monkeypatch, log)
+    fake_installed(monkeypatch, "onnxruntime", "onnxruntime-gpu")
+    with pytest.raises(BackendError) as refusal:
+        onnxruntime_cuda.OnnxRuntimeCuda()
+    message = str(refusal.value)
+    assert "onnxruntime 1.31.1 and onnxruntime-gpu 1.31.1 are both installed" in message
+    assert message.endswith(onnxruntime_cuda.GPU_INSTALL) and "pip uninstall -y onnxruntime &&" in message
+
+
+def test_fake_metadata_onnxruntime_gpu_alone_is_accepted(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    fake_ort(monkeypatch, log)
+    fake_installed(monkeypatch, "onnxruntime-gpu")
+    onnxruntime_cuda.OnnxRuntimeCuda()
 
 
 def test_fake_ort_backend_preloads_the_cuda_libraries_before_its_first_session(

@@ -25,6 +25,7 @@ Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -165,6 +166,30 @@ class OnnxRuntimeCudaRunner:
         self._bound_rows = rows
 
 
+# edged depends on onnxruntime, so that `pip install -e .` gives the CPU default; on a
+# GPU box onnxruntime-gpu replaces it, and the CPU build must then be taken out.
+GPU_INSTALL = (
+    "pip install -e '.[gpu]' && pip uninstall -y onnxruntime && "
+    "pip install --force-reinstall --no-deps 'onnxruntime-gpu>=1.20'"
+)
+
+
+def runtime_conflict() -> str | None:
+    """Why the installed ONNX Runtime cannot be trusted with CUDA, or None: both of its
+    distributions installed at once write one `onnxruntime` package folder, so the CUDA
+    provider is there or not depending on which was installed last."""
+    versions = {}
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    if len(versions) < 2:
+        return None
+    both = " and ".join(f"{name} {version}" for name, version in versions.items())
+    return f"{both} are both installed, in one package folder that only one of them can own: {GPU_INSTALL}"
+
+
 class OnnxRuntimeCuda:
     """The backend. Construction checks that CUDA and the CUDA provider are here;
     `reserve` (the loader thread, before any lane loads) writes the plans that the
@@ -176,12 +201,15 @@ class OnnxRuntimeCuda:
         reason = cuda.cuda_available()
         if reason is not None:
             raise BackendError(f'server.backend = "onnxruntime-cuda" cannot run here: {reason}')
+        conflict = runtime_conflict()
+        if conflict is not None:
+            raise BackendError(f'server.backend = "onnxruntime-cuda" cannot run here: {conflict}')
         import onnxruntime as ort
 
         if PROVIDER not in ort.get_available_providers():
             raise BackendError(
                 f'server.backend = "onnxruntime-cuda" needs onnxruntime-gpu, but this onnxruntime has no {PROVIDER}: '
-                "pip uninstall -y onnxruntime && pip install -e '.[gpu]'"
+                + GPU_INSTALL
             )
         # onnxruntime-gpu (1.21+) finds the cuDNN and cuBLAS of the nvidia-* wheels only
         # when asked to load them, before its first CUDA session.
