@@ -45,15 +45,17 @@ def fake_ort(monkeypatch: pytest.MonkeyPatch, log: list[str], **kwargs: object) 
     return ort
 
 
-def fake_installed(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
-    """importlib.metadata as it would be with the distributions `names` installed."""
+def fake_installed(monkeypatch: pytest.MonkeyPatch, *names: str, folders: tuple[str, ...] = ()) -> None:
+    """importlib.metadata as it would be with the distributions `names` installed, each
+    in its folder of `folders` (default: one site folder for all)."""
 
-    def version(name: str) -> str:
+    def distribution(name: str) -> SimpleNamespace:
         if name not in names:
             raise metadata.PackageNotFoundError(name)
-        return "1.31.1"
+        folder = folders[names.index(name)] if folders else "/venv/site-packages"
+        return SimpleNamespace(version="1.31.1", locate_file=lambda path: folder)
 
-    fake = SimpleNamespace(version=version, PackageNotFoundError=metadata.PackageNotFoundError)
+    fake = SimpleNamespace(distribution=distribution, PackageNotFoundError=metadata.PackageNotFoundError)
     monkeypatch.setattr(onnxruntime_cuda, "metadata", fake)
 
 
@@ -74,6 +76,16 @@ def test_fake_metadata_onnxruntime_gpu_alone_is_accepted(
 ) -> None:
     fake_ort(monkeypatch, log)
     fake_installed(monkeypatch, "onnxruntime-gpu")
+    onnxruntime_cuda.OnnxRuntimeCuda()
+
+
+def test_fake_metadata_the_two_in_different_folders_are_left_to_the_provider_check(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    """As on a lent GPU machine: the CPU build in the system's site folder, onnxruntime-gpu
+    in a folder earlier on PYTHONPATH, which is the one imported."""
+    fake_ort(monkeypatch, log)
+    fake_installed(monkeypatch, "onnxruntime", "onnxruntime-gpu", folders=("/usr/lib/python3", "/tmp/site"))
     onnxruntime_cuda.OnnxRuntimeCuda()
 
 

@@ -176,18 +176,19 @@ GPU_INSTALL = (
 
 def runtime_conflict() -> str | None:
     """Why the installed ONNX Runtime cannot be trusted with CUDA, or None: both of its
-    distributions installed at once write one `onnxruntime` package folder, so the CUDA
-    provider is there or not depending on which was installed last."""
-    versions = {}
+    distributions installed in one site folder write one `onnxruntime` package, so the
+    CUDA provider is there or not depending on which was installed last. (In different
+    folders, the first on sys.path is imported, and the provider check tells.)"""
+    found = {}
     for name in ("onnxruntime", "onnxruntime-gpu"):
         try:
-            versions[name] = metadata.version(name)
+            found[name] = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             pass
-    if len(versions) < 2:
+    if len(found) < 2 or len({str(dist.locate_file("")) for dist in found.values()}) > 1:
         return None
-    both = " and ".join(f"{name} {version}" for name, version in versions.items())
-    return f"{both} are both installed, in one package folder that only one of them can own: {GPU_INSTALL}"
+    both = " and ".join(f"{name} {dist.version}" for name, dist in found.items())
+    return f"{both} are both installed, into one onnxruntime package folder that only one can own: {GPU_INSTALL}"
 
 
 class OnnxRuntimeCuda:
