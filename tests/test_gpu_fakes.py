@@ -264,3 +264,19 @@ def test_fake_cuda_runtime_a_failed_capture_leaves_capture_mode_and_frees_its_gr
     with pytest.raises(BackendError):
         stream.capture(enqueue)
     assert log == ["begin", "end", "graph.destroy"]
+
+
+def test_fake_ort_a_runner_given_a_stream_leaves_it_to_its_owner(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    """bench/one_stream.py's ablation puts every lane on one stream, which outlives the runners."""
+    fake_ort(monkeypatch, log)
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    backend.reserve([MLP], [REALTIME])
+    shared = fake_cuda.Stream(0)
+    runner = onnxruntime_cuda.OnnxRuntimeCudaRunner(
+        backend._ort, MLP, REALTIME, backend.reservation_of(MLP, REALTIME), stream=shared
+    )
+    assert runner.stream is shared
+    runner.close()
+    assert log.count("stream.create") == 1 and "stream.close" not in log

@@ -46,7 +46,16 @@ CAPTURE_RUNS = 3
 
 
 class OnnxRuntimeCudaRunner:
-    def __init__(self, ort: Any, model: ModelEntry, lane: ClassConfig, reservation: ModelReservation) -> None:
+    def __init__(
+        self,
+        ort: Any,
+        model: ModelEntry,
+        lane: ClassConfig,
+        reservation: ModelReservation,
+        stream: cuda.Stream | None = None,
+    ) -> None:
+        """With `stream`, the session runs on that stream, which the caller owns (the GPU
+        benchmark's one-stream ablation); without, on a stream of its own at the lane's priority."""
         cuda.set_device(DEVICE)  # the current device is per thread: this is the worker's
         self._ort = ort
         self._signature = model.signature
@@ -57,7 +66,8 @@ class OnnxRuntimeCudaRunner:
         self._session: Any = None
         self._binding: Any = None
         self._run_options: dict[int, Any] = {}
-        self.stream = cuda.Stream(lane.stream_priority)
+        self._owns_stream = stream is None
+        self.stream = cuda.Stream(lane.stream_priority) if stream is None else stream
         try:
             self._session = ort.InferenceSession(
                 str(model.variant.path), self._options(), providers=[(PROVIDER, self._provider(lane, reservation))]
@@ -127,7 +137,8 @@ class OnnxRuntimeCudaRunner:
         for staged in self._staged.values():
             staged.close()
         self._staged.clear()
-        self.stream.close()
+        if self._owns_stream:
+            self.stream.close()
 
     # --- load-time steps -------------------------------------------------------
 
@@ -229,8 +240,10 @@ class OnnxRuntimeCuda:
         return self._plans
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCudaRunner:
+        return OnnxRuntimeCudaRunner(self._ort, model, lane, self.reservation_of(model, lane))
+
+    def reservation_of(self, model: ModelEntry, lane: ClassConfig) -> ModelReservation:
         plan = self._plans.get(lane.name)
         if plan is None:
             raise BackendError(f"lane {lane.name} was loaded before reserve() worked out its memory")
-        reservation = next(m for m in plan.models if m.model == model.name)
-        return OnnxRuntimeCudaRunner(self._ort, model, lane, reservation)
+        return next(m for m in plan.models if m.model == model.name)
