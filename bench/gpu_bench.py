@@ -1,23 +1,32 @@
 """GPU benchmark of the ONNX Runtime CUDA backend, in one call on a GPU machine.
 
-    python bench/gpu_bench.py [--duration 10] [--realtime-rate 500] [--bulk-rate 4000]
+    python bench/gpu_bench.py [--duration 10] [--repeats 3] [--out DIR] [--docs]
 
-Runs, each against a fresh daemon on server.backend = "onnxruntime-cuda":
+NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh). Scenarios,
+each against a fresh daemon, run in turn and repeated `--repeats` times, interleaved
+(A B C D, A B C D, ...), so a drift of the machine falls on every scenario alike:
 1. realtime alone (its lane on a stream of priority -1);
-2. realtime under a saturating bulk load, each class on its own priority stream;
-3. the same with every lane at stream priority 0 (the ablation: ordinary streams);
-and the floor: the realtime model in this process, on the same backend runner at
-batch 1 with no daemon in between. Prints a table, writes docs/benchmarks-gpu.json
-and the results section of docs/benchmarks-gpu.md, with the device's name.
+2. realtime beside a saturating bulk load, each class on its own priority stream;
+3. the same with each lane on its own stream, all at priority 0;
+4. the same with every lane on ONE shared stream (bench/one_stream.py): the ablation.
+Bulk load comes from a process and a socket of its own, so a saturated bulk generator
+never delays realtime's sends. Then the floor: the realtime model in this process, on
+the same backend runner at batch 1, no daemon in between. Prints a table last (median
+over the repetitions; each class's offered, sent and achieved rates), writes every
+repetition to DIR/gpu-bench.json and the table to DIR/gpu-bench.md; with --docs, also
+the results section of docs/benchmarks-gpu.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +39,14 @@ from edged.launch import DaemonProcess
 from edged.models.repository import discover
 
 ROOT = Path(__file__).resolve().parent.parent
-
 RESULTS_MARK = "<!-- results: written by bench/gpu_bench.py -->"
+ONE_STREAM = [sys.executable, str(ROOT / "bench" / "one_stream.py")]
 
 
-def config_text(realtime_priority: int, bulk_priority: int) -> str:
+def config_text(backend: str, realtime_priority: int, bulk_priority: int) -> str:
     return f"""
 [server]
-backend = "onnxruntime-cuda"
+backend = "{backend}"
 default_class = "realtime"
 model_repository = "{ROOT / "engines"}"
 
@@ -56,14 +65,42 @@ reserved_memory_mb = 1024
 """
 
 
-def scenario(name: str, text: str, streams: list[Stream], inputs: dict[str, Any], duration_s: float) -> dict[str, Any]:
+# name, backend, realtime and bulk priorities, with bulk, launched through bench/one_stream.py
+SCENARIOS = (
+    ("realtime alone", "onnxruntime-cuda", -1, 0, False, False),
+    ("with bulk, priority streams", "onnxruntime-cuda", -1, 0, True, False),
+    ("with bulk, own streams, all priority 0", "onnxruntime-cuda", 0, 0, True, False),
+    ("with bulk, one shared stream", "onnxruntime-cuda-one-stream", 0, 0, True, True),
+)
+
+
+def scenario(
+    spec: tuple[str, str, int, int, bool, bool],
+    streams: tuple[Stream, Stream],
+    inputs: dict[str, Any],
+    duration_s: float,
+) -> dict[str, Any]:
+    name, backend, realtime_priority, bulk_priority, with_bulk, one_stream = spec
+    realtime, bulk = streams
     with tempfile.TemporaryDirectory(prefix="edged-gpu-") as folder:
         config = Path(folder) / "edged.toml"
-        config.write_text(text)
+        config.write_text(config_text(backend, realtime_priority, bulk_priority))
         endpoint = f"ipc://{folder}/d.sock"
-        with DaemonProcess([endpoint], config=config, log_path=Path(folder) / "daemon.log") as daemon:
+        log = Path(folder) / "daemon.log"
+        program = ONE_STREAM if one_stream else None
+        with DaemonProcess([endpoint], config=config, log_path=log, program=program) as daemon:
             daemon.wait_serving(timeout_s=300)
-            rows = run_load(endpoint, streams, inputs, duration_s)
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as other:
+                # Bulk's generator: its own process and socket. A first empty run imports
+                # and connects there, so both loads start within milliseconds of each other.
+                other.submit(run_load, endpoint, [], inputs, 0.0).result()
+                bulk_rows = other.submit(run_load, endpoint, [bulk], inputs, duration_s, seed=1) if with_bulk else None
+                rows = run_load(endpoint, [realtime], inputs, duration_s)
+                if bulk_rows is not None:
+                    rows += bulk_rows.result(timeout=duration_s + 120)
+    for row, stream in zip(rows, streams):
+        row["sent_rps"] = row["sent"] / duration_s
+        row["ok_rows_per_s"] = row["ok"] * stream.rows / duration_s
     return {"scenario": name, "classes": rows}
 
 
@@ -93,23 +130,39 @@ def floor(model_name: str, runs: int) -> dict[str, float]:
     return {k: float(np.percentile(times, q)) for k, q in (("p50", 50), ("p99", 99), ("p999", 99.9))}
 
 
-def table(device: str, results: list[dict[str, Any]], floor_us: dict[str, float]) -> str:
+def medians(repetitions: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per scenario and class, the median over the repetitions of each figure in the table."""
+    table = []
+    for runs in zip(*repetitions):
+        rows = []
+        for per_class in zip(*(run["classes"] for run in runs)):
+            row = {"class": per_class[0]["class"], "offered_rps": per_class[0]["offered_rps"]}
+            for key in ("sent_rps", "ok", "overloaded", "goodput_rps", "ok_rows_per_s"):
+                row[key] = statistics.median(r[key] for r in per_class)
+            latency = [r["latency_us"] for r in per_class]
+            row["latency_us"] = {k: statistics.median(lat[k] for lat in latency) for k in ("p50", "p99", "p999")}
+            rows.append(row)
+        table.append({"scenario": runs[0]["scenario"], "classes": rows})
+    return table
+
+
+def format_table(device: str, repeats: int, results: list[dict[str, Any]], floor_us: dict[str, float]) -> str:
     lines = [
-        f"device: {device}",
-        "| scenario | class | offered/s | ok | shed | good/s | p50 ms | p99 ms | p99.9 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"device: {device}; median of {repeats} interleaved repetitions",
+        "| scenario | class | offered/s | sent/s | ok | shed | good/s | ok rows/s | p50 ms | p99 ms | p99.9 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         for row in result["classes"]:
             lat = row["latency_us"]
             lines.append(
-                f"| {result['scenario']} | {row['class']} | {row['offered_rps']:.0f} | {row['ok']} | "
-                f"{row['overloaded']} | {row['goodput_rps']:.1f} | "
+                f"| {result['scenario']} | {row['class']} | {row['offered_rps']:.0f} | {row['sent_rps']:.0f} | "
+                f"{row['ok']:.0f} | {row['overloaded']:.0f} | {row['goodput_rps']:.1f} | {row['ok_rows_per_s']:.0f} | "
                 + " | ".join(f"{lat[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
                 + " |"
             )
     lines.append(
-        "| floor (in-process runner) | realtime | - | - | - | - | "
+        "| floor (in-process runner) | realtime | - | - | - | - | - | - | "
         + " | ".join(f"{floor_us[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
         + " |"
     )
@@ -118,34 +171,40 @@ def table(device: str, results: list[dict[str, Any]], floor_us: dict[str, float]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per scenario")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per scenario and repetition")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--realtime-model", default="mlp-light")
     parser.add_argument("--bulk-model", default="cnn-heavy")
     parser.add_argument("--realtime-rate", type=float, default=500.0)
     parser.add_argument("--bulk-rate", type=float, default=4000.0, help="requests/s of 16 rows: meant to saturate")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs")
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu-bench.json and gpu-bench.md")
+    parser.add_argument("--docs", action="store_true", help="also rewrite docs/benchmarks-gpu.md's results")
     args = parser.parse_args()
     reason = cuda_available()
     if reason is not None:
         raise SystemExit(f"gpu_bench.py needs a CUDA GPU, and this machine has none usable: {reason}")
     device = device_info(0).name
-    models = {m.name: [s.to_wire() for s in m.signature.inputs] for m in discover(ROOT / "engines", "onnxruntime")}
-    realtime = Stream("realtime", args.realtime_model, args.realtime_rate, 20.0)
-    bulk = Stream("bulk", args.bulk_model, args.bulk_rate, 5000.0, rows=16)
-    results = [
-        scenario("realtime alone", config_text(-1, 0), [realtime], models, args.duration),
-        scenario("with bulk, priority streams", config_text(-1, 0), [realtime, bulk], models, args.duration),
-        scenario("with bulk, all priority 0", config_text(0, 0), [realtime, bulk], models, args.duration),
-    ]
+    inputs = {m.name: [s.to_wire() for s in m.signature.inputs] for m in discover(ROOT / "engines", "onnxruntime")}
+    streams = (
+        Stream("realtime", args.realtime_model, args.realtime_rate, 20.0),
+        Stream("bulk", args.bulk_model, args.bulk_rate, 5000.0, rows=16),
+    )
+    repetitions = []
+    for repetition in range(args.repeats):
+        print(f"repetition {repetition + 1} of {args.repeats}", file=sys.stderr)
+        repetitions.append([scenario(spec, streams, inputs, args.duration) for spec in SCENARIOS])
     floor_us = floor(args.realtime_model, runs=5000)
-    text = table(device, results, floor_us)
+    text = format_table(device, args.repeats, medians(repetitions), floor_us)
+    record = {"device": device, "duration_s": args.duration, "repetitions": repetitions, "floor_us": floor_us}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu-bench.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / "gpu-bench.md").write_text(text + "\n")
+    if args.docs:
+        doc = ROOT / "docs" / "benchmarks-gpu.md"
+        method = doc.read_text().split(RESULTS_MARK)[0]
+        stamp = time.strftime("%Y-%m-%d")
+        doc.write_text(f"{method}{RESULTS_MARK}\n\n## Results ({stamp}, {args.duration:.0f} s per run)\n\n{text}\n")
     print(text)
-    record = {"device": device, "duration_s": args.duration, "scenarios": results, "floor_us": floor_us}
-    (args.out / "benchmarks-gpu.json").write_text(json.dumps(record, indent=2) + "\n")
-    doc = args.out / "benchmarks-gpu.md"
-    method = doc.read_text().split(RESULTS_MARK)[0]
-    stamp = time.strftime("%Y-%m-%d")
-    doc.write_text(f"{method}{RESULTS_MARK}\n\n## Results ({stamp}, {args.duration:.0f} s per scenario)\n\n{text}\n")
     return 0
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from edged.backends import VARIANTS_OF, Reserving, backend_named
+from edged.backends import VARIANTS_OF, Reserving, backend_named, fixed_rows
 from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
 from edged.models.repository import ModelEntry, discover
@@ -50,6 +50,7 @@ class Loaded:
     models: list[ModelEntry]
     lanes: dict[str, Lane]
     reservations: dict[str, LaneReservation]
+    fixed_rows: bool  # the backend's buffers hold max_batch rows: larger requests are refused
     seconds: float
 
 
@@ -147,7 +148,7 @@ class Daemon:
                 for lane in lanes.values():
                     lane.stop(timeout_s=1.0)
                 raise
-            self._loaded = Loaded(config, models, lanes, reservations, time.monotonic() - started)
+            self._loaded = Loaded(config, models, lanes, reservations, fixed_rows(backend), time.monotonic() - started)
         except Exception as exc:
             self._loaded = exc
         self.server.wake()
@@ -185,7 +186,7 @@ class Daemon:
         )
         old = list(self.dispatcher.lanes.values())
         self.config = result.config
-        self.dispatcher.serve(result.config, result.models, result.lanes, result.reservations)
+        self.dispatcher.serve(result.config, result.models, result.lanes, result.reservations, result.fixed_rows)
         self.lifecycle.move(State.SERVING)
         for lane in old:
             lane.retire()

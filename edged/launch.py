@@ -22,10 +22,12 @@ class DaemonProcess:
         config: Path | None = None,
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
+        program: list[str] | None = None,
     ) -> None:
+        """`program` replaces `python -m edged` (a script that registers a backend of its own)."""
         self.endpoints = endpoints
         self.log_path = log_path
-        args = [sys.executable, "-m", "edged", "serve"]
+        args = [*(program or [sys.executable, "-m", "edged"]), "serve"]
         if config is not None:
             args += ["--config", str(config)]
         for endpoint in endpoints:

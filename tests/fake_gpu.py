@@ -25,6 +25,8 @@ DEVICE_NAME = "Fake GPU"
 
 
 class FakeGpu(OnnxRuntimeCpu):
+    fixed_rows = True  # as the GPU backends: requests past max_batch rows are refused at admission
+
     def reserve(self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig]) -> dict[str, LaneReservation]:
         free = int(os.environ["EDGED_FAKE_GPU_FREE_MB"]) * MIB
         return reserve_lanes(models, classes, free, DEVICE_NAME)

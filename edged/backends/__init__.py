@@ -85,6 +85,13 @@ class Reserving(Protocol):
     def reserve(self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig]) -> dict[str, LaneReservation]: ...
 
 
+def fixed_rows(backend: Backend) -> bool:
+    """Whether `backend`'s runners hold buffers of `max_batch` rows, allocated at load:
+    then a request with more rows than its class's max_batch is refused at admission.
+    A backend says so with a class attribute `fixed_rows = True`; the CPU's has none."""
+    return bool(getattr(backend, "fixed_rows", False))
+
+
 def backend_named(name: str, fallback: str | None = None) -> Backend:
     """Import and build the backend registered as `name`; `fallback` (server.fallback,
     checked in config to go with "tensorrt" only) names where models it cannot run go."""

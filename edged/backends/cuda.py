@@ -105,7 +105,10 @@ def clamp_priority(asked: int, most_urgent: int, least_urgent: int) -> int:
 
 
 class Stream:
-    """A non-blocking stream with a priority (it never waits on the legacy default stream)."""
+    """A non-blocking stream with a priority (it never waits on the legacy default stream).
+
+    The priority ranks this stream's kernels waiting to start against other streams';
+    it preempts no kernel already running and does not apply to memory copies."""
 
     def __init__(self, priority: int = 0) -> None:
         rt = _runtime()
@@ -145,22 +148,46 @@ class Stream:
     def synchronize(self) -> None:
         _check("cudaStreamSynchronize", _runtime().cudaStreamSynchronize(self.handle))
 
-    def capture(self, enqueue: Callable[[], None]) -> Any:
-        """What `enqueue` puts on this stream, captured into an instantiated CUDA graph."""
+    def capture(self, enqueue: Callable[[], None]) -> Graph:
+        """What `enqueue` puts on this stream, captured into an instantiated CUDA graph.
+        The stream leaves capture mode whether or not `enqueue` raises."""
         rt = _runtime()
         mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         _check("cudaStreamBeginCapture", rt.cudaStreamBeginCapture(self.handle, mode))
-        enqueue()
+        try:
+            enqueue()
+        except BaseException:
+            # Leave capture mode, so the stream serves again; what was captured is discarded.
+            status, graph = rt.cudaStreamEndCapture(self.handle)
+            if status == rt.cudaError_t.cudaSuccess and graph:
+                rt.cudaGraphDestroy(graph)
+            raise
         graph = _check("cudaStreamEndCapture", rt.cudaStreamEndCapture(self.handle))
-        return _check("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
+        try:
+            return Graph(_check("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0)))
+        finally:
+            # The executable graph is independent of the captured one, which is freed here.
+            _check("cudaGraphDestroy", rt.cudaGraphDestroy(graph))
 
-    def launch(self, graph: Any) -> None:
+    def launch(self, graph: Graph) -> None:
         """Launch a graph that `capture` made."""
-        _check("cudaGraphLaunch", _runtime().cudaGraphLaunch(graph, self.handle))
+        _check("cudaGraphLaunch", _runtime().cudaGraphLaunch(graph.handle, self.handle))
 
     def close(self) -> None:
         if self.handle is not None:
             _check("cudaStreamDestroy", _runtime().cudaStreamDestroy(self.handle))
+            self.handle = None
+
+
+class Graph:
+    """An instantiated CUDA graph (cudaGraphExec_t), made by Stream.capture."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def close(self) -> None:
+        if self.handle is not None:
+            _check("cudaGraphExecDestroy", _runtime().cudaGraphExecDestroy(self.handle))
             self.handle = None
 
 

@@ -2,13 +2,15 @@
 
 Per worker and model, at load (never per request):
 - a CUDA stream created with the class's `stream_priority`, handed to the session as
-  its compute stream (`user_compute_stream`), so everything the session launches,
-  copies included, waits behind the lane's priority and nobody else's;
+  its compute stream (`user_compute_stream`), so what the session launches is ordered
+  on the lane's stream alone; the priority ranks the lane's kernels waiting to start
+  against other lanes' (never a kernel already running, and never a copy: stream
+  priorities do not apply to memory copies);
 - `gpu_mem_limit`: the lane's `reserved_memory_mb` split between its sessions;
 - device buffers for every input and output at the class's largest batch, bound
   with I/O binding, and pinned host buffers to stage them;
 - with `cuda_graph = true`, one CUDA graph per batch size (ONNX Runtime's
-  `gpu_graph_id` run option), each captured here by running it once.
+  `gpu_graph_id` run option), each captured here, at load (see CAPTURE_RUNS).
 
 Weights are not shared between lanes: ONNX Runtime copies each session's
 initializers to the device. `SessionOptions.add_initializer` can share a host
@@ -23,6 +25,7 @@ Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -36,10 +39,23 @@ from edged.wire.codec import DTYPES
 # One daemon owns one GPU: edged@N sets CUDA_VISIBLE_DEVICES=N, so it is device 0 here.
 DEVICE = 0
 PROVIDER = "CUDAExecutionProvider"
+# The CUDA provider captures a graph id's graph on the run after its first regular
+# runs of it (two in recent releases, one in older ones): warm-up runs each batch size
+# this many times, so the capture happens at load whichever release is installed.
+CAPTURE_RUNS = 3
 
 
 class OnnxRuntimeCudaRunner:
-    def __init__(self, ort: Any, model: ModelEntry, lane: ClassConfig, reservation: ModelReservation) -> None:
+    def __init__(
+        self,
+        ort: Any,
+        model: ModelEntry,
+        lane: ClassConfig,
+        reservation: ModelReservation,
+        stream: cuda.Stream | None = None,
+    ) -> None:
+        """With `stream`, the session runs on that stream, which the caller owns (the GPU
+        benchmark's one-stream ablation); without, on a stream of its own at the lane's priority."""
         cuda.set_device(DEVICE)  # the current device is per thread: this is the worker's
         self._ort = ort
         self._signature = model.signature
@@ -47,29 +63,39 @@ class OnnxRuntimeCudaRunner:
         self._specs = {spec.name: spec for spec in model.signature.inputs + model.signature.outputs}
         self._staged: dict[str, cuda.Staged] = {}
         self._bound_rows = 0
-        self.stream = cuda.Stream(lane.stream_priority)
+        self._session: Any = None
+        self._binding: Any = None
+        self._run_options: dict[int, Any] = {}
+        self._owns_stream = stream is None
+        self.stream = cuda.Stream(lane.stream_priority) if stream is None else stream
         try:
             self._session = ort.InferenceSession(
                 str(model.variant.path), self._options(), providers=[(PROVIDER, self._provider(lane, reservation))]
             )
-            if self._session.get_providers()[0] != PROVIDER:
-                raise BackendError(f"{model.name}: ONNX Runtime did not place the session on {PROVIDER}")
+            placed = self._session.get_providers()[0]
+            if placed != PROVIDER:
+                # ONNX Runtime falls back to the CPU without raising when the CUDA provider cannot load.
+                raise BackendError(
+                    f"{model.name}: ONNX Runtime put the session on {placed}, not {PROVIDER}, so its CUDA provider "
+                    "did not load (cuDNN or cuBLAS not found: python -c 'import onnxruntime as o; o.preload_dlls(); "
+                    "o.print_debug_info()' shows what it finds)"
+                )
             for spec in self._specs.values():
                 nbytes = int(np.prod(fixed_shape(model, spec, self._max_rows), dtype=np.int64))
                 self._staged[spec.name] = cuda.Staged(DTYPES[spec.dtype], nbytes * DTYPES[spec.dtype].itemsize)
             self._inputs = [spec.name for spec in model.signature.inputs]
             self._outputs = [spec.name for spec in model.signature.outputs]
             self._binding = self._session.io_binding()
-            self._run_options: dict[int, Any] = {}
             for rows in range(1, self._max_rows + 1):
                 self._run_options[rows] = ort.RunOptions()
                 if lane.cuda_graph:
                     # 0 is reserved by ONNX Runtime; one graph per batch size, each id >= 1.
                     self._run_options[rows].add_run_config_entry("gpu_graph_id", str(rows))
             if lane.cuda_graph:
-                # Run every batch size once, so no request pays for a capture.
+                # So that no request pays for a capture, nor runs before its size's graph exists.
                 for rows in range(1, self._max_rows + 1):
-                    self.run(self._signature.zeros(rows), self._outputs)
+                    for _ in range(CAPTURE_RUNS):
+                        self.run(self._signature.zeros(rows), self._outputs)
         except BaseException:
             self.close()
             raise
@@ -100,12 +126,19 @@ class OnnxRuntimeCudaRunner:
         )
 
     def close(self) -> None:
-        # The session first: it launches work on the stream and into the buffers.
-        self._session = None
+        """Free in the reverse order of use: the session (and its CUDA graphs) launches work
+        on the stream into the buffers, and the binding holds a reference to the session."""
+        if self._binding is not None:
+            self._binding.clear_binding_inputs()
+            self._binding.clear_binding_outputs()
+        self._binding = None
+        self._run_options.clear()
+        self._session = None  # its last reference: ONNX Runtime frees it, graphs included, here
         for staged in self._staged.values():
             staged.close()
         self._staged.clear()
-        self.stream.close()
+        if self._owns_stream:
+            self.stream.close()
 
     # --- load-time steps -------------------------------------------------------
 
@@ -120,7 +153,7 @@ class OnnxRuntimeCudaRunner:
             "device_id": str(DEVICE),
             "has_user_compute_stream": "1",
             "user_compute_stream": str(self.stream.pointer),
-            # Copies on the compute stream too, so they carry the lane's priority.
+            # Copies on the compute stream too, so they stay in order with the lane's kernels (without its priority).
             "do_copy_in_default_stream": "1",
             "enable_cuda_graph": "1" if lane.cuda_graph else "0",
         }
@@ -144,22 +177,57 @@ class OnnxRuntimeCudaRunner:
         self._bound_rows = rows
 
 
+# edged depends on onnxruntime, so that `pip install -e .` gives the CPU default; on a
+# GPU box onnxruntime-gpu replaces it, and the CPU build must then be taken out.
+GPU_INSTALL = (
+    "pip install -e '.[gpu]' && pip uninstall -y onnxruntime && "
+    "pip install --force-reinstall --no-deps 'onnxruntime-gpu>=1.20'"
+)
+
+
+def runtime_conflict() -> str | None:
+    """Why the installed ONNX Runtime cannot be trusted with CUDA, or None: both of its
+    distributions installed in one site folder write one `onnxruntime` package, so the
+    CUDA provider is there or not depending on which was installed last. (In different
+    folders, the first on sys.path is imported, and the provider check tells.)"""
+    found = {}
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            found[name] = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            pass
+    if len(found) < 2 or len({str(dist.locate_file("")) for dist in found.values()}) > 1:
+        return None
+    both = " and ".join(f"{name} {dist.version}" for name, dist in found.items())
+    return f"{both} are both installed, into one onnxruntime package folder that only one can own: {GPU_INSTALL}"
+
+
 class OnnxRuntimeCuda:
     """The backend. Construction checks that CUDA and the CUDA provider are here;
     `reserve` (the loader thread, before any lane loads) writes the plans that the
     workers' `load` then reads."""
 
+    fixed_rows = True  # each runner's buffers hold its class's max_batch rows
+
     def __init__(self) -> None:
         reason = cuda.cuda_available()
         if reason is not None:
             raise BackendError(f'server.backend = "onnxruntime-cuda" cannot run here: {reason}')
+        conflict = runtime_conflict()
+        if conflict is not None:
+            raise BackendError(f'server.backend = "onnxruntime-cuda" cannot run here: {conflict}')
         import onnxruntime as ort
 
         if PROVIDER not in ort.get_available_providers():
             raise BackendError(
                 f'server.backend = "onnxruntime-cuda" needs onnxruntime-gpu, but this onnxruntime has no {PROVIDER}: '
-                "pip uninstall -y onnxruntime && pip install -e '.[gpu]'"
+                + GPU_INSTALL
             )
+        # onnxruntime-gpu (1.21+) finds the cuDNN and cuBLAS of the nvidia-* wheels only
+        # when asked to load them, before its first CUDA session.
+        preload = getattr(ort, "preload_dlls", None)
+        if preload is not None:
+            preload()
         self._ort = ort
         cuda.set_device(DEVICE)
         self.device = cuda.device_info(DEVICE)
@@ -172,8 +240,10 @@ class OnnxRuntimeCuda:
         return self._plans
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCudaRunner:
+        return OnnxRuntimeCudaRunner(self._ort, model, lane, self.reservation_of(model, lane))
+
+    def reservation_of(self, model: ModelEntry, lane: ClassConfig) -> ModelReservation:
         plan = self._plans.get(lane.name)
         if plan is None:
             raise BackendError(f"lane {lane.name} was loaded before reserve() worked out its memory")
-        reservation = next(m for m in plan.models if m.model == model.name)
-        return OnnxRuntimeCudaRunner(self._ort, model, lane, reservation)
+        return next(m for m in plan.models if m.model == model.name)

@@ -4,7 +4,11 @@ priority stream, with its own device memory and preallocated buffers.
 Written against TensorRT 10/11's documented Python API and cuda-python; NOT YET RUN
 on a GPU (no machine here has TensorRT's builder, see docs/engines.md). What runs
 and is tested without a GPU: the refusal where CUDA or TensorRT is missing, engine
-selection (edged.models.engines) and the fallback to ONNX Runtime.
+selection (edged.models.engines), the fallback to ONNX Runtime, and the runner's
+checks and life cycle on fakes of TensorRT and CUDA (tests/test_gpu_fakes.py).
+
+Engines are built with no auxiliary streams (edged.toolchain.engine), so everything
+a context launches goes on the lane's own priority stream.
 
 The CUDA device is checked through cuda-python before any TensorRT object exists:
 a TensorRT runtime created without a device deserializes into a segfault.
@@ -21,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.backends import BackendError, CallStop, Runner
+from edged.backends import BackendError, CallStop, Runner, cuda
 from edged.config.classes import ClassConfig
 from edged.models.engines import EngineRecord, Environment, select
 from edged.models.repository import ModelEntry, sha256_of
@@ -53,15 +57,13 @@ def import_tensorrt() -> tuple[Any, bool]:
 
 def environment() -> tuple[Environment, Any]:
     """This GPU and runtime, checking CUDA first; raises BackendError with the fix."""
-    from edged.backends.cuda import CudaError, cuda_available, device_info
-
-    reason = cuda_available()
+    reason = cuda.cuda_available()
     if reason is not None:
         raise BackendError(f"the tensorrt backend needs a CUDA GPU, and {reason}")
     trt, lean = import_tensorrt()
     try:
-        device = device_info(0)
-    except CudaError as exc:
+        device = cuda.device_info(0)
+    except cuda.CudaError as exc:
         raise BackendError(f"the tensorrt backend cannot read the GPU's properties: {exc}") from None
     return Environment(device.name, device.compute_capability, trt.__version__, lean), trt
 
@@ -71,6 +73,8 @@ class TensorRt:
     precision on the CPU where no engine fits (server.fallback); each refusal is logged.
     Its one mutable field, the engines shared by lanes, is written by the loading
     workers, under `_lock`."""
+
+    fixed_rows = True  # each runner's buffers hold its class's max_batch rows
 
     def __init__(self, fallback: str | None = None) -> None:
         self._fallback = fallback
@@ -127,52 +131,67 @@ def _deserialize(trt: Any, folder: Path, record: EngineRecord) -> tuple[Any, Any
 
 
 class TensorRtRunner:
-    """One lane worker's context: stream, device memory and buffers, all made here, once."""
+    """One lane worker's context: stream, device memory and buffers, all made here, once,
+    and given back by `close` (or by a constructor that fails) in the reverse order."""
 
     def __init__(self, trt: Any, engine: Any, signature: Signature, lane: ClassConfig) -> None:
-        from edged.backends import cuda
-
         cuda.set_device(0)
-        self._cuda = cuda
         self._engine = engine
         self._signature = signature
+        self._context: Any = None
+        self._scratch: cuda.DeviceBuffer | None = None
+        self._staged: dict[str, cuda.Staged] = {}
+        self._graphs: dict[tuple[tuple[int, ...], ...], cuda.Graph] = {}
+        self._capture = lane.cuda_graph
         self.stream = cuda.Stream(lane.stream_priority)
-        strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
-        self._context = engine.create_execution_context(strategy)
+        try:
+            self._set_up(trt, lane)
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_up(self, trt: Any, lane: ClassConfig) -> None:
+        engine = self._engine
+        self._context = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
         size = engine.device_memory_size_v2
         self._scratch = cuda.DeviceBuffer(size)
         self._context.set_device_memory(self._scratch.pointer, size)
-        self._context.set_optimization_profile_async(0, self.stream.pointer)
+        if not self._context.set_optimization_profile_async(0, self.stream.pointer):
+            raise BackendError("TensorRT refused optimization profile 0 for this context (see the TensorRT log)")
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self._inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self._outputs = [n for n in names if n not in self._inputs]
-        self._dtype = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in names}
-        # Buffers sized for the largest shape of profile 0, so no call ever allocates.
+        dtypes = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in names}
+        # Buffers for max_batch rows (max_batch counts rows), so no call ever allocates.
+        rows = lane.max_batch if self._signature.batchable else None
         for name in self._inputs:
-            self._context.set_input_shape(name, tuple(engine.get_tensor_profile_shape(name, 0)[2]))
-        self._staged: dict[str, Any] = {}
+            largest = tuple(engine.get_tensor_profile_shape(name, 0)[2])
+            if rows is not None and largest[0] < rows:
+                raise BackendError(
+                    f"the engine's profile takes at most {largest[0]} rows of {name}, fewer than "
+                    f"classes.{lane.name}.max_batch = {rows}: lower max_batch or rebuild the engine"
+                )
+            self._set_shape(name, largest if rows is None else (rows, *largest[1:]))
         for name in names:
-            nbytes = int(np.prod(tuple(self._context.get_tensor_shape(name)))) * self._dtype[name].itemsize
-            self._staged[name] = cuda.Staged(self._dtype[name], nbytes)
+            nbytes = int(np.prod(tuple(self._context.get_tensor_shape(name)))) * dtypes[name].itemsize
+            self._staged[name] = cuda.Staged(dtypes[name], nbytes)
             self._context.set_tensor_address(name, self._staged[name].device.pointer)
-        self._graphs: dict[tuple[tuple[int, ...], ...], Any] = {}
-        self._capture = lane.cuda_graph
-        self._warm_up(lane.max_batch)
+        # Every batch size once (and its graph captured, if asked) before serving.
+        for size in range(1, (rows or 1) + 1):
+            self.run(self._signature.zeros(size), self._outputs)
 
-    def _warm_up(self, max_batch: int) -> None:
-        """Run every batch size once (and capture its graph if asked) before serving."""
-        limit = min(max_batch, self._engine.get_tensor_profile_shape(self._inputs[0], 0)[2][0])
-        for rows in range(1, limit + 1):
-            self.run(self._signature.zeros(rows), self._outputs)
+    def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        if not self._context.set_input_shape(name, shape):
+            raise BackendError(f"TensorRT refused shape {list(shape)} for {name} (outside the engine's profile?)")
 
     def run(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
     ) -> list[np.ndarray]:
         # An enqueued engine cannot be stopped: `stop` binds nothing and the call runs to its end.
         for name in self._inputs:
-            self._context.set_input_shape(name, inputs[name].shape)
+            self._set_shape(name, inputs[name].shape)
         key = tuple(inputs[name].shape for name in self._inputs)
-        return self._cuda.copy_run_sync(
+        return cuda.copy_run_sync(
             self.stream,
             [(self._staged[name], inputs[name]) for name in self._inputs],
             lambda: self._enqueue(key),
@@ -184,16 +203,27 @@ class TensorRtRunner:
         if graph is not None:
             self.stream.launch(graph)
             return
-        if not self._context.execute_async_v3(self.stream.pointer):
-            raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
+        self._execute()
         if self._capture:
             # During warm-up, after a plain enqueue has flushed TensorRT's deferred set-up for these shapes.
-            self._graphs[key] = self.stream.capture(lambda: self._context.execute_async_v3(self.stream.pointer))
+            self._graphs[key] = self.stream.capture(self._execute)
+
+    def _execute(self) -> None:
+        if not self._context.execute_async_v3(self.stream.pointer):
+            raise BackendError("TensorRT execute_async_v3 failed (see the TensorRT log)")
 
     def close(self) -> None:
+        """Wait for the stream, then free what uses the rest first: graphs, the context,
+        its device memory, the buffers, the stream."""
         self.stream.synchronize()
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
+        self._context = None  # the last reference: TensorRT destroys the context here
+        if self._scratch is not None:
+            self._scratch.close()
+            self._scratch = None
         for staged in self._staged.values():
             staged.close()
-        self._scratch.close()
-        del self._context
+        self._staged.clear()
         self.stream.close()

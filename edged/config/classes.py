@@ -21,7 +21,7 @@ class ClassConfig:
     queue_capacity: int = 64
     deadline_ms: float = 100.0  # default budget of a request that names none
     workers: int = 1
-    max_batch: int = 1  # the most requests one backend call may carry
+    max_batch: int = 1  # the most rows one backend call may carry (requests are not split)
     batch_wait_us: int = 0  # how long a worker may wait to fill a batch; 0 for latency classes
     # Run a job estimated this cheap on the socket loop when the lane is idle (0: never).
     # It delays every class's next request by about as long: meant for the most urgent class.

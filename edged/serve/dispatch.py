@@ -39,6 +39,7 @@ class Dispatcher:
         self.lanes: dict[str, Lane] = {}
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self.reservations: dict[str, LaneReservation] = {}  # by class; empty on a backend that reserves nothing
+        self.fixed_rows = False  # the backend's buffers hold max_batch rows (see edged.backends.fixed_rows)
         self._lifecycle = lifecycle
         self._reply = reply
         self._transport_counters = transport_counters
@@ -51,6 +52,7 @@ class Dispatcher:
         models: list[ModelEntry],
         lanes: dict[str, Lane],
         reservations: dict[str, LaneReservation],
+        fixed_rows: bool,
     ) -> None:
         """Take warm lanes, at start-up or in place of the previous ones; the daemon opens inference."""
         self.config = config
@@ -58,6 +60,7 @@ class Dispatcher:
         self.models = {model.name: model for model in models}
         self.lanes = lanes
         self.reservations = reservations
+        self.fixed_rows = fixed_rows
 
     def handle(self, route: Any, frames: list[Buffer], received_ns: int) -> None:
         """Answer or admit one request; every call leads to exactly one reply."""
@@ -145,7 +148,16 @@ class Dispatcher:
                 f"unknown model {request.model!r}: this daemon serves {sorted(self.models)}",
                 request.id,
             )
-        outcome = lane.offer(route, request, model, model.signature.bind(request), received_ns)
+        inputs = model.signature.bind(request)
+        rows = model.signature.rows(inputs)
+        if self.fixed_rows and rows > lane.klass.max_batch:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"{rows} rows exceed classes.{class_name}.max_batch = {lane.klass.max_batch}, the most rows "
+                "one call may carry on this backend: split the request or send it to a class with a larger max_batch",
+                request.id,
+            )
+        outcome = lane.offer(route, request, model, inputs, received_ns)
         if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.
             total_us = (time.monotonic_ns() - received_ns) // 1000

@@ -97,7 +97,9 @@ class Worker:
                 self.precedence.wait_turn(self.klass.order)
             batch = [job]
             if self.klass.max_batch > 1 and job.model.signature.batchable:
-                rows = self._row_cap(job.model)
+                # max_batch counts rows: a GPU backend's buffers hold that many. A lone job
+                # past it still runs, alone, where the backend took it (the CPU's).
+                rows = min(self.klass.max_batch, self._row_cap(job.model))
                 held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us, rows)
             self.run(batch)
         for runner in self.runners.values():

@@ -89,13 +89,7 @@ def build_engine(
     if not parser.parse_from_file(str(source)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise EngineBuildError(f"TensorRT cannot parse {source}: {errors}")
-    config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    for name, bounds in shapes.items():
-        profile.set_shape(name, bounds.min, bounds.opt, bounds.max)
-    config.add_optimization_profile(profile)
-    if version_compatible:
-        config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    config = builder_config(trt, builder, shapes, version_compatible)
     cache_blob = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
     config.set_timing_cache(config.create_timing_cache(cache_blob), False)
     config.progress_monitor = _monitor(trt, progress)
@@ -124,6 +118,21 @@ def build_engine(
     )
     folder.put_variant(record.to_manifest(), same=("backend", "file"))
     return record
+
+
+def builder_config(trt: Any, builder: Any, shapes: dict[str, ShapeRange], version_compatible: bool) -> Any:
+    """The build's settings: one optimization profile, no auxiliary streams."""
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for name, bounds in shapes.items():
+        profile.set_shape(name, bounds.min, bounds.opt, bounds.max)
+    config.add_optimization_profile(profile)
+    if version_compatible:
+        config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    # TensorRT may run branches of an engine on auxiliary streams it creates at the
+    # default priority; with none, a lane's priority stream carries all its work.
+    config.max_aux_streams = 0
+    return config
 
 
 def _tensorrt_and_gpu() -> tuple[Any, Any]:

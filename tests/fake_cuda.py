@@ -1,0 +1,205 @@
+"""Fakes of what cannot exist here, for the GPU runners' life cycle: a `cuda` layer
+(edged.backends.cuda), an `onnxruntime` with a CUDA provider, a TensorRT engine. Each records what was
+asked of it, in order, in one shared list, so a test can check the order of calls.
+Tests that use them say "fake" in their names; nothing here shows that a GPU works.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+PROVIDER = "CUDAExecutionProvider"
+
+
+class FakeCuda(types.SimpleNamespace):
+    """Stands in for edged.backends.cuda: streams, staged buffers and graphs that log."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+        class Stream:
+            def __init__(self, priority: int = 0) -> None:
+                self.priority, self.pointer = priority, 7
+                log.append("stream.create")
+
+            def synchronize(self) -> None:
+                log.append("stream.synchronize")
+
+            def capture(self, enqueue: Callable[[], None]) -> Graph:
+                log.append("capture.begin")
+                try:
+                    enqueue()
+                finally:
+                    log.append("capture.end")
+                return Graph()
+
+            def launch(self, graph: Any) -> None:
+                log.append("graph.launch")
+
+            def close(self) -> None:
+                log.append("stream.close")
+
+        class Graph:
+            def close(self) -> None:
+                log.append("graph.destroy")
+
+        class DeviceBuffer:
+            def __init__(self, nbytes: int) -> None:
+                self.nbytes, self.pointer = nbytes, 200
+
+            def close(self) -> None:
+                log.append("scratch.free")
+
+        class Staged:
+            def __init__(self, dtype: np.dtype[Any], nbytes: int) -> None:
+                self.dtype, self.device = dtype, types.SimpleNamespace(pointer=100, nbytes=nbytes)
+
+            def close(self) -> None:
+                log.append("staged.close")
+
+        self.Stream, self.Staged, self.Graph, self.DeviceBuffer = Stream, Staged, Graph, DeviceBuffer
+        self.CudaError = RuntimeError
+        self.set_device = lambda device: None
+        self.cuda_available = lambda: None
+        self.device_info = lambda device=0: types.SimpleNamespace(name="Fake GPU", compute_capability=(9, 0))
+        self.memory_info = lambda: (1 << 40, 1 << 40)
+
+    @staticmethod
+    def copy_run_sync(
+        stream: Any,
+        inputs: list[tuple[Any, np.ndarray]],
+        enqueue: Callable[[], None],
+        outputs: Callable[[], list[tuple[Any, tuple[int, ...]]]],
+    ) -> list[np.ndarray]:
+        enqueue()
+        return [np.zeros(shape, staged.dtype) for staged, shape in outputs()]
+
+
+class _Binding:
+    def __init__(self, log: list[str]) -> None:
+        self._log = log
+
+    def bind_input(self, *args: Any) -> None: ...
+
+    def bind_output(self, *args: Any) -> None: ...
+
+    def clear_binding_inputs(self) -> None:
+        self._log.append("binding.clear_inputs")
+
+    def clear_binding_outputs(self) -> None:
+        self._log.append("binding.clear_outputs")
+
+    def __del__(self) -> None:
+        self._log.append("binding.freed")
+
+
+class _Session:
+    """Captures a graph id's CUDA graph on the run after `regular_runs` plain runs of it,
+    as recent CUDA providers do (two)."""
+
+    def __init__(self, ort: FakeOrt) -> None:
+        self._ort = ort
+        ort.log.append("session.create")
+
+    def get_providers(self) -> list[str]:
+        return [self._ort.placed, "CPUExecutionProvider"]
+
+    def io_binding(self) -> _Binding:
+        return _Binding(self._ort.log)
+
+    def run_with_iobinding(self, binding: _Binding, options: Any) -> None:
+        graph_id = options.entries.get("gpu_graph_id")
+        if graph_id is not None:
+            runs = self._ort.runs[graph_id] = self._ort.runs.get(graph_id, 0) + 1
+            if runs == self._ort.regular_runs + 1:
+                self._ort.captured.add(graph_id)
+
+    def __del__(self) -> None:
+        self._ort.log.append("session.freed")
+
+
+class FakeOrt(types.ModuleType):
+    """Stands in for onnxruntime(-gpu): its sessions land on `placed`."""
+
+    def __init__(self, log: list[str], placed: str = PROVIDER, regular_runs: int = 2) -> None:
+        super().__init__("onnxruntime")
+        self.log, self.placed, self.regular_runs = log, placed, regular_runs
+        self.runs: dict[str, int] = {}
+        self.captured: set[str] = set()
+
+        class RunOptions:
+            def __init__(self) -> None:
+                self.entries: dict[str, str] = {}
+                self.terminate = False
+
+            def add_run_config_entry(self, key: str, value: str) -> None:
+                self.entries[key] = value
+
+        self.RunOptions = RunOptions
+        self.SessionOptions = types.SimpleNamespace
+        self.GraphOptimizationLevel = types.SimpleNamespace(ORT_ENABLE_ALL=99)
+
+    def get_available_providers(self) -> list[str]:
+        return [PROVIDER, "CPUExecutionProvider"]
+
+    def preload_dlls(self) -> None:
+        self.log.append("preload_dlls")
+
+    def InferenceSession(self, path: str, options: Any, providers: Any) -> _Session:  # ONNX Runtime's name
+        return _Session(self)
+
+
+class _Context:
+    """A TensorRT execution context for an engine with input x[N, 64] and output scores[N, 10]."""
+
+    def __init__(self, trt: FakeTrt) -> None:
+        self._trt, self._rows = trt, 0
+
+    def set_device_memory(self, pointer: int, size: int) -> None: ...
+
+    def set_optimization_profile_async(self, index: int, stream: int) -> bool:
+        return not self._trt.fail == "profile"
+
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+        if self._trt.fail == "shape" or not 1 <= shape[0] <= self._trt.profile_max:
+            return False
+        self._rows = shape[0]
+        return True
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return (self._rows, 64 if name == "x" else 10)
+
+    def set_tensor_address(self, name: str, pointer: int) -> None: ...
+
+    def execute_async_v3(self, stream: int) -> bool:
+        capturing = self._trt.log[-1] == "capture.begin"
+        return not (self._trt.fail == "execute" or (capturing and self._trt.fail == "capture"))
+
+    def __del__(self) -> None:
+        self._trt.log.append("context.freed")
+
+
+class FakeTrt(types.SimpleNamespace):
+    """Stands in for the tensorrt module and one engine (`engine`); `fail` names the call
+    that reports failure: "profile", "shape", "execute" or "capture"."""
+
+    def __init__(self, log: list[str], profile_max: int = 8, fail: str = "") -> None:
+        super().__init__(log=log, profile_max=profile_max, fail=fail)
+        self.ExecutionContextAllocationStrategy = types.SimpleNamespace(USER_MANAGED=2)
+        self.TensorIOMode = types.SimpleNamespace(INPUT=1, OUTPUT=2)
+        self.nptype = lambda dtype: np.float32
+        names = ["x", "scores"]
+        self.engine = types.SimpleNamespace(
+            device_memory_size_v2=1024,
+            num_io_tensors=2,
+            get_tensor_name=names.__getitem__,
+            get_tensor_mode=lambda name: 1 if name == "x" else 2,
+            get_tensor_dtype=lambda name: "float32",
+            get_tensor_profile_shape=lambda name, profile: [(1, 64), (4, 64), (profile_max, 64)],
+            create_execution_context=lambda strategy: _Context(self),
+        )
