@@ -70,6 +70,11 @@ def test_a_lane_reserves_buffers_weights_and_its_memory_limit_per_worker() -> No
     assert "lane rt: stream priority -1" in lane.describe()
 
 
+def test_a_class_with_an_inline_path_reserves_its_sessions_too() -> None:
+    klass = ClassConfig("rt", order=0, workers=2, max_batch=4, inline_max_us=300)
+    assert all(m.sessions == 3 for m in lane_reservation(klass, MODELS, WEIGHTS).models)
+
+
 def test_no_reserved_memory_leaves_the_arena_uncapped_and_says_so() -> None:
     lane = lane_reservation(ClassConfig("bulk", order=0, max_batch=16), MODELS, WEIGHTS)
     assert not lane.arena_capped

@@ -35,7 +35,7 @@ class ModelReservation:
     """What one lane holds for one model, over all its workers."""
 
     model: str
-    sessions: int  # one per worker
+    sessions: int  # one per worker, and one for the inline path where the class has one
     io_bytes: int  # device buffers per session (the same again is pinned on the host)
     weights_bytes: int  # per session, estimated
     arena_limit_bytes: int  # per session; 0: uncapped
@@ -109,13 +109,15 @@ def io_bytes(model: ModelEntry, rows: int) -> int:
 
 def lane_reservation(klass: ClassConfig, models: Sequence[ModelEntry], weights: dict[str, int]) -> LaneReservation:
     """What the lane of `klass` reserves for `models`; `weights` gives each model's bytes."""
-    sessions = klass.workers * len(models)
+    # The inline path (inline_max_us) loads sessions of its own, for the socket loop.
+    per_model = klass.workers + (1 if klass.inline_max_us else 0)
+    sessions = per_model * len(models)
     arena = klass.reserved_memory_mb * MIB // sessions if klass.reserved_memory_mb else 0
     return LaneReservation(
         klass.name,
         klass.stream_priority,
         tuple(
-            ModelReservation(m.name, klass.workers, io_bytes(m, klass.max_batch), weights[m.name], arena)
+            ModelReservation(m.name, per_model, io_bytes(m, klass.max_batch), weights[m.name], arena)
             for m in models
         ),
         arena_capped=arena > 0,
