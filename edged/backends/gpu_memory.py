@@ -117,8 +117,7 @@ def lane_reservation(klass: ClassConfig, models: Sequence[ModelEntry], weights: 
         klass.name,
         klass.stream_priority,
         tuple(
-            ModelReservation(m.name, per_model, io_bytes(m, klass.max_batch), weights[m.name], arena)
-            for m in models
+            ModelReservation(m.name, per_model, io_bytes(m, klass.max_batch), weights[m.name], arena) for m in models
         ),
         arena_capped=arena > 0,
     )
