@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     keygen.add_argument("--name", default="edged", help="file name stem (default: edged)")
     keygen.set_defaults(run=_keygen)
 
+    from edged.importer import add_parser as add_import
+
+    add_import(commands)
+
     from edged.toolchain.cli import add_parser as add_build
 
     add_build(commands)

@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from edged.backends import VARIANTS_OF, Reserving, backend_named, fixed_rows
+from edged.backends import VARIANTS_OF, Backend, Reserving, backend_named, fixed_rows
 from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
-from edged.models.repository import ModelEntry, discover
+from edged.models.repository import ModelEntry, RepositoryError, discover
+from edged.models.warmup import ModelFailure
 from edged.serve.dispatch import Dispatcher
 from edged.serve.lanes import Lane
 from edged.serve.lifecycle import Lifecycle, State
@@ -52,6 +53,7 @@ class Loaded:
     reservations: dict[str, LaneReservation]
     fixed_rows: bool  # the backend's buffers hold max_batch rows: larger requests are refused
     seconds: float
+    failed: dict[str, str]  # by model: why it failed to load or warm up (server.on_model_failure = "skip")
 
 
 class Daemon:
@@ -132,26 +134,48 @@ class Daemon:
             variants = VARIANTS_OF.get(config.backend, config.backend)
             models = discover(config.model_repository, variants, config.models)
             backend = backend_named(config.backend, config.fallback)
-            # Checked before any lane allocates: a set of lanes that cannot fit is refused whole.
-            reservations = backend.reserve(models, config.classes) if isinstance(backend, Reserving) else {}
-            for reservation in reservations.values():
-                log.info("%s", reservation.describe())
-            lanes: dict[str, Lane] = {}
-            # One per generation of lanes: a reload's lanes do not yield to the ones they replace.
-            precedence = Precedence()
-            try:
-                for klass in config.classes:
-                    lane = Lane(klass, models, backend, self.server.reply, stats.get(klass.name), precedence)
-                    lanes[klass.name] = lane
-                    lane.start()
-            except BaseException:
-                for lane in lanes.values():
-                    lane.stop(timeout_s=1.0)
-                raise
-            self._loaded = Loaded(config, models, lanes, reservations, fixed_rows(backend), time.monotonic() - started)
+            failed: dict[str, str] = {}
+            while True:
+                try:
+                    reservations, lanes = self._start_lanes(config, models, backend, stats)
+                    break
+                except ModelFailure as exc:
+                    if config.on_model_failure == "stop":
+                        raise ModelFailure(
+                            exc.model, f'{exc} (or set server.on_model_failure = "skip" to serve the other models)'
+                        ) from None
+                    log.error("not serving %s: %s", exc.model, exc)
+                    failed[exc.model] = str(exc)
+                    models = [model for model in models if model.name != exc.model]
+                    if not models:
+                        raise RepositoryError(f"every model failed to load or warm up: {failed}") from None
+            seconds = time.monotonic() - started
+            self._loaded = Loaded(config, models, lanes, reservations, fixed_rows(backend), seconds, failed)
         except Exception as exc:
             self._loaded = exc
         self.server.wake()
+
+    def _start_lanes(
+        self, config: Config, models: list[ModelEntry], backend: Backend, stats: dict[str, ClassStats]
+    ) -> tuple[dict[str, LaneReservation], dict[str, Lane]]:
+        """Reserve and start a lane per class, each loaded and warm; all or none."""
+        # Checked before any lane allocates: a set of lanes that cannot fit is refused whole.
+        reservations = backend.reserve(models, config.classes) if isinstance(backend, Reserving) else {}
+        for reservation in reservations.values():
+            log.info("%s", reservation.describe())
+        lanes: dict[str, Lane] = {}
+        # One per generation of lanes: a reload's lanes do not yield to the ones they replace.
+        precedence = Precedence()
+        try:
+            for klass in config.classes:
+                lane = Lane(klass, models, backend, self.server.reply, stats.get(klass.name), precedence)
+                lanes[klass.name] = lane
+                lane.start()
+        except BaseException:
+            for lane in lanes.values():
+                lane.stop(timeout_s=1.0)
+            raise
+        return reservations, lanes
 
     def _reread(self) -> Config:
         return replace(self._reread_config(), endpoints=self.config.endpoints)
@@ -186,7 +210,9 @@ class Daemon:
         )
         old = list(self.dispatcher.lanes.values())
         self.config = result.config
-        self.dispatcher.serve(result.config, result.models, result.lanes, result.reservations, result.fixed_rows)
+        self.dispatcher.serve(
+            result.config, result.models, result.lanes, result.reservations, result.fixed_rows, result.failed
+        )
         self.lifecycle.move(State.SERVING)
         for lane in old:
             lane.retire()

@@ -135,6 +135,7 @@ INVALID = {
     "repository not a string": ("[server]\nmodel_repository = 5", "server.model_repository"),
     "default class unknown": ('[server]\ndefault_class = "gold"', "server.default_class"),
     "backend not a string": ("[server]\nbackend = 1", "server.backend"),
+    "on_model_failure unknown": ('[server]\non_model_failure = "ignore"', "server.on_model_failure"),
     "drain timeout zero": ("[server]\ndrain_timeout_ms = 0", "server.drain_timeout_ms"),
     "drain timeout string": ('[server]\ndrain_timeout_ms = "5"', "server.drain_timeout_ms"),
     "drain timeout bool": ("[server]\ndrain_timeout_ms = true", "server.drain_timeout_ms"),

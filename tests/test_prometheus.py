@@ -69,6 +69,7 @@ def test_a_scrape_reports_what_the_stats_op_reports(scraped_daemon: tuple[Runnin
             ("backend_calls", "edged_backend_calls_total"),
             ("backend_rows", "edged_backend_rows_total"),
             ("inline", "edged_requests_inline_total"),
+            ("late_completed", "edged_requests_late_total"),
         ):
             assert value(samples, name, **{"class": klass}) == figures[key], (klass, key)
         for key, name, scale in (

@@ -153,6 +153,17 @@ def test_a_request_whose_deadline_passes_in_the_queue_is_not_run(
     assert long.output()[0, 0] == 4000 * SLEEPER_WIDTH
     figures = stats(watcher, "bulk")
     assert (figures["admitted"], figures["expired"], figures["completed"]) == (2, 1, 1)
+    assert figures["late_completed"] == 0  # the long one had 60 s
+
+
+def test_a_request_answered_past_its_deadline_is_counted_late(models_daemon: RunningDaemon) -> None:
+    """Priced from warm-up at n = 0, a call of about 0.4 s is admitted with 100 ms to spare,
+    runs, and is answered OK: late, which only the late_completed counter tells."""
+    with Client(models_daemon.ipc, timeout_ms=60_000) as client:
+        client.infer("sleeper", sleep_for(4000), klass="standard", deadline_ms=100)
+        wait_for(lambda: client.stats()["classes"]["standard"]["completed"] == 1, 10, "the stats to settle")
+        figures = client.stats()["classes"]["standard"]
+    assert figures["late_completed"] == 1
 
 
 def test_a_deadline_below_the_models_service_time_is_shed_every_time(

@@ -51,6 +51,7 @@ class Config:
     stop_grace_ms: int = 20_000  # after the drain: how long calls inside the backend may still finish
     log_level: str = "info"
     models: tuple[str, ...] = ()  # names to serve; empty: every model in the repository
+    on_model_failure: str = "stop"  # "stop": start-up fails; "skip": serve the other models
     limits: Limits = field(default_factory=Limits)
     max_message_bytes: int = 64 * 1024 * 1024
     ipc_mode: int = 0o660  # of every ipc socket file: owner and group may connect
@@ -117,6 +118,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
             "max_message_bytes",
             "ipc_mode",
             "ipc_group",
+            "on_model_failure",
         },
         "server.",
     )
@@ -152,6 +154,14 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         '"onnxruntime", with server.backend = "tensorrt" (or leave it out: no fallback)',
     )
 
+    on_model_failure = server.get("on_model_failure", "stop")
+    expect(
+        on_model_failure in ("stop", "skip"),
+        "server.on_model_failure",
+        on_model_failure,
+        '"stop" (a model that fails to load or warm up stops start-up) or "skip" (serve the others)',
+    )
+
     classes = parse_classes(raw.get("classes", {}))
     default_class = server.get("default_class", "standard")
     names = [c.name for c in classes]
@@ -166,6 +176,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         stop_grace_ms=read_positive_int(server, "stop_grace_ms", 20_000, "server."),
         log_level=log_level,
         models=tuple(models),
+        on_model_failure=on_model_failure,
         limits=_limits(subtable(raw, "limits")),
         max_message_bytes=read_positive_int(server, "max_message_bytes", 64 * 1024 * 1024, "server."),
         ipc_mode=_ipc_mode(server.get("ipc_mode", 0o660)),

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from edged.models.engines import EngineRecord, EngineRecordError
+from edged.models.warmup import WarmupError, WarmupSample, default_sample, read_warmup
 from edged.wire.codec import DTYPES, TensorSpec
 from edged.wire.signature import Signature
 
@@ -45,6 +46,12 @@ class ModelEntry:
     description: str
     signature: Signature
     variant: Variant
+    warmup: tuple[WarmupSample, ...] = ()  # the manifest's "warmup" samples (or the default one)
+    manifest: Path | None = None  # where it was read: named by every error about the model
+
+    @property
+    def samples(self) -> tuple[WarmupSample, ...]:
+        return self.warmup or (default_sample(self.signature),)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -61,7 +68,7 @@ def discover(root: Path, backend: str, only: tuple[str, ...] = ()) -> list[Model
         raise RepositoryError(f"model repository {root} is not a directory: set server.model_repository")
     entries = []
     for manifest_path in sorted(root.glob(f"*/{MANIFEST}")):
-        entries.extend(_entries(manifest_path, backend))
+        entries.extend(entries_of(manifest_path, backend))
     names = {entry.name for entry in entries}
     missing = sorted(set(only) - names)
     if missing:
@@ -75,7 +82,8 @@ def discover(root: Path, backend: str, only: tuple[str, ...] = ()) -> list[Model
     return entries
 
 
-def _entries(manifest_path: Path, backend: str) -> list[ModelEntry]:
+def entries_of(manifest_path: Path, backend: str) -> list[ModelEntry]:
+    """The models one manifest serves on `backend`, checked."""
     where = str(manifest_path)
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -97,14 +105,24 @@ def _entries(manifest_path: Path, backend: str) -> list[ModelEntry]:
         if raw["backend"] == backend and not path.is_file():
             raise RepositoryError(f"{where}: variants[{i}] names {path}, which does not exist")
     description = str(manifest.get("description", ""))
+    try:
+        warmup = read_warmup(manifest, signature, manifest_path.parent, where)
+    except WarmupError as exc:
+        raise RepositoryError(str(exc)) from None
     if backend == "tensorrt":
-        return _engine_entries(manifest_path, name, description, signature, variants)
-    entries = []
-    for raw in variants:
-        if raw["backend"] == backend:
-            variant = Variant(raw["precision"], backend, manifest_path.parent / raw["file"])
-            entries.append(ModelEntry(_served(name, raw["precision"]), description, signature, variant))
-    return entries
+        entries = _engine_entries(manifest_path, name, description, signature, variants)
+    else:
+        entries = [
+            ModelEntry(
+                _served(name, raw["precision"]),
+                description,
+                signature,
+                Variant(raw["precision"], backend, manifest_path.parent / raw["file"]),
+            )
+            for raw in variants
+            if raw["backend"] == backend
+        ]
+    return [replace(entry, warmup=warmup, manifest=manifest_path) for entry in entries]
 
 
 def _served(name: str, precision: str) -> str:

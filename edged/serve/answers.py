@@ -71,7 +71,7 @@ class Answers:
                 error = f"the model's output cannot be sent: {exc}"
         if error is not None:
             frames = encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing)
-        self.stats.report_done(error is None, queue_us, compute_us, total_us)
+        self.stats.report_done(error is None, queue_us, compute_us, total_us, late=done_ns > job.deadline_ns)
         self._backlog.finish(job.cost_ns)
         self._reply(job.route, frames)
 

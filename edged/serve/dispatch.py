@@ -40,6 +40,7 @@ class Dispatcher:
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self.reservations: dict[str, LaneReservation] = {}  # by class; empty on a backend that reserves nothing
         self.fixed_rows = False  # the backend's buffers hold max_batch rows (see edged.backends.fixed_rows)
+        self.failed: dict[str, str] = {}  # models not served, and why (server.on_model_failure = "skip")
         self._lifecycle = lifecycle
         self._reply = reply
         self._transport_counters = transport_counters
@@ -53,6 +54,7 @@ class Dispatcher:
         lanes: dict[str, Lane],
         reservations: dict[str, LaneReservation],
         fixed_rows: bool,
+        failed: dict[str, str],
     ) -> None:
         """Take warm lanes, at start-up or in place of the previous ones; the daemon opens inference."""
         self.config = config
@@ -61,6 +63,7 @@ class Dispatcher:
         self.lanes = lanes
         self.reservations = reservations
         self.fixed_rows = fixed_rows
+        self.failed = failed
 
     def handle(self, route: Any, frames: list[Buffer], received_ns: int) -> None:
         """Answer or admit one request; every call leads to exactly one reply."""
@@ -74,7 +77,8 @@ class Dispatcher:
                 self._reply(route, encode_reply(request.id, Status.OK, **self.health()))
             elif request.op == "models":
                 models = [self._model_wire(model) for model in self.models.values()]
-                self._reply(route, encode_reply(request.id, Status.OK, models=models))
+                failed = [{"name": name, "error": error} for name, error in self.failed.items()]
+                self._reply(route, encode_reply(request.id, Status.OK, models=models, failed=failed))
             else:
                 self.settle()
                 self._reply(route, encode_reply(request.id, Status.OK, **self.stats()))
@@ -91,6 +95,7 @@ class Dispatcher:
             "state": self._lifecycle.reported,
             "uptime_s": round((time.monotonic_ns() - self._started_ns) / 1e9, 3),
             "lanes": {name: lane.health for name, lane in self.lanes.items()},
+            "failed_models": dict(self.failed),
         }
 
     def settle(self) -> None:

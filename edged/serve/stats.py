@@ -88,6 +88,7 @@ class ClassStats:
     shed_deadline: int = 0
     expired: int = 0
     completed: int = 0
+    late_completed: int = 0  # of those, answered OK after their deadline (admission misjudged their cost)
     failed: int = 0
     backend_calls: int = 0
     backend_rows: int = 0  # rows handed to the backend: shed or expired work never adds here
@@ -105,9 +106,10 @@ class ClassStats:
 
     # --- facts, from any thread ------------------------------------------------
 
-    def report_done(self, ok: bool, queue_us: int, compute_us: int, total_us: int) -> None:
-        """A request answered after admission: OK (`ok`) or failed, with its times."""
-        self._facts.append((_DONE, ok, queue_us, compute_us, total_us))
+    def report_done(self, ok: bool, queue_us: int, compute_us: int, total_us: int, late: bool = False) -> None:
+        """A request answered after admission: OK (`ok`) or failed, with its times; `late`:
+        answered past its deadline."""
+        self._facts.append((_DONE, ok, queue_us, compute_us, total_us, late))
 
     def report_call(self, rows: int) -> None:
         """A backend call of `rows` rows, about to start."""
@@ -137,9 +139,10 @@ class ClassStats:
                 fact = facts.popleft()
                 kind = fact[0]
                 if kind == _DONE:
-                    _, ok, queue_us, compute_us, total_us = fact
+                    _, ok, queue_us, compute_us, total_us, late = fact
                     if ok:
                         self.completed += 1
+                        self.late_completed += late
                     else:
                         self.failed += 1
                     self.queue_us.record(queue_us)
@@ -165,6 +168,7 @@ class ClassStats:
                 "shed": {"queue_full": self.shed_queue_full, "deadline": self.shed_deadline},
                 "expired": self.expired,
                 "completed": self.completed,
+                "late_completed": self.late_completed,
                 "failed": self.failed,
                 "backend_calls": self.backend_calls,
                 "backend_rows": self.backend_rows,

@@ -25,6 +25,7 @@ from typing import Any
 from edged.backends import Backend, CallStop, Runner
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
+from edged.models.warmup import load_failure, tiled, warmup_failure
 from edged.serve.admission import ServiceTimes
 from edged.serve.answers import Answers
 from edged.serve.batching import Job, fill, stack, unstack
@@ -75,10 +76,7 @@ class Worker:
         if pin and self.klass.nice:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.klass.nice)
         for model in self.models:
-            self.runners[model.name] = self.backend.load(model, self.klass)
-            # At batch 1 and at the class's largest batch, before serving.
-            for rows in sorted({1, self.klass.max_batch if model.signature.batchable else 1}):
-                self._measure(model, rows, WARMUP_RUNS)
+            self.runners[model.name] = load_and_warm(self.backend, model, self.klass, self.service)
         self.loaded.set()
 
     def serve(self) -> None:
@@ -91,7 +89,9 @@ class Worker:
             if job is STOP:
                 break
             if isinstance(job, Remeasure):
-                self._measure(job.model, rows=1, runs=1)
+                model = job.model
+                inputs = model.samples[0].inputs()
+                self.service.observe(model.name, _time_calls(self.runners[model.name], model, inputs, 1), 1)
                 continue
             if self.klass.yields:
                 self.precedence.wait_turn(self.klass.order)
@@ -104,16 +104,6 @@ class Worker:
             self.run(batch)
         for runner in self.runners.values():
             runner.close()
-
-    def _measure(self, model: ModelEntry, rows: int, runs: int) -> None:
-        """Time `runs` calls on zeros of `rows` rows; the last one feeds the service estimate."""
-        runner = self.runners[model.name]
-        inputs = model.signature.zeros(rows)
-        for _ in range(runs):
-            start = time.perf_counter_ns()
-            runner.run(inputs, model.signature.output_names)
-            elapsed = time.perf_counter_ns() - start
-        self.service.observe(model.name, elapsed, rows)
 
     def _row_cap(self, model: ModelEntry) -> int:
         """The most rows of `model` one call may carry and still end within the class's
@@ -178,3 +168,31 @@ class Worker:
         for job, result in zip(live, unstack(live, names, outputs)):
             self.answers.result(job, taken_ns, compute_ns, outputs=result)
         return False
+
+
+def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, service: ServiceTimes) -> Runner:
+    """Load `model` for `klass` and time WARMUP_RUNS calls on each warm-up sample (and at the
+    class's largest batch), seeding `service`; a failure says which model, on what, and the fix."""
+    try:
+        runner = backend.load(model, klass)
+    except Exception as exc:
+        raise load_failure(model.name, model.variant.path, exc) from exc
+    for sample in model.samples:
+        for inputs, rows in tiled(sample, model.signature.batchable, klass.max_batch):
+            try:
+                elapsed = _time_calls(runner, model, inputs, WARMUP_RUNS)
+            except Exception as exc:
+                runner.close()
+                given = bool(model.warmup)
+                raise warmup_failure(model.name, model.signature, sample, model.manifest, given, exc) from exc
+            service.observe(model.name, elapsed, rows)
+    return runner
+
+
+def _time_calls(runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int) -> int:
+    """The time of the last of `runs` calls on `inputs` (the first ones warm the runtime up)."""
+    for _ in range(runs):
+        start = time.perf_counter_ns()
+        runner.run(inputs, model.signature.output_names)
+        elapsed = time.perf_counter_ns() - start
+    return elapsed

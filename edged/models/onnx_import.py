@@ -1,0 +1,84 @@
+"""`edged import`: a repository folder and its manifest, written from an ONNX file's own metadata.
+
+Names, dtypes and shapes come from the graph's inputs (initializers left out) and
+outputs; a dimension with no fixed size (a symbol such as "batch", or none) is
+written as -1, dynamic.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from edged.models.repository import MANIFEST, RepositoryError, sha256_of
+from edged.wire.tensors import DTYPES
+
+_WIRE_NAME = {np.dtype(dtype): name for name, dtype in DTYPES.items()}
+
+
+def read_specs(model: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The model's inputs and outputs as manifest entries {name, dtype, shape}."""
+    graph = model.graph
+    weights = {init.name for init in graph.initializer}
+    inputs = [_spec(value) for value in graph.input if value.name not in weights]
+    return inputs, [_spec(value) for value in graph.output]
+
+
+def _spec(value: onnx.ValueInfoProto) -> dict[str, Any]:
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type"):
+        raise RepositoryError(f"{value.name!r} is not a tensor (a sequence or a map): edged serves tensors only")
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    if dtype not in _WIRE_NAME:
+        raise RepositoryError(f"{value.name!r} has dtype {dtype}, which the wire does not carry: {sorted(DTYPES)}")
+    shape = [dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else -1 for dim in tensor.shape.dim]
+    return {"name": value.name, "dtype": _WIRE_NAME[dtype], "shape": shape}
+
+
+def parse_shapes(items: list[str]) -> dict[str, list[int]]:
+    """`--shape NAME=1x512` options as a warm-up sample's shapes ("NAME=" for a 0-d scalar)."""
+    shapes = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not re.fullmatch(r"(\d+(x\d+)*)?", text):
+            raise RepositoryError(f"--shape takes NAME=SIZExSIZE..., such as input=1x512; got {item!r}")
+        shapes[name] = [int(d) for d in text.split("x")] if text else []
+    return shapes
+
+
+def write_folder(source: Path, repository: Path, name: str, shapes: dict[str, list[int]], replace: bool) -> Path:
+    """Copy `source` into REPOSITORY/NAME/model.onnx beside a manifest; returns the manifest's path."""
+    try:
+        model = onnx.load(str(source), load_external_data=False)
+    except Exception as exc:
+        raise RepositoryError(f"{source} cannot be read as an ONNX model: {exc}") from None
+    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer):
+        raise RepositoryError(f"{source} keeps its weights in external files: save it as one file first")
+    inputs, outputs = read_specs(model)
+    folder = repository / name
+    if folder.exists():
+        if not replace:
+            raise RepositoryError(f"{folder} exists: choose another --name, or give --replace to overwrite it")
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    target = folder / "model.onnx"
+    shutil.copyfile(source, target)
+    manifest: dict[str, Any] = {
+        "name": name,
+        "description": f"imported from {source.name}",
+        "inputs": inputs,
+        "outputs": outputs,
+        "variants": [{"precision": "fp32", "backend": "onnxruntime", "file": target.name, "sha256": sha256_of(target)}],
+    }
+    if shapes:
+        manifest["warmup"] = [{"shapes": shapes}]
+    path = folder / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return path

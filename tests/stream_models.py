@@ -1,0 +1,88 @@
+"""Small ONNX files shaped like the real models that broke warm-up, built with onnx.helper.
+
+- `padder`: y = Pad(x, reflect, 2 each side of the last axis). A reflect Pad needs
+  more samples than it pads (as Silero VAD's), so 1 sample, the old warm-up, fails.
+- `streamer`: Silero VAD's interface in small. `input` [batch, samples] (reflect-padded
+  too), `state` [2, batch, 4] (batch in dimension 1), `sr` a 0-d int64; it returns
+  `stateN` = state + the sum of each row of the padded input, and `output` [batch, 1] =
+  the sum of stateN over its other axes times sr / 1000. Its result depends on the
+  state carried from call to call, as a streaming model's does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return path
+
+
+def _pads() -> list[onnx.TensorProto]:
+    return [numpy_helper.from_array(np.array([0, 2, 0, 2], dtype=np.int64), "pads")]
+
+
+def padder(path: Path) -> Path:
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")],
+        "padder",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "samples"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "padded"])],
+        _pads(),
+    )
+    return _save(graph, path)
+
+
+def streamer(path: Path) -> Path:
+    nodes = [
+        helper.make_node("Pad", ["input", "pads"], ["padded"], mode="reflect"),
+        helper.make_node("ReduceSum", ["padded", "one"], ["sums"], keepdims=1),  # [batch, 1]
+        helper.make_node("Add", ["state", "sums"], ["stateN"]),  # [2, batch, 4]
+        helper.make_node("ReduceSum", ["stateN", "zero_two"], ["total"], keepdims=0),  # [batch]
+        helper.make_node("Cast", ["sr"], ["rate"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["rate", "thousand"], ["scale"]),
+        helper.make_node("Mul", ["total", "scale"], ["scaled"]),
+        helper.make_node("Unsqueeze", ["scaled", "one"], ["output"]),  # [batch, 1]
+    ]
+    weights = [
+        *_pads(),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "one"),
+        numpy_helper.from_array(np.array([0, 2], dtype=np.int64), "zero_two"),
+        numpy_helper.from_array(np.array(1000.0, dtype=np.float32), "thousand"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "streamer",
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "samples"]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 4]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 1]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 4]),
+        ],
+        weights,
+    )
+    return _save(graph, path)
+
+
+def run_in_process(path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+
+
+def set_warmup(manifest: Path, warmup: list[dict]) -> None:
+    raw = json.loads(manifest.read_text())
+    raw["warmup"] = warmup
+    manifest.write_text(json.dumps(raw))
