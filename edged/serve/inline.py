@@ -43,8 +43,8 @@ class InlinePath:
     """A lane's inline path, with runners of its own: a worker that is loaded for the
     socket loop (on the loader's thread, before the lane serves) and never started.
 
-    Owned by the socket loop: from the first request on, only the loop calls `offer`
-    and writes the standings; the runners are never shared with a lane worker, so
+    Owned by the socket loop: from the first request on, only the loop calls
+    `qualifies` and `run` and writes the standings; the runners are never shared with a lane worker, so
     a worker that the watchdog replaces takes nothing of the loop's with it.
     """
 
