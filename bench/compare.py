@@ -1,17 +1,20 @@
 """Put edged beside its floors and a naive server, on the same models, in one run.
 
-    python bench/compare.py [--quick] [--write-docs]
+    python bench/compare.py [--quick] [--rounds N] [--skip-overload] [--write-docs]
 
-Measured, one after another on this machine:
+Unloaded round trips, interleaved: every server is started first, then each round
+measures every path on every model, in an order rotated from round to round, so a
+box that slows down mid-run slows every path alike. The paths:
   in-process    the model run by onnxruntime in this process (the compute floor)
   zmq echo      a bare DEALER/ROUTER round trip of a request-sized message (the transport floor)
   naive server  one thread: recv, decode, run, reply (what edged must not be worse than)
-  edged         the daemon, same requests, same raw client
+  edged         the daemon, same requests, same raw DEALER client
   pytriton      a Triton server through PyTriton, given --triton-python: an interpreter
                 with nvidia-pytriton installed (see compare_triton.py)
-then the overload scenario: bulk floods the heavy model at 3x its capacity while
-realtime sends to the light model, against the same realtime stream alone.
 Round trips are closed-loop (one request at a time), timed in the client.
+Then an open-loop load at the naive server's own capacity, offered to the naive
+server and to edged in turn; then the overload scenario: bulk floods the heavy model
+at 3x its capacity while realtime sends to the light model.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from edged.wire.codec import encode_request
 ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
+PATHS = ("in_process", "zmq_echo", "naive_server", "edged")
+WARMUP = 50
 
 
 def percentiles(samples_us: list[float]) -> dict[str, float]:
@@ -43,46 +48,135 @@ def percentiles(samples_us: list[float]) -> dict[str, float]:
     return {k: round(float(np.percentile(values, q)), 1) for k, q in (("p50", 50), ("p99", 99), ("p999", 99.9))}
 
 
-def in_process(model: str, runs: int) -> dict[str, float]:
-    import onnxruntime as ort
+class InProcess:
+    """The model run here, one call at a time: the compute floor."""
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(ROOT / "engines" / model / "model.onnx"), options)
+    def __init__(self) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self._sessions = {m: ort.InferenceSession(str(ROOT / "engines" / m / "model.onnx"), options) for m in MODELS}
+
+    def __call__(self, model: str, runs: int) -> list[float]:
+        session = self._sessions[model]
+        name, shape = MODELS[model]
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        samples = []
+        for i in range(runs + WARMUP):
+            start = time.perf_counter_ns()
+            session.run(None, {name: x})
+            if i >= WARMUP:
+                samples.append((time.perf_counter_ns() - start) / 1000)
+        return samples
+
+
+class RoundTrips:
+    """Closed-loop round trips of one protocol request, raw frames, timed here: one
+    DEALER per server, so every server meets the same client."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock.linger = 0
+        self._sock.connect(endpoint)
+        self._endpoint = endpoint
+
+    def __call__(self, model: str, runs: int) -> list[float]:
+        name, shape = MODELS[model]
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        # The realtime class: what a latency-bound client would use (the naive server has no classes).
+        frames = [bytes(f) for f in encode_request(1, model=model, klass="realtime", inputs={name: x})]
+        sock, samples = self._sock, []
+        for i in range(runs + WARMUP):
+            start = time.perf_counter_ns()
+            sock.send_multipart(frames)
+            if not sock.poll(10_000):
+                raise RuntimeError(f"no reply from {self._endpoint}")
+            sock.recv_multipart()
+            if i >= WARMUP:  # the first replies warm the path
+                samples.append((time.perf_counter_ns() - start) / 1000)
+        return samples
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dict[str, Any]:
+    """Every path on every model, `rounds` times in rotated order; pooled percentiles
+    per path, and edged's ratios to the naive server in each round."""
+    samples: dict[str, dict[str, list[float]]] = {m: {p: [] for p in paths} for m in MODELS}
+    per_round: dict[str, list[dict[str, float]]] = {m: [] for m in MODELS}
+    names = list(paths)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for model in MODELS:
+            this_round = {}
+            for path in order:
+                measured = paths[path](model, runs[model] // rounds)
+                samples[model][path].extend(measured)
+                this_round[path] = percentiles(measured)
+            edged, naive = this_round["edged"], this_round["naive_server"]
+            per_round[model].append(
+                {
+                    "p50_vs_naive": round(edged["p50"] / naive["p50"], 3),
+                    "p99_vs_naive": round(edged["p99"] / naive["p99"], 3),
+                    "p50_minus_naive_us": round(edged["p50"] - naive["p50"], 1),
+                }
+            )
+            sys.stderr.write(f"round {r + 1}/{rounds} {model}: {per_round[model][-1]}\n")
+    return {
+        model: {"pooled": {p: percentiles(s) for p, s in by_path.items()}, "rounds": per_round[model]}
+        for model, by_path in samples.items()
+    }
+
+
+def saturation_rps(endpoint: str, model: str, seconds: float = 3.0, window: int = 8) -> float:
+    """What a server completes per second with `window` requests always outstanding."""
     name, shape = MODELS[model]
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    for _ in range(20):
-        session.run(None, {name: x})
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter_ns()
-        session.run(None, {name: x})
-        samples.append((time.perf_counter_ns() - start) / 1000)
-    return percentiles(samples)
-
-
-def round_trips(endpoint: str, model: str, runs: int) -> dict[str, float]:
-    """Closed-loop round trips of one protocol request, raw frames, timed here."""
-    name, shape = MODELS[model]
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    # The realtime class: what a latency-bound client would use (the naive server has no classes).
+    x = np.zeros(shape, np.float32)
     frames = [bytes(f) for f in encode_request(1, model=model, klass="realtime", inputs={name: x})]
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(endpoint)
-    samples = []
     try:
-        for i in range(runs + 50):
-            start = time.perf_counter_ns()
+        for _ in range(window):
             sock.send_multipart(frames)
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
             if not sock.poll(10_000):
                 raise RuntimeError(f"no reply from {endpoint}")
             sock.recv_multipart()
-            if i >= 50:  # the first replies warm the path
-                samples.append((time.perf_counter_ns() - start) / 1000)
+            done += 1
+            sock.send_multipart(frames)
+        rate = done / (time.perf_counter() - start)
+        for _ in range(window):  # drain, so the next measurement starts from an idle server
+            sock.poll(10_000)
+            sock.recv_multipart()
+        return rate
     finally:
         sock.close()
-    return percentiles(samples)
+
+
+def at_naive_capacity(endpoints: dict[str, str], duration: float, rounds: int) -> dict[str, Any]:
+    """Open-loop Poisson load at the naive server's own saturation rate, per model,
+    offered to the naive server and to edged in turn (realtime class, its deadline)."""
+    inputs = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
+    results: dict[str, Any] = {}
+    for model in MODELS:
+        capacity = saturation_rps(endpoints["naive_server"], model)
+        row: dict[str, Any] = {"naive_capacity_rps": round(capacity, 1)}
+        for r in range(rounds):
+            for path in ("naive_server", "edged") if r % 2 == 0 else ("edged", "naive_server"):
+                stream = Stream("realtime", model, capacity, None)
+                (summary,) = run_load(endpoints[path], [stream], inputs, duration, seed=r)
+                row.setdefault(path, []).append(summary)
+                lat = summary["latency_us"]
+                sys.stderr.write(
+                    f"{model} at {capacity:.0f}/s, {path}: ok {summary['ok_fraction']:.4f} "
+                    f"p50 {lat['p50']:.0f} p99 {lat['p99']:.0f} p99.9 {lat['p999']:.0f} us\n"
+                )
+        results[model] = row
+    return results
 
 
 def serve_echo(endpoint: str) -> None:
@@ -117,7 +211,8 @@ def serve_naive(endpoint: str) -> None:
         sock.send_multipart([identity, msgpack.packb(reply), y.tobytes()])
 
 
-def _helper_server(mode: str, endpoint: str) -> subprocess.Popen[bytes]:
+def _helper_server(path: str, endpoint: str) -> subprocess.Popen[bytes]:
+    mode = "naive" if path == "naive_server" else "echo"
     process = subprocess.Popen([sys.executable, __file__, f"--serve-{mode}", endpoint])
     time.sleep(2.0 if mode == "naive" else 0.5)
     return process
@@ -138,13 +233,9 @@ def triton(python: str, runs: int, duration: float) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def overload(endpoint: str, duration: float, model_inputs: dict[str, Any]) -> dict[str, Any]:
+def overload(endpoint: str, duration: float, heavy_ms: float) -> dict[str, Any]:
     """Realtime alone, bulk alone at saturation, then both with bulk at 3x capacity."""
-    from edged.client import Client
-
-    with Client(endpoint) as client:
-        client.infer("cnn-heavy", {"image": np.zeros((1, 3, 64, 64), np.float32)})
-    heavy_ms = in_process("cnn-heavy", 100)["p50"] / 1000
+    model_inputs = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
     capacity = 1000 / heavy_ms
     realtime = Stream("realtime", "mlp-light", 50, 20.0)
     scenarios = {
@@ -165,7 +256,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve-echo", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-naive", metavar="ENDPOINT", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="fewer requests, shorter overload runs")
+    parser.add_argument("--quick", action="store_true", help="fewer requests, shorter load runs")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the unloaded paths (default 3)")
+    parser.add_argument("--skip-overload", action="store_true", help="leave out the bulk-flood scenario")
     parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.json")
     parser.add_argument("--triton-python", help="a Python with nvidia-pytriton, to add Triton to the comparison")
     args = parser.parse_args()
@@ -174,31 +267,32 @@ def main() -> None:
     if args.serve_naive:
         return serve_naive(args.serve_naive)
 
-    runs = {"mlp-light": 500 if args.quick else 3000, "cnn-heavy": 100 if args.quick else 500}
+    runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 900}
     duration = 5.0 if args.quick else 20.0
-    results: dict[str, Any] = {"machine": _machine(), "runs": runs, "overload_duration_s": duration, "unloaded": {}}
+    results: dict[str, Any] = {"machine": _machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder:
-        for model in MODELS:
-            row = results["unloaded"].setdefault(model, {})
-            row["in_process"] = in_process(model, runs[model])
-            for mode in ("echo", "naive"):
-                endpoint = f"ipc://{folder}/{mode}.sock"
-                server = _helper_server(mode, endpoint)
-                try:
-                    row[f"zmq_{mode}" if mode == "echo" else "naive_server"] = round_trips(endpoint, model, runs[model])
-                finally:
-                    server.kill()
-        endpoint = f"ipc://{folder}/edged.sock"
-        with DaemonProcess([endpoint]) as daemon:
-            daemon.wait_serving()
-            for model in MODELS:
-                results["unloaded"][model]["edged"] = round_trips(endpoint, model, runs[model])
-            inputs = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
-            results["overload"] = overload(endpoint, duration, inputs)
+        endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in ("zmq_echo", "naive_server", "edged")}
+        helpers = [_helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server")]
+        clients: list[RoundTrips] = []
+        try:
+            with DaemonProcess([endpoints["edged"]]) as daemon:
+                daemon.wait_serving()
+                clients = [RoundTrips(endpoints[path]) for path in PATHS[1:]]
+                paths = {"in_process": InProcess(), **dict(zip(PATHS[1:], clients))}
+                results["unloaded"] = interleaved(paths, runs, args.rounds)
+                results["at_naive_capacity"] = at_naive_capacity(endpoints, duration / 2, 2)
+                if not args.skip_overload:
+                    heavy_ms = results["unloaded"]["cnn-heavy"]["pooled"]["in_process"]["p50"] / 1000
+                    results["overload"] = overload(endpoints["edged"], duration, heavy_ms)
+        finally:
+            for client in clients:
+                client.close()
+            for helper in helpers:
+                helper.kill()
     if args.triton_python:
         results["triton"] = triton(args.triton_python, runs["mlp-light"], duration)
         for model, figures in results["triton"]["latency_us"].items():
-            results["unloaded"][model]["pytriton"] = figures
+            results["unloaded"][model]["pooled"]["pytriton"] = figures
     print(_unloaded_table(results["unloaded"]))
     print(json.dumps(_verdicts(results), indent=2))
     if args.write_docs:
@@ -209,35 +303,45 @@ def main() -> None:
 def _unloaded_table(unloaded: dict[str, Any]) -> str:
     lines = ["", f"{'model':<10} {'path':<13} {'p50 us':>8} {'p99 us':>8} {'p99.9 us':>9}"]
     for model, row in unloaded.items():
-        for path, figures in row.items():
+        for path, figures in row["pooled"].items():
             lines.append(f"{model:<10} {path:<13} {figures['p50']:>8} {figures['p99']:>8} {figures['p999']:>9}")
     return "\n".join(lines)
 
 
 def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
-    light = results["unloaded"]["mlp-light"]
-    floor = light["in_process"]["p50"] + light["zmq_echo"]["p50"]
-    over = results["overload"]
-    alone = over["realtime_alone"][0]
-    flood_rt, flood_bulk = over["flood"]
-    best_bulk = over["bulk_saturated"][0]["goodput_rps"]
-    verdicts = {
-        "light_p50_overhead_beyond_floor_us": round(light["edged"]["p50"] - floor, 1),
-        "light_p50_vs_naive": round(light["edged"]["p50"] / light["naive_server"]["p50"], 3),
-        "light_p99_vs_naive": round(light["edged"]["p99"] / light["naive_server"]["p99"], 3),
-        "flood_realtime_ok_fraction": round(flood_rt["ok_fraction"], 4),
-        "flood_realtime_p99_vs_alone": round(flood_rt["latency_us"]["p99"] / alone["latency_us"]["p99"], 2),
-        "flood_lost_requests": flood_rt["lost"] + flood_bulk["lost"],
-        "flood_shed_in_daemon_max_us": flood_bulk["shed_in_daemon_us_max"],
-        "flood_bulk_goodput_vs_best": round(flood_bulk["goodput_rps"] / best_bulk, 3) if best_bulk else None,
-    }
+    verdicts: dict[str, Any] = {}
+    for model, row in results["unloaded"].items():
+        pooled = row["pooled"]
+        floor = pooled["in_process"]["p50"] + pooled["zmq_echo"]["p50"]
+        verdicts[model] = {
+            "p50_vs_naive": round(pooled["edged"]["p50"] / pooled["naive_server"]["p50"], 3),
+            "p99_vs_naive": round(pooled["edged"]["p99"] / pooled["naive_server"]["p99"], 3),
+            "p50_minus_naive_us": round(pooled["edged"]["p50"] - pooled["naive_server"]["p50"], 1),
+            "p50_beyond_floors_us": round(pooled["edged"]["p50"] - floor, 1),
+            "naive_p50_beyond_floors_us": round(pooled["naive_server"]["p50"] - floor, 1),
+            "worst_round_p50_vs_naive": max(r["p50_vs_naive"] for r in row["rounds"]),
+            "worst_round_p99_vs_naive": max(r["p99_vs_naive"] for r in row["rounds"]),
+        }
+    for model, row in results["at_naive_capacity"].items():
+        worst_p99 = {path: max(s["latency_us"]["p99"] for s in row[path]) for path in ("naive_server", "edged")}
+        verdicts[model]["at_naive_capacity_p99_vs_naive"] = round(worst_p99["edged"] / worst_p99["naive_server"], 3)
+        verdicts[model]["at_naive_capacity_edged_ok_fraction"] = min(s["ok_fraction"] for s in row["edged"])
+    if "overload" in results:
+        over = results["overload"]
+        alone = over["realtime_alone"][0]
+        flood_rt, flood_bulk = over["flood"]
+        best_bulk = over["bulk_saturated"][0]["goodput_rps"]
+        verdicts["flood"] = {
+            "realtime_ok_fraction": round(flood_rt["ok_fraction"], 4),
+            "realtime_p99_vs_alone": round(flood_rt["latency_us"]["p99"] / alone["latency_us"]["p99"], 2),
+            "lost_requests": flood_rt["lost"] + flood_bulk["lost"],
+            "shed_in_daemon_max_us": flood_bulk["shed_in_daemon_us_max"],
+            "bulk_goodput_vs_best": round(flood_bulk["goodput_rps"] / best_bulk, 3) if best_bulk else None,
+        }
     if "triton" in results:
         for model in MODELS:
-            row = results["unloaded"][model]
-            verdicts[f"{model}_p99_triton_over_edged"] = round(row["pytriton"]["p99"] / row["edged"]["p99"], 1)
-        verdicts["flood_bulk_goodput_vs_triton"] = round(
-            flood_bulk["goodput_rps"] / results["triton"]["heavy_throughput_rps"], 2
-        )
+            pooled = results["unloaded"][model]["pooled"]
+            verdicts[model]["p99_triton_over_edged"] = round(pooled["pytriton"]["p99"] / pooled["edged"]["p99"], 1)
     return verdicts
 
 

@@ -17,6 +17,7 @@ from edged.serve.admission import Shed
 from edged.serve.answers import ReplyFn, timing_us
 from edged.serve.lanes import Lane
 from edged.serve.lifecycle import Lifecycle
+from edged.wire import fast
 from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 
 log = logging.getLogger("edged.dispatch")
@@ -69,7 +70,8 @@ class Dispatcher:
         """Answer or admit one request; every call leads to exactly one reply."""
         request_id = None
         try:
-            request = decode_request(frames, self.config.limits)
+            limits = self.config.limits
+            request = fast.decode_request(frames, limits) or decode_request(frames, limits)
             request_id = request.id
             if request.op == "infer":
                 self._infer(route, request, received_ns)

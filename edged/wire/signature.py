@@ -22,14 +22,45 @@ class Signature:
     # Derived once here: both are read for every request.
     output_names: tuple[str, ...] = field(init=False)
     batchable: bool = field(init=False)  # requests can be stacked along a dynamic first dimension
+    # By input, in order: (dimension, size) of each fixed dimension.
+    _fixed: tuple[tuple[tuple[int, int], ...], ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_names", tuple(spec.name for spec in self.outputs))
         batchable = all(spec.shape and spec.shape[0] == -1 for spec in self.inputs + self.outputs)
         object.__setattr__(self, "batchable", batchable)
+        fixed = tuple(tuple((i, d) for i, d in enumerate(spec.shape) if d != -1) for spec in self.inputs)
+        object.__setattr__(self, "_fixed", fixed)
 
     def bind(self, request: Request) -> dict[str, np.ndarray]:
         """The request's inputs as arrays (views of its frames), checked against the model."""
+        if self._expected(request):
+            return tensor_views(request)
+        return self._checked(request)
+
+    def _expected(self, request: Request) -> bool:
+        """Whether `request` is the common one: the declared inputs in the declared order,
+        dtypes and fixed sizes, one batch, the default outputs. A comparison per input,
+        where the checked path builds sets and messages."""
+        given = request.inputs
+        if request.outputs is not None or len(given) != len(self.inputs):
+            return False
+        batch = None
+        for spec, declared, fixed in zip(given, self.inputs, self._fixed):
+            shape = spec.shape
+            if spec.name != declared.name or spec.dtype != declared.dtype or len(shape) != len(declared.shape):
+                return False
+            for i, size in fixed:
+                if shape[i] != size:
+                    return False
+            if self.batchable:
+                if batch is None:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    return False
+        return True
+
+    def _checked(self, request: Request) -> dict[str, np.ndarray]:
         given = {spec.name: spec for spec in request.inputs}
         if len(given) != len(request.inputs):
             raise self._error(request, "an input name appears twice")
