@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from edged.backends import VARIANTS_OF, Backend, Reserving, backend_named, fixed_rows
 from edged.backends.gpu_memory import LaneReservation
@@ -40,6 +41,7 @@ log = logging.getLogger("edged")
 GIL_SWITCH_INTERVAL_S = 0.0005
 TICK_MS = 250
 HOUSEKEEPING_EVERY_NS = 10_000_000
+FIGURES_WAIT_S = 5.0
 STATUS_EVERY_NS = 5_000_000_000
 
 
@@ -81,7 +83,7 @@ class Daemon:
         self.prometheus: PrometheusEndpoint | None = None
         if config.metrics.prometheus_port:
             try:
-                self.prometheus = PrometheusEndpoint(config.metrics, self.dispatcher.stats)
+                self.prometheus = PrometheusEndpoint(config.metrics, self._figures_from_another_thread)
             except BaseException:
                 self.server.close()
                 raise
@@ -230,15 +232,26 @@ class Daemon:
 
     # --- the loop's housekeeping ---------------------------------------------
 
+    def _figures_from_another_thread(self) -> dict[str, Any]:
+        """The stats op's figures, for a reader off the loop (the Prometheus endpoint):
+        the loop, their one owner, settles and reads them. A loop that does not answer
+        within FIGURES_WAIT_S fails the scrape, which is the truth about such a loop."""
+
+        def figures() -> dict[str, Any]:
+            self.dispatcher.settle()
+            return self.dispatcher.stats()
+
+        return self.server.ask(figures, FIGURES_WAIT_S)
+
     def _tick(self) -> None:
-        # Every wake-up, cheap when there is nothing: figures stay current for any reader.
-        self.dispatcher.settle()
         now = time.monotonic_ns()
         # The loop wakes for every request; housekeeping needs a cadence, not a per-request
         # cost. Signals and a finished load wake the loop with their news already set.
         if now < self._next_housekeeping_ns and self._loaded is None and not self._reload_asked:
             return
         self._next_housekeeping_ns = now + HOUSEKEEPING_EVERY_NS
+        # The workers' facts, counted at a cadence (and before any reader: see _figures).
+        self.dispatcher.settle()
         if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
             # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
             self.notifier.notify(WATCHDOG="1")

@@ -70,14 +70,17 @@ def _update(averages: dict[str, float], model: str, value: float) -> None:
 class Backlog:
     """What a lane has accepted and not yet answered: a count and its estimated work.
 
-    Owned by a Lane: `Lane.offer` adds (socket loop) and the lane's Answers takes
-    away as each job is answered (worker, watchdog or shutdown), each to counters
-    of its own, so no lock is needed on the hot path of admission.
+    Owned by a Lane, with a counter pair per writer so the loop takes no lock: `Lane.offer`
+    adds and `finish_on_loop` takes away (socket loop: arrivals, and jobs it runs
+    inline); `finish` takes away what the lane's workers answer (workers, watchdog or
+    shutdown, under a lock between them).
     """
 
     def __init__(self, on_empty: Callable[[], None] | None = None) -> None:
         self._added = 0
         self._added_ns = 0
+        self._loop_finished = 0
+        self._loop_finished_ns = 0
         self._finished = 0
         self._finished_ns = 0
         self._lock = threading.Lock()  # between a lane's own workers
@@ -91,16 +94,25 @@ class Backlog:
         with self._lock:
             self._finished += 1
             self._finished_ns += cost_ns
+        self._emptied()
+
+    def finish_on_loop(self, cost_ns: int) -> None:
+        """`finish`, for a job the socket loop answered itself."""
+        self._loop_finished += 1
+        self._loop_finished_ns += cost_ns
+        self._emptied()
+
+    def _emptied(self) -> None:
         if self._on_empty is not None and self.depth == 0:
             self._on_empty()
 
     @property
     def depth(self) -> int:
-        return self._added - self._finished
+        return self._added - self._loop_finished - self._finished
 
     @property
     def work_ns(self) -> int:
-        return max(self._added_ns - self._finished_ns, 0)
+        return max(self._added_ns - self._loop_finished_ns - self._finished_ns, 0)
 
 
 def admit(

@@ -106,7 +106,7 @@ class Dispatcher:
             lane.stats.settle()
 
     def stats(self) -> dict[str, Any]:
-        """The stats op's figures; safe from another thread (the Prometheus endpoint's)."""
+        """The stats op's figures (socket loop only: another thread asks the loop, see edged.daemon)."""
         return {
             "state": self._lifecycle.reported,
             "invalid": self.invalid,

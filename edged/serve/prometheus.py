@@ -1,9 +1,10 @@
 """An optional Prometheus endpoint: the stats op's figures, in Prometheus's text format.
 
 Off unless `metrics.prometheus_port` is set. It serves from prometheus_client's own
-HTTP thread and reads `Dispatcher.stats()` only when scraped, so the request path
-gains nothing. prometheus_client is imported here only when the endpoint starts:
-it is an optional extra (`pip install 'edged[prometheus]'`).
+HTTP thread and, only when scraped, asks the socket loop (the figures' one owner)
+for the stats op's figures, so the request path gains nothing. prometheus_client is
+imported here only when the endpoint starts: it is an optional extra
+(`pip install 'edged[prometheus]'`).
 
 Latency percentiles are those of the stats op, over every request since start-up
 (the daemon's own histograms), exposed as gauges in seconds.

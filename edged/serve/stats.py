@@ -7,7 +7,6 @@ whatever the traffic. No per-request list is ever kept.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,13 +72,14 @@ _DONE, _CALL, _EXPIRED, _LATE, _PREEMPTED = range(5)
 
 @dataclass
 class ClassStats:
-    """One class's figures, with one writer: the socket loop.
+    """One class's figures, with one writer and one reader: the socket loop.
 
-    The loop counts arrivals itself as it decides them (`received`, `admitted`,
-    `shed_*`). Lane workers, which finish their calls on threads of their own, never
-    write a figure: the `report_*` methods only queue a fact, and the loop counts the
-    facts in `settle`, on each tick and before the stats op reads. `lock` is for a
-    reader on another thread (the Prometheus endpoint): it keeps a snapshot whole.
+    The loop counts what it decides and runs itself (arrivals, sheds, the inline
+    path's calls and answers: the `count_*` methods). Lane workers, which finish their
+    calls on threads of their own, never write a figure: the `report_*` methods only
+    queue a fact, and the loop counts the facts in `settle`, at its housekeeping
+    cadence and before any figure is read. No lock: a reader on another thread (the
+    Prometheus endpoint) asks the loop (edged.daemon), and gets a whole snapshot.
     """
 
     received: int = 0
@@ -100,7 +100,6 @@ class ClassStats:
     queue_us: Histogram = field(default_factory=Histogram)
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
-    lock: threading.Lock = field(default_factory=threading.Lock)
     # deque.append and popleft are atomic: workers append, the loop pops, no lock.
     _facts: deque[tuple[int, ...]] = field(default_factory=deque)
 
@@ -129,56 +128,60 @@ class ClassStats:
 
     # --- the loop --------------------------------------------------------------
 
+    def count_done(self, ok: bool, queue_us: int, compute_us: int, total_us: int, late: bool = False) -> None:
+        """What `report_done` tells, counted at once (socket loop only)."""
+        if ok:
+            self.completed += 1
+            self.late_completed += late
+        else:
+            self.failed += 1
+        self.queue_us.record(queue_us)
+        self.compute_us.record(compute_us)
+        self.total_us.record(total_us)
+
+    def count_call(self, rows: int) -> None:
+        """What `report_call` tells, counted at once (socket loop only)."""
+        self.backend_calls += 1
+        self.backend_rows += rows
+
     def settle(self) -> None:
         """Count every fact handed over so far (socket loop only)."""
         facts = self._facts
-        if not facts:
-            return
-        with self.lock:
-            while facts:
-                fact = facts.popleft()
-                kind = fact[0]
-                if kind == _DONE:
-                    _, ok, queue_us, compute_us, total_us, late = fact
-                    if ok:
-                        self.completed += 1
-                        self.late_completed += late
-                    else:
-                        self.failed += 1
-                    self.queue_us.record(queue_us)
-                    self.compute_us.record(compute_us)
-                    self.total_us.record(total_us)
-                elif kind == _CALL:
-                    self.backend_calls += 1
-                    self.backend_rows += fact[1]
-                elif kind == _EXPIRED:
-                    self.expired += 1
-                elif kind == _PREEMPTED:
-                    self.preempted += 1
-                    self.preempted_rows += fact[1]
-                    self.preempted_work_us += fact[2]
-                else:
-                    self.late_dropped += 1
+        while facts:
+            fact = facts.popleft()
+            kind = fact[0]
+            if kind == _DONE:
+                self.count_done(*fact[1:])
+            elif kind == _CALL:
+                self.count_call(fact[1])
+            elif kind == _EXPIRED:
+                self.expired += 1
+            elif kind == _PREEMPTED:
+                self.preempted += 1
+                self.preempted_rows += fact[1]
+                self.preempted_work_us += fact[2]
+            else:
+                self.late_dropped += 1
 
     def snapshot(self, queue_depth: int) -> dict[str, Any]:
-        with self.lock:
-            return {
-                "received": self.received,
-                "admitted": self.admitted,
-                "shed": {"queue_full": self.shed_queue_full, "deadline": self.shed_deadline},
-                "expired": self.expired,
-                "completed": self.completed,
-                "late_completed": self.late_completed,
-                "failed": self.failed,
-                "backend_calls": self.backend_calls,
-                "backend_rows": self.backend_rows,
-                "late_dropped": self.late_dropped,
-                "inline": self.inline,
-                "preempted": {"calls": self.preempted, "rows": self.preempted_rows, "work_us": self.preempted_work_us},
-                "queue_depth": queue_depth,
-                "latency_us": {
-                    "queue": self.queue_us.summary(),
-                    "compute": self.compute_us.summary(),
-                    "total": self.total_us.summary(),
-                },
-            }
+        """The figures as the stats op shows them (socket loop only, after `settle`)."""
+        return {
+            "received": self.received,
+            "admitted": self.admitted,
+            "shed": {"queue_full": self.shed_queue_full, "deadline": self.shed_deadline},
+            "expired": self.expired,
+            "completed": self.completed,
+            "late_completed": self.late_completed,
+            "failed": self.failed,
+            "backend_calls": self.backend_calls,
+            "backend_rows": self.backend_rows,
+            "late_dropped": self.late_dropped,
+            "inline": self.inline,
+            "preempted": {"calls": self.preempted, "rows": self.preempted_rows, "work_us": self.preempted_work_us},
+            "queue_depth": queue_depth,
+            "latency_us": {
+                "queue": self.queue_us.summary(),
+                "compute": self.compute_us.summary(),
+                "total": self.total_us.summary(),
+            },
+        }

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,8 @@ class SocketOptions:
 
 class Server:
     """The daemon's sockets and the loop that owns them. Written by the loop's thread
-    only (`unroutable`, every socket), but for the outbox: any thread appends a reply
-    there (`reply`) and only the loop takes them off (`flush`)."""
+    only (`unroutable`, every socket), but for the outbox and the asks: any thread
+    appends a reply (`reply`) or a question (`ask`), and only the loop takes them off."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class Server:
         self._context = zmq.Context()
         self._sockets: list[zmq.Socket] = []
         self._outbox: deque[tuple[Route, list[Buffer]]] = deque()
+        self._asks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._loop_thread: int | None = None
         self.unroutable = 0  # replies whose peer was gone or not reading
@@ -133,6 +135,14 @@ class Server:
             self._outbox.append((route, frames))
             os.eventfd_write(self._wake_fd, 1)
 
+    def ask(self, question: Callable[[], Any], timeout_s: float) -> Any:
+        """Run `question` on the loop's thread and return its answer (from any other
+        thread): how a reader reaches state that only the loop owns."""
+        answer: Future[Any] = Future()
+        self._asks.append((question, answer))
+        os.eventfd_write(self._wake_fd, 1)
+        return answer.result(timeout_s)
+
     def wake(self) -> None:
         """Make the loop look at its stop condition now (safe from signal handlers)."""
         os.eventfd_write(self._wake_fd, 1)
@@ -155,6 +165,12 @@ class Server:
                 if sock in ready:
                     self._receive(index, sock, handle)
             self.flush()
+            while self._asks:
+                question, answer = self._asks.popleft()
+                try:
+                    answer.set_result(question())
+                except Exception as exc:
+                    answer.set_exception(exc)
             tick()
 
     def flush(self) -> None:
