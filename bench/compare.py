@@ -130,6 +130,18 @@ def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dic
     }
 
 
+def idle_cpu_percent(pid: int, seconds: float = 10.0) -> float:
+    """The share of one core a process uses while nobody sends it anything."""
+
+    def cpu_s() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    before, start = cpu_s(), time.monotonic()
+    time.sleep(seconds)
+    return round(100 * (cpu_s() - before) / (time.monotonic() - start), 2)
+
+
 def saturation_rps(endpoint: str, model: str, seconds: float = 3.0, window: int = 8) -> float:
     """What a server completes per second with `window` requests always outstanding."""
     name, shape = MODELS[model]
@@ -277,6 +289,7 @@ def main() -> None:
         try:
             with DaemonProcess([endpoints["edged"]]) as daemon:
                 daemon.wait_serving()
+                results["edged_idle_cpu_percent"] = idle_cpu_percent(daemon.process.pid, 3.0 if args.quick else 10.0)
                 clients = [RoundTrips(endpoints[path]) for path in PATHS[1:]]
                 paths = {"in_process": InProcess(), **dict(zip(PATHS[1:], clients))}
                 results["unloaded"] = interleaved(paths, runs, args.rounds)
@@ -294,6 +307,7 @@ def main() -> None:
         for model, figures in results["triton"]["latency_us"].items():
             results["unloaded"][model]["pooled"]["pytriton"] = figures
     print(_unloaded_table(results["unloaded"]))
+    print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core")
     print(json.dumps(_verdicts(results), indent=2))
     if args.write_docs:
         results["verdicts"] = _verdicts(results)

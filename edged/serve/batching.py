@@ -72,6 +72,8 @@ def fill(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, wait_us
     Latency classes (wait_us 0) take only what is already queued; a throughput class
     may wait that long for more.
     """
+    if not wait_us and jobs.empty():
+        return None  # the common case of a latency class: nothing beside it (no clock, no queue.Empty raised)
     wait_until = time.monotonic_ns() + wait_us * 1000
     rows = sum(job.rows for job in batch)
     while len(batch) < max_batch:
