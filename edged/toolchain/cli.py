@@ -25,7 +25,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _model(quantize)
     quantize.add_argument("--precision", choices=("int8", "fp8"), required=True)
     quantize.add_argument("--calibration", type=Path, help="folder of .npy/.npz samples (default: seeded N(0,1))")
-    quantize.add_argument("--samples", type=int, default=64, help="calibration samples drawn when no folder is given")
+    quantize.add_argument("--samples", type=int, default=256, help="calibration samples drawn when no folder is given")
     quantize.add_argument("--held-out", type=int, default=32, help="held-out samples of the accuracy report")
     quantize.add_argument("--quantizer", choices=("onnxruntime", "modelopt"), default="onnxruntime")
     quantize.set_defaults(step_run=_quantize)

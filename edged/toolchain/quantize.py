@@ -115,7 +115,7 @@ def quantize(
     precision: str,
     *,
     calibration: Path | None = None,
-    calibration_count: int = 64,
+    calibration_count: int = 256,
     held_out_count: int = 32,
     quantizer: str = "onnxruntime",
     progress: Progress = lambda _: None,
