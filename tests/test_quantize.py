@@ -64,6 +64,19 @@ def test_quantized_model_is_qdq_and_meets_its_bounds(quantized: dict, key: tuple
     assert accuracy.max_abs_error <= max_abs
 
 
+@pytest.mark.parametrize("model", list(COUNTS))
+def test_int8_zero_points_are_all_zero_as_tensorrt_requires(quantized: dict, model: str) -> None:
+    """TensorRT takes INT8 Q/DQ only with zero-point 0 (symmetric): every zero point is 0."""
+    graph = onnx.load(str(quantized[model, "int8"].path)).graph
+    initializers = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    zero_points = [
+        initializers[node.input[2]]
+        for node in graph.node
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 2
+    ]
+    assert zero_points and all(not zp.any() for zp in zero_points)
+
+
 def test_manifest_records_each_quantized_variant(quantized: dict, repository: Path) -> None:
     folder = ModelFolder(repository, "mlp-light")
     entry = folder.variant("int8")
