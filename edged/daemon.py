@@ -211,6 +211,8 @@ class Daemon:
             result.seconds,
         )
         old = list(self.dispatcher.lanes.values())
+        for lane in result.lanes.values():
+            lane.warm_on_loop()
         self.config = result.config
         self.dispatcher.serve(
             result.config, result.models, result.lanes, result.reservations, result.fixed_rows, result.failed

@@ -211,3 +211,53 @@ def test_lane_start_reports_a_model_that_cannot_load(models, tmp_path):
     lane = Lane(ClassConfig("t", order=0), [bad], OnnxRuntimeCpu(), lambda route, frames: None)
     with pytest.raises(Exception, match=r"(?i)protobuf|invalid|load"):
         lane.start()
+
+
+class ThreadRecordingBackend:
+    """The real ONNX Runtime backend; each runner records the class it was loaded for
+    and the threads that called it. Stands in for a GPU runtime's per-thread state."""
+
+    def __init__(self) -> None:
+        self.runners: list[ThreadRecordingRunner] = []
+        self._real = OnnxRuntimeCpu()
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> ThreadRecordingRunner:
+        runner = ThreadRecordingRunner(model.name, lane.cuda_graph, self._real.load(model, lane))
+        self.runners.append(runner)
+        return runner
+
+
+class ThreadRecordingRunner:
+    def __init__(self, model: str, cuda_graph: bool, runner) -> None:
+        self.model, self.cuda_graph, self._runner = model, cuda_graph, runner
+        self.threads: list[int] = []
+
+    def run(self, inputs, output_names, stop=None):
+        self.threads.append(threading.get_ident())
+        return self._runner.run(inputs, output_names, stop)
+
+    def close(self) -> None:
+        self._runner.close()
+
+
+def test_the_inline_runners_warm_on_the_loop_thread_and_never_capture_a_graph_thread_recording_backend(models):
+    """A GPU runtime keeps handles per thread, and ONNX Runtime captures CUDA graphs in
+    global mode: the loop's runners are loaded without a graph, and the cheap ones are
+    called on the loop's thread (this test's) before it serves, the dear one not at all."""
+    backend = ThreadRecordingBackend()
+    klass = ClassConfig("realtime", order=0, inline_max_us=300, cuda_graph=True)
+    lane = Lane(klass, list(models.values()), backend, lambda route, frames: None)
+    loader = threading.Thread(target=lane.start)  # the daemon's loader thread
+    loader.start()
+    loader.join(60)
+    try:
+        lane.warm_on_loop()
+    finally:
+        lane.stop(2.0)
+    loop = threading.get_ident()
+    workers = [r for r in backend.runners if r.cuda_graph]
+    inline = {r.model: r for r in backend.runners if not r.cuda_graph}
+    assert len(workers) == len(models) and set(inline) == set(models)  # one worker's, and the loop's own
+    assert all(loop not in r.threads for r in workers)
+    assert loop in inline["mlp-light"].threads
+    assert loop not in inline["cnn-heavy"].threads  # priced over inline_max_us: it never runs on the loop

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from edged.config.classes import ClassConfig
 from edged.serve.batching import Job
-from edged.serve.worker import Worker
+from edged.serve.worker import WARMUP_RUNS, Worker
 
 log = logging.getLogger("edged.lanes")
 
@@ -114,6 +114,16 @@ class InlinePath:
             WITHIN_RUNS,
             REQUALIFY_AFTER << (standing.times_barred - 1),
         )
+
+    def warm(self) -> None:
+        """Call each model that may run here a few times, on the calling thread (the
+        loop's, before it serves); a model priced over the limit is left cold."""
+        for model in self._worker.models:
+            if self._worker.service.estimate_ns(model.name) > self._limit_ns:
+                continue
+            inputs = model.samples[0].inputs()
+            for _ in range(WARMUP_RUNS):
+                self._worker.runners[model.name].run(inputs, model.signature.output_names)
 
     def close(self) -> None:
         for runner in self._worker.runners.values():

@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -78,9 +79,18 @@ class Lane:
             self.stop(timeout_s=1.0)
             raise errors[0]
         if self.klass.inline_max_us:
-            loop_worker = self._new_worker()
+            # Never a CUDA graph on the loop: ONNX Runtime captures in global mode, which
+            # a capture on the loop, while other lanes serve, would break.
+            loop_worker = self._new_worker(replace(self.klass, cuda_graph=False))
             loop_worker.load(pin=False)  # the loop's own thread keeps its settings
             self._inline = InlinePath(self.klass, loop_worker)
+
+    def warm_on_loop(self) -> None:
+        """Warm the inline path's runners on the socket loop's own thread, before it
+        serves: a runtime keeps per-thread state (ONNX Runtime's cuBLAS and cuDNN
+        handles), which a first call on a new thread would create mid-request."""
+        if self._inline is not None:
+            self._inline.warm()
 
     @property
     def health(self) -> str:
@@ -212,9 +222,9 @@ class Lane:
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if not self._calls.abandoned(thread)]
 
-    def _new_worker(self) -> Worker:
+    def _new_worker(self, klass: ClassConfig | None = None) -> Worker:
         return Worker(
-            self.klass,
+            klass or self.klass,
             self.models,
             self._backend,
             self._queue,
