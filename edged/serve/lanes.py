@@ -33,6 +33,10 @@ from edged.wire.codec import Request, Status
 log = logging.getLogger("edged.lanes")
 
 REMEASURE_EVERY_NS = 1_000_000_000
+# Held while a lane that captures CUDA graphs loads and warms a worker: ONNX Runtime
+# captures in global mode, during which another thread's allocation breaks the capture.
+# Process-wide, so a replacement worker or a reload's lanes wait for a capture too.
+_CAPTURING = threading.Lock()
 
 
 class Lane:
@@ -245,7 +249,11 @@ class Lane:
     def _work(self, worker: Worker, ready: threading.Barrier | None) -> None:
         """A worker's life; `ready` is start-up's barrier, None for a replacement."""
         try:
-            worker.load()
+            if self.klass.cuda_graph:
+                with _CAPTURING:
+                    worker.load()
+            else:
+                worker.load()
         except BaseException as exc:
             worker.error = exc  # reported by start(), on the caller's thread
             if ready is None:
