@@ -132,7 +132,8 @@ class Lane:
         """Admit a valid request and queue it (or run it inline), or shed it at once."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        cost_ns = self.service.charge_ns(model.name, model.signature.rows(inputs))
+        elements = model.signature.elements(inputs)
+        cost_ns = self.service.charge_ns(model.name, model.signature.rows(inputs), elements)
         now_ns = time.monotonic_ns()
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
@@ -156,6 +157,7 @@ class Lane:
             received_ns=received_ns,
             deadline_ns=received_ns + budget_ns,
             cost_ns=cost_ns,
+            elements=elements,
         )
         if self.precedence.flying:
             slack_ns = left_ns - cost_ns - self.backlog.work_ns // self.klass.workers
