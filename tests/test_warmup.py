@@ -72,6 +72,24 @@ def test_import_writes_the_manifest_from_the_onnx_metadata(repository: Path) -> 
     assert "checked: 'streamer' loads and warms up on input [1, 64], state [2, 1, 4], sr []" in done.stdout
 
 
+def test_import_takes_a_sample_per_size_and_warmup_data(repository: Path) -> None:
+    """An input's --shape repeated gives one warm-up sample per size (what a model whose
+    cost follows its input is priced from); --data fills an input in every sample."""
+    source = streamer(repository / "src" / "streamer.onnx")
+    shapes = ("--shape", "input=1x64", "--shape", "input=1x256", "--data", "sr=16000", "--data", "input=random")
+    done = run_edged("import", str(source), "--repository", str(repository), *shapes)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((repository / "streamer" / "manifest.json").read_text())
+    data = {"sr": 16000, "input": "random"}
+    assert manifest["warmup"] == [
+        {"shapes": {"input": [1, 64]}, "data": data},
+        {"shapes": {"input": [1, 256]}, "data": data},
+    ]
+    assert "warms up on input [1, 64], state [2, 1, 4], sr []; input [1, 256], state [2, 1, 4], sr [] (" in done.stdout
+    wrong = run_edged("import", str(source), "--repository", str(repository), "--data", "sr=fast", "--replace")
+    assert wrong.returncode == 1 and "--data takes NAME=zeros, NAME=random or NAME=NUMBER" in wrong.stderr
+
+
 def test_import_without_shapes_says_which_shapes_to_set(repository: Path) -> None:
     source = padder(repository / "src" / "padder.onnx")
     done = run_edged("import", str(source), "--repository", str(repository))
