@@ -141,6 +141,8 @@ def test_a_size_not_yet_measured_never_runs_inline(context: zmq.Context, own_dae
         assert after["completed"] == before["completed"] + 1
         return after["inline"] > before["inline"]
 
+    # Warmed up at one size: start-up says what that means for its price.
+    assert "model 'padder' takes inputs of any size and warms up at one size (x [1, 1000])" in running.log()
     assert ran_inline(1000), "a measured size, cheap, did not run inline"
     assert ran_inline(900), "a size below one measured did not run inline"
     assert not ran_inline(1100), "a size past those measured ran inline before it was measured"

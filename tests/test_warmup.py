@@ -20,6 +20,9 @@ from support import ENGINES, RunningDaemon, run_edged, short_dir
 
 from edged.client import AsyncClient, Client
 from edged.models.repository import RepositoryError, entries_of
+from edged.models.warmup import WarmupSample, one_size_warning
+from edged.wire.codec import TensorSpec
+from edged.wire.signature import Signature
 
 StartDaemon = Callable[..., RunningDaemon]
 CHUNK = 64
@@ -203,3 +206,19 @@ def test_a_streamed_model_with_state_in_dimension_1_equals_in_process(
                     np.testing.assert_allclose(served_state[s], expected_state[s], rtol=1e-4, atol=1e-4)
 
     asyncio.run(stream())
+
+
+def test_only_a_sized_model_warmed_up_at_one_size_is_warned_about() -> None:
+    vad = Signature(
+        (TensorSpec("input", "float32", (-1, -1)), TensorSpec("state", "float32", (2, -1, 4))),
+        (TensorSpec("output", "float32", (-1, 1)),),
+    )
+    dtypes = {"input": "float32", "state": "float32"}
+    chunk = WarmupSample({"input": (1, 512), "state": (2, 1, 4)}, dtypes)
+    longer = WarmupSample({"input": (1, 1536), "state": (2, 1, 4)}, dtypes)
+    assert "model 'vad' takes inputs of any size and warms up at one size (input [1, 512]" in one_size_warning(
+        "vad", vad, (chunk,), None
+    )
+    assert one_size_warning("vad", vad, (chunk, longer), None) == ""
+    demo = Signature((TensorSpec("x", "float32", (-1, 64)),), (TensorSpec("scores", "float32", (-1, 10)),))
+    assert one_size_warning("mlp-light", demo, (WarmupSample({"x": (1, 64)}, {"x": "float32"}),), None) == ""

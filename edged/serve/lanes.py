@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,10 @@ from edged.wire.codec import Request, Status
 log = logging.getLogger("edged.lanes")
 
 REMEASURE_EVERY_NS = 1_000_000_000
+PRICED_PAST_MEASURED = (
+    "priced past the largest input measured on this lane; a warm-up sample of this size in the model's manifest "
+    "measures it"
+)
 
 
 class Lane:
@@ -132,8 +137,8 @@ class Lane:
         """Admit a valid request and queue it (or run it inline), or shed it at once."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        elements = model.signature.elements(inputs)
-        cost_ns = self.service.charge_ns(model.name, model.signature.rows(inputs), elements)
+        rows, elements = model.signature.rows(inputs), model.signature.elements(inputs)
+        cost_ns = self.service.charge_ns(model.name, rows, elements)
         now_ns = time.monotonic_ns()
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
@@ -142,6 +147,8 @@ class Lane:
         if shed is not None:
             if shed.beyond_one_run:
                 self._remeasure(model, now_ns)
+                if not self.service.measured(model.name, rows, elements):
+                    shed = replace(shed, message=f"{shed.message} ({PRICED_PAST_MEASURED})")
             if shed.reason == "queue_full":
                 self.stats.shed_queue_full += 1
             else:
