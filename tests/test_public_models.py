@@ -45,7 +45,7 @@ inline_max_us = 0
 stuck_after_ms = 10000
 """
 PATIENT_MS = 60_000.0  # a deadline that admits anything: for requests that must run
-PRICING_RUNS = 5  # measured runs per size, whose median the estimate is held to
+PRICING_RUNS = 7  # measured runs per size, whose median the estimate is held to
 
 
 @pytest.fixture(scope="session")
@@ -199,14 +199,17 @@ def test_ocr_pricing_after_warmup_at_two_sizes_is_within_a_quarter_of_the_comput
     try:
         sock = connect(context, running.ipc)
         estimates = {side: estimate_ms(sock, side) for side in (320, 640, 960)}
-        for side, estimate in estimates.items():
-            computes = []
-            for _ in range(PRICING_RUNS):
+        computes: dict[int, list[float]] = {side: [] for side in estimates}
+        # Round after round of the three sizes: a burst of other work on the box lands on
+        # one run of several sizes, which their medians shrug off, not on most runs of one.
+        for _ in range(PRICING_RUNS):
+            for side in estimates:
                 reply = exchange(sock, detect(side, PATIENT_MS))
                 assert reply.status == "OK", reply.header
-                computes.append(reply.header["timing_us"]["compute"] / 1000)
-            measured = statistics.median(computes)
-            assert abs(estimate - measured) <= 0.25 * measured, (side, estimate, computes)
+                computes[side].append(reply.header["timing_us"]["compute"] / 1000)
+        for side, estimate in estimates.items():
+            measured = statistics.median(computes[side])
+            assert abs(estimate - measured) <= 0.25 * measured, (side, estimate, computes[side])
     finally:
         running.close()
 
