@@ -20,7 +20,7 @@ from support import ENGINES, RunningDaemon, run_edged, short_dir
 
 from edged.client import AsyncClient, Client
 from edged.models.repository import RepositoryError, entries_of
-from edged.models.warmup import WarmupSample, one_size_warning
+from edged.models.warmup import WarmupSample, one_size_warning, tiled
 from edged.wire.codec import TensorSpec
 from edged.wire.signature import Signature
 
@@ -222,3 +222,14 @@ def test_only_a_sized_model_warmed_up_at_one_size_is_warned_about() -> None:
     assert one_size_warning("vad", vad, (chunk, longer), None) == ""
     demo = Signature((TensorSpec("x", "float32", (-1, 64)),), (TensorSpec("scores", "float32", (-1, 10)),))
     assert one_size_warning("mlp-light", demo, (WarmupSample({"x": (1, 64)}, {"x": "float32"}),), None) == ""
+
+
+def test_a_sized_models_warmup_is_not_tiled_to_the_largest_batch() -> None:
+    """Priced per row size, a batch of images needs no warm-up of its own; 16 rows of a
+    large image would cost seconds of start-up per lane."""
+    image = Signature((TensorSpec("x", "float32", (-1, 3, -1, -1)),), (TensorSpec("y", "float32", (-1, 1, -1, -1)),))
+    sample = WarmupSample({"x": (1, 3, 32, 32)}, {"x": "float32"})
+    assert [rows for _, rows in tiled(sample, image, max_batch=16)] == [1]
+    demo = Signature((TensorSpec("x", "float32", (-1, 64)),), (TensorSpec("scores", "float32", (-1, 10)),))
+    calls = tiled(WarmupSample({"x": (1, 64)}, {"x": "float32"}), demo, max_batch=16)
+    assert [(inputs["x"].shape, rows) for inputs, rows in calls] == [((1, 64), 1), ((16, 64), 16)]

@@ -179,7 +179,7 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
     except Exception as exc:
         raise load_failure(model.name, model.variant.path, exc) from exc
     for sample in model.samples:
-        for inputs, rows in tiled(sample, model.signature.batchable, klass.max_batch):
+        for inputs, rows in tiled(sample, model.signature, klass.max_batch):
             try:
                 elapsed = _time_calls(runner, model, inputs, WARMUP_RUNS)
             except Exception as exc:
