@@ -23,7 +23,7 @@ from edged.backends import VARIANTS_OF, Backend, Reserving, backend_named, fixed
 from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
 from edged.models.repository import ModelEntry, RepositoryError, discover
-from edged.models.warmup import ModelFailure
+from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.dispatch import Dispatcher
 from edged.serve.lanes import Lane
 from edged.serve.lifecycle import Lifecycle, State
@@ -135,6 +135,9 @@ class Daemon:
             config = read_config()
             variants = VARIANTS_OF.get(config.backend, config.backend)
             models = discover(config.model_repository, variants, config.models)
+            for model in models:
+                if warning := one_size_warning(model.name, model.signature, model.samples, model.manifest):
+                    log.warning("%s", warning)
             backend = backend_named(config.backend, config.fallback)
             failed: dict[str, str] = {}
             while True:

@@ -3,8 +3,12 @@ cannot be met, with a retry hint a client can act on; admit otherwise."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from edged.config.classes import ClassConfig
-from edged.serve.admission import Backlog, ServiceTimes, Shed, admit
+from edged.serve.admission import SIZES_KEPT, Backlog, ServiceTimes, Shed, admit
+from edged.wire.codec import TensorSpec
+from edged.wire.signature import Signature
 
 MS = 1_000_000  # ns
 
@@ -127,3 +131,86 @@ def test_work_already_done_by_the_call_in_flight_is_not_ahead() -> None:
     backlog = backlog_of(30 * MS)
     assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS) is not None
     assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS, done_ns=25 * MS) is None
+
+
+# --- a model whose cost follows its input's size ------------------------------------
+
+
+def test_a_sized_model_is_priced_by_the_size_of_each_row() -> None:
+    """Measured at 100 and 400 elements a row: a size between is on their line, a row
+    size measured costs what it measured, and a batch costs its rows at their size."""
+    times = ServiceTimes()
+    times.observe("m", 2 * MS, rows=1, elements=100)
+    times.observe("m", 8 * MS, rows=1, elements=400)
+    assert times.charge_ns("m", 1, elements=100) == 2 * MS
+    assert times.charge_ns("m", 1, elements=400) == 8 * MS
+    assert times.charge_ns("m", 1, elements=250) == 5 * MS
+    assert times.charge_ns("m", 3, elements=3 * 100) == 6 * MS
+    assert times.charge_ns("m", 1, elements=10) == 2 * MS  # below the smallest: never cheaper than it
+
+
+def test_a_batch_of_small_rows_and_one_large_row_are_not_one_size() -> None:
+    """Four 100-element rows and one 400-element row have as many elements; the big
+    image costs more than four small ones (the OCR detector's cost grows faster than its pixels)."""
+    times = ServiceTimes()
+    times.observe("m", 4 * 2 * MS, rows=4, elements=4 * 100)
+    times.observe("m", 12 * MS, rows=1, elements=400)
+    assert times.charge_ns("m", 4, elements=400) == 8 * MS
+    assert times.charge_ns("m", 1, elements=400) == 12 * MS
+
+
+def test_a_size_beyond_those_measured_is_priced_up_from_the_dearest_never_as_the_smallest() -> None:
+    times = ServiceTimes()
+    times.observe("m", 1 * MS, rows=1, elements=100)  # a fixed part dominates small inputs
+    times.observe("m", 2 * MS, rows=1, elements=200)
+    # Past 200: 2 ms plus the steeper of the last segment (1 ms per 100) and 2 ms per 200 in proportion.
+    assert times.charge_ns("m", 1, elements=1000) == 10 * MS
+    assert not times.measured("m", 1, 1000) and times.measured("m", 1, 150)
+    # One size alone gives no slope: cost in proportion to size, the most a cost with a fixed part grows.
+    one = ServiceTimes()
+    one.observe("m", 1 * MS, rows=1, elements=3)
+    assert one.charge_ns("m", 1, elements=3 * 960 * 960) == 960 * 960 * MS
+    # A noisy measurement that fell with size: never below the dearest measured.
+    noisy = ServiceTimes()
+    noisy.observe("m", 5 * MS, rows=1, elements=100)
+    noisy.observe("m", 4 * MS, rows=1, elements=101)
+    assert noisy.charge_ns("m", 1, elements=102) >= 5 * MS
+
+
+def test_a_size_measured_once_is_no_longer_extrapolated() -> None:
+    times = ServiceTimes()
+    times.observe("m", 1 * MS, rows=1, elements=100)
+    assert not times.measured("m", 1, 300)
+    times.observe("m", 30 * MS, rows=1, elements=300)
+    assert times.measured("m", 1, 300) and times.charge_ns("m", 1, elements=300) == 30 * MS
+    assert times.measured("m", 0, 0) and times.measured("per-row", 1, 0)  # a model priced per row
+
+
+def test_the_sizes_kept_are_the_most_recently_seen() -> None:
+    times = ServiceTimes()
+    for size in range(1, SIZES_KEPT + 2):
+        times.observe("m", size * MS, rows=1, elements=size * 10)
+    times.observe("m", 2 * MS, rows=1, elements=20)  # seen again: kept
+    times.observe("m", 100 * MS, rows=1, elements=1000)
+    # The oldest (10, then 30 elements) went; 10 is now below the smallest kept, 20.
+    assert times.charge_ns("m", 1, elements=10) == times.charge_ns("m", 1, elements=20)
+    assert times.charge_ns("m", 1, elements=30) == 3 * MS  # on the line from 20 (2 ms) to 40 (4 ms)
+
+
+def signature(inputs: dict[str, tuple[int, ...]], outputs: dict[str, tuple[int, ...]]) -> Signature:
+    return Signature(
+        tuple(TensorSpec(name, "float32", shape) for name, shape in inputs.items()),
+        tuple(TensorSpec(name, "float32", shape) for name, shape in outputs.items()),
+    )
+
+
+def test_only_a_model_with_a_dynamic_dimension_besides_the_batch_is_priced_by_size() -> None:
+    demo = signature({"image": (-1, 3, 64, 64)}, {"logits": (-1, 10)})
+    fixed = signature({"n": (1,)}, {"total": (1, 1)})
+    ocr = signature({"x": (-1, 3, -1, -1)}, {"maps": (-1, 1, -1, -1)})
+    vad = signature({"input": (-1, -1), "state": (2, -1, 128), "sr": ()}, {"output": (-1, 1), "stateN": (2, -1, 128)})
+    assert not demo.sized and not fixed.sized and ocr.sized and vad.sized
+    assert demo.elements({"image": np.zeros((2, 3, 64, 64))}) == 0
+    assert ocr.elements({"x": np.zeros((2, 3, 32, 48))}) == 2 * 3 * 32 * 48
+    chunk = {"input": np.zeros((1, 512)), "state": np.zeros((2, 1, 128)), "sr": np.array(16000)}
+    assert vad.elements(chunk) == 512 + 256 + 1

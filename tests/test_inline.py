@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
-from support import RunningDaemon, connect, exchange, header, random_input, short_dir, wait_for
+from stream_models import padder
+from support import RunningDaemon, connect, exchange, header, random_input, run_edged, short_dir, wait_for
 from test_scheduling import save_sleeper, sleep_for
 
 from edged.protocol import encode_request
@@ -109,3 +112,38 @@ def test_one_slow_inline_run_does_not_disqualify_a_model_and_repeated_ones_do_fo
         send(0)
     assert inline_count() == before, "a model taken off the loop still ran inline"
     assert cheap_until_inline(600), "the model never came back after cheap runs on the lane"
+
+
+@pytest.fixture
+def padder_repository() -> Iterator[Path]:
+    """The padder, imported and warmed up at 1000 samples."""
+    root = short_dir()
+    source = padder(root / "src" / "padder.onnx")
+    done = run_edged("import", str(source), "--repository", str(root / "repo"), "--shape", "x=1x1000")
+    assert done.returncode == 0, done.stderr
+    yield root / "repo"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_size_not_yet_measured_never_runs_inline(context: zmq.Context, own_daemon, padder_repository: Path) -> None:
+    """The padder's cost follows its samples. Warmed up at 1000, a request of 1100 is
+    priced by extrapolation (well under the inline limit): it runs on the lane, which
+    measures it; the next of that size runs inline."""
+    running = own_daemon(CONFIG.format(repository=padder_repository))
+    sock, watcher = connect(context, running.ipc), connect(context, running.ipc)
+
+    def ran_inline(samples: int) -> bool:
+        before = realtime_stats(watcher)
+        x = np.random.default_rng(samples).standard_normal((1, samples), dtype=np.float32)
+        reply = exchange(sock, encode_request(samples, model="padder", klass="realtime", inputs={"x": x}))
+        assert reply.status == "OK", reply.header
+        after = realtime_stats(watcher)
+        assert after["completed"] == before["completed"] + 1
+        return after["inline"] > before["inline"]
+
+    # Warmed up at one size: start-up says what that means for its price.
+    assert "model 'padder' takes inputs of any size and warms up at one size (x [1, 1000])" in running.log()
+    assert ran_inline(1000), "a measured size, cheap, did not run inline"
+    assert ran_inline(900), "a size below one measured did not run inline"
+    assert not ran_inline(1100), "a size past those measured ran inline before it was measured"
+    assert ran_inline(1100), "a size measured once still did not run inline"

@@ -20,6 +20,9 @@ from support import ENGINES, RunningDaemon, run_edged, short_dir
 
 from edged.client import AsyncClient, Client
 from edged.models.repository import RepositoryError, entries_of
+from edged.models.warmup import WarmupSample, one_size_warning, tiled
+from edged.wire.codec import TensorSpec
+from edged.wire.signature import Signature
 
 StartDaemon = Callable[..., RunningDaemon]
 CHUNK = 64
@@ -70,6 +73,24 @@ def test_import_writes_the_manifest_from_the_onnx_metadata(repository: Path) -> 
     ]
     assert manifest["warmup"] == [{"shapes": {"input": [1, 64]}}]
     assert "checked: 'streamer' loads and warms up on input [1, 64], state [2, 1, 4], sr []" in done.stdout
+
+
+def test_import_takes_a_sample_per_size_and_warmup_data(repository: Path) -> None:
+    """An input's --shape repeated gives one warm-up sample per size (what a model whose
+    cost follows its input is priced from); --data fills an input in every sample."""
+    source = streamer(repository / "src" / "streamer.onnx")
+    shapes = ("--shape", "input=1x64", "--shape", "input=1x256", "--data", "sr=16000", "--data", "input=random")
+    done = run_edged("import", str(source), "--repository", str(repository), *shapes)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((repository / "streamer" / "manifest.json").read_text())
+    data = {"sr": 16000, "input": "random"}
+    assert manifest["warmup"] == [
+        {"shapes": {"input": [1, 64]}, "data": data},
+        {"shapes": {"input": [1, 256]}, "data": data},
+    ]
+    assert "warms up on input [1, 64], state [2, 1, 4], sr []; input [1, 256], state [2, 1, 4], sr [] (" in done.stdout
+    wrong = run_edged("import", str(source), "--repository", str(repository), "--data", "sr=fast", "--replace")
+    assert wrong.returncode == 1 and "--data takes NAME=zeros, NAME=random or NAME=NUMBER" in wrong.stderr
 
 
 def test_import_without_shapes_says_which_shapes_to_set(repository: Path) -> None:
@@ -185,3 +206,30 @@ def test_a_streamed_model_with_state_in_dimension_1_equals_in_process(
                     np.testing.assert_allclose(served_state[s], expected_state[s], rtol=1e-4, atol=1e-4)
 
     asyncio.run(stream())
+
+
+def test_only_a_sized_model_warmed_up_at_one_size_is_warned_about() -> None:
+    vad = Signature(
+        (TensorSpec("input", "float32", (-1, -1)), TensorSpec("state", "float32", (2, -1, 4))),
+        (TensorSpec("output", "float32", (-1, 1)),),
+    )
+    dtypes = {"input": "float32", "state": "float32"}
+    chunk = WarmupSample({"input": (1, 512), "state": (2, 1, 4)}, dtypes)
+    longer = WarmupSample({"input": (1, 1536), "state": (2, 1, 4)}, dtypes)
+    assert "model 'vad' takes inputs of any size and warms up at one size (input [1, 512]" in one_size_warning(
+        "vad", vad, (chunk,), None
+    )
+    assert one_size_warning("vad", vad, (chunk, longer), None) == ""
+    demo = Signature((TensorSpec("x", "float32", (-1, 64)),), (TensorSpec("scores", "float32", (-1, 10)),))
+    assert one_size_warning("mlp-light", demo, (WarmupSample({"x": (1, 64)}, {"x": "float32"}),), None) == ""
+
+
+def test_a_sized_models_warmup_is_not_tiled_to_the_largest_batch() -> None:
+    """Priced per row size, a batch of images needs no warm-up of its own; 16 rows of a
+    large image would cost seconds of start-up per lane."""
+    image = Signature((TensorSpec("x", "float32", (-1, 3, -1, -1)),), (TensorSpec("y", "float32", (-1, 1, -1, -1)),))
+    sample = WarmupSample({"x": (1, 3, 32, 32)}, {"x": "float32"})
+    assert [rows for _, rows in tiled(sample, image, max_batch=16)] == [1]
+    demo = Signature((TensorSpec("x", "float32", (-1, 64)),), (TensorSpec("scores", "float32", (-1, 10)),))
+    calls = tiled(WarmupSample({"x": (1, 64)}, {"x": "float32"}), demo, max_batch=16)
+    assert [(inputs["x"].shape, rows) for inputs, rows in calls] == [((1, 64), 1), ((16, 64), 16)]

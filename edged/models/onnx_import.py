@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from edged.models.repository import MANIFEST, RepositoryError, sha256_of
+from edged.models.warmup import FILLS
 from edged.wire.tensors import DTYPES
 
 _WIRE_NAME = {np.dtype(dtype): name for name, dtype in DTYPES.items()}
@@ -42,18 +43,49 @@ def _spec(value: onnx.ValueInfoProto) -> dict[str, Any]:
     return {"name": value.name, "dtype": _WIRE_NAME[dtype], "shape": shape}
 
 
-def parse_shapes(items: list[str]) -> dict[str, list[int]]:
-    """`--shape NAME=1x512` options as a warm-up sample's shapes ("NAME=" for a 0-d scalar)."""
-    shapes = {}
+def parse_shapes(items: list[str]) -> list[dict[str, list[int]]]:
+    """`--shape NAME=1x512` options as warm-up samples' shapes ("NAME=" for a 0-d scalar):
+    the k-th option naming an input goes into sample k, and an input named fewer times
+    keeps its last shape in the later samples."""
+    given: dict[str, list[list[int]]] = {}
     for item in items:
         name, sep, text = item.partition("=")
         if not sep or not re.fullmatch(r"(\d+(x\d+)*)?", text):
             raise RepositoryError(f"--shape takes NAME=SIZExSIZE..., such as input=1x512; got {item!r}")
-        shapes[name] = [int(d) for d in text.split("x")] if text else []
-    return shapes
+        given.setdefault(name, []).append([int(d) for d in text.split("x")] if text else [])
+    count = max((len(shapes) for shapes in given.values()), default=0)
+    return [{name: shapes[min(k, len(shapes) - 1)] for name, shapes in given.items()} for k in range(count)]
 
 
-def write_folder(source: Path, repository: Path, name: str, shapes: dict[str, list[int]], replace: bool) -> Path:
+def parse_data(items: list[str]) -> dict[str, str | float]:
+    """`--data NAME=VALUE` options as the warm-up samples' data: "zeros", "random" or a number."""
+    data: dict[str, str | float] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        value = text if text in FILLS else _number(text)
+        if not sep or value is None:
+            raise RepositoryError(f"--data takes NAME=zeros, NAME=random or NAME=NUMBER, e.g. sr=16000; got {item!r}")
+        data[name] = value
+    return data
+
+
+def _number(text: str) -> float | None:
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)  # an int stays one in the manifest: a sample rate reads 16000, not 16000.0
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def write_folder(
+    source: Path,
+    repository: Path,
+    name: str,
+    samples: list[dict[str, list[int]]],
+    data: dict[str, str | float],
+    replace: bool,
+) -> Path:
     """Copy `source` into REPOSITORY/NAME/model.onnx beside a manifest; returns the manifest's path."""
     try:
         model = onnx.load(str(source), load_external_data=False)
@@ -77,8 +109,8 @@ def write_folder(source: Path, repository: Path, name: str, shapes: dict[str, li
         "outputs": outputs,
         "variants": [{"precision": "fp32", "backend": "onnxruntime", "file": target.name, "sha256": sha256_of(target)}],
     }
-    if shapes:
-        manifest["warmup"] = [{"shapes": shapes}]
+    if samples or data:
+        manifest["warmup"] = [{"shapes": shapes, **({"data": data} if data else {})} for shapes in samples or [{}]]
     path = folder / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return path

@@ -31,6 +31,7 @@ class Job:
     received_ns: int
     deadline_ns: int
     cost_ns: int  # estimated service time, charged to the backlog until answered
+    elements: int = 0  # its size, for a model priced by size (Signature.elements); else 0
     answered: bool = False  # written by edged.serve.answers only, under its claim
 
     @property

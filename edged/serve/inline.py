@@ -6,6 +6,8 @@ once, on the loop, when its lane is idle. That delays the loop's next request by
 about as long, so a model whose inline runs overrun by far (its cost follows the
 values it is given, say) is taken off the loop. One slow run is not enough: a first
 call on a fresh thread, a page fault or a preemption can cost milliseconds once.
+A request of a size-priced model larger than any size measured on the lane has a
+guessed price: it runs on the lane, which measures it, and never here until then.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class InlinePath:
         """Whether `job` may run here (its lane must be idle too); counts towards a
         barred model's return."""
         standing = self._standing[job.model.name]
-        cheap = job.cost_ns <= self._limit_ns
+        # A size past those measured is priced by extrapolation: it runs on the lane, and is measured there.
+        cheap = job.cost_ns <= self._limit_ns and self._worker.service.measured(job.model.name, job.rows, job.elements)
         if standing.barred:
             standing.clean = standing.clean + 1 if cheap else 0
             if standing.clean < REQUALIFY_AFTER << (standing.times_barred - 1):
@@ -91,7 +94,7 @@ class InlinePath:
         cpu_ns = time.thread_time_ns() - cpu_ns
         worker.answers.on_loop(job, start_ns, end_ns, outputs, error)
         if error is None:
-            worker.service.observe(name, end_ns - start_ns, rows)
+            worker.service.observe(name, end_ns - start_ns, rows, job.elements)
         standing = self._standing[name]
         standing.runs += 1
         if cpu_ns > OVERSHOOT * self._limit_ns:

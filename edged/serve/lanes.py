@@ -37,6 +37,10 @@ REMEASURE_EVERY_NS = 1_000_000_000
 # captures in global mode, during which another thread's allocation breaks the capture.
 # Process-wide, so a replacement worker or a reload's lanes wait for a capture too.
 _CAPTURING = threading.Lock()
+PRICED_PAST_MEASURED = (
+    "priced past the largest input measured on this lane; a warm-up sample of this size in the model's manifest "
+    "measures it"
+)
 
 
 class Lane:
@@ -146,7 +150,8 @@ class Lane:
         """Admit a valid request and queue it (or run it inline), or shed it at once."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        cost_ns = self.service.charge_ns(model.name, model.signature.rows(inputs))
+        rows, elements = model.signature.rows(inputs), model.signature.elements(inputs)
+        cost_ns = self.service.charge_ns(model.name, rows, elements)
         now_ns = time.monotonic_ns()
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
@@ -155,6 +160,8 @@ class Lane:
         if shed is not None:
             if shed.beyond_one_run:
                 self._remeasure(model, now_ns)
+                if not self.service.measured(model.name, rows, elements):
+                    shed = replace(shed, message=f"{shed.message} ({PRICED_PAST_MEASURED})")
             if shed.reason == "queue_full":
                 self.stats.shed_queue_full += 1
             else:
@@ -170,6 +177,7 @@ class Lane:
             received_ns=received_ns,
             deadline_ns=received_ns + budget_ns,
             cost_ns=cost_ns,
+            elements=elements,
         )
         if self.precedence.flying:
             slack_ns = left_ns - cost_ns - self.backlog.work_ns // self.klass.workers

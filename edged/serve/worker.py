@@ -91,7 +91,8 @@ class Worker:
             if isinstance(job, Remeasure):
                 model = job.model
                 inputs = model.samples[0].inputs()
-                self.service.observe(model.name, _time_calls(self.runners[model.name], model, inputs, 1), 1)
+                elapsed = _time_calls(self.runners[model.name], model, inputs, 1)
+                self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
                 continue
             if self.klass.yields:
                 self.precedence.wait_turn(self.klass.order)
@@ -164,7 +165,7 @@ class Worker:
         if stop is not None:
             self.precedence.land(stop)
         compute_ns = time.perf_counter_ns() - start
-        self.service.observe(live[0].model.name, compute_ns, rows)
+        self.service.observe(live[0].model.name, compute_ns, rows, sum(job.elements for job in live))
         for job, result in zip(live, unstack(live, names, outputs)):
             self.answers.result(job, taken_ns, compute_ns, outputs=result)
         return False
@@ -178,14 +179,14 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
     except Exception as exc:
         raise load_failure(model.name, model.variant.path, exc) from exc
     for sample in model.samples:
-        for inputs, rows in tiled(sample, model.signature.batchable, klass.max_batch):
+        for inputs, rows in tiled(sample, model.signature, klass.max_batch):
             try:
                 elapsed = _time_calls(runner, model, inputs, WARMUP_RUNS)
             except Exception as exc:
                 runner.close()
                 given = bool(model.warmup)
                 raise warmup_failure(model.name, model.signature, sample, model.manifest, given, exc) from exc
-            service.observe(model.name, elapsed, rows)
+            service.observe(model.name, elapsed, rows, model.signature.elements(inputs))
     return runner
 
 

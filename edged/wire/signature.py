@@ -24,6 +24,9 @@ class Signature:
     batchable: bool = field(init=False)  # requests can be stacked along a dynamic first dimension
     # By input, in order: (dimension, size) of each fixed dimension.
     _fixed: tuple[tuple[tuple[int, int], ...], ...] = field(init=False)
+    # An input has a dynamic dimension besides the batch (an image's height, a chunk's
+    # length): a call's cost follows the request's size, not only its rows.
+    sized: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_names", tuple(spec.name for spec in self.outputs))
@@ -31,6 +34,8 @@ class Signature:
         object.__setattr__(self, "batchable", batchable)
         fixed = tuple(tuple((i, d) for i, d in enumerate(spec.shape) if d != -1) for spec in self.inputs)
         object.__setattr__(self, "_fixed", fixed)
+        sized = any(d == -1 and not (batchable and i == 0) for spec in self.inputs for i, d in enumerate(spec.shape))
+        object.__setattr__(self, "sized", sized)
 
     def bind(self, request: Request) -> dict[str, np.ndarray]:
         """The request's inputs as arrays (views of its frames), checked against the model."""
@@ -103,6 +108,11 @@ class Signature:
     def rows(self, inputs: dict[str, np.ndarray]) -> int:
         """A request's size along the batch dimension (1 for a model that does not batch)."""
         return next(iter(inputs.values())).shape[0] if self.batchable else 1
+
+    def elements(self, inputs: dict[str, np.ndarray]) -> int:
+        """A request's size as a sized model's price reads it: every element of every
+        input (a fixed-size state or scalar adds the same to each); 0 when it is not sized."""
+        return sum(array.size for array in inputs.values()) if self.sized else 0
 
     def shape_at(self, spec: TensorSpec, rows: int) -> tuple[int, ...]:
         """`spec`'s shape with `rows` rows (its own shape for a model that does not batch)."""
