@@ -16,9 +16,14 @@ from support import Reference, assert_close, connect, exchange, header, nothing_
 from edged.backends import CallStop
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.config.classes import ClassConfig
-from edged.models.repository import discover
+from edged.models.repository import ModelEntry, Variant, discover
 from edged.protocol import encode_request
+from edged.serve.admission import ServiceTimes
+from edged.serve.batching import Job
 from edged.serve.precedence import Precedence
+from edged.serve.worker import Worker
+from edged.wire.codec import TensorSpec
+from edged.wire.signature import Signature
 
 ENGINES = Path(__file__).resolve().parents[1] / "engines"
 
@@ -161,3 +166,23 @@ def test_a_preempted_bulk_call_runs_again_and_its_request_gets_one_correct_reply
     figures = class_stats(watcher, "bulk")
     assert figures["preempted"]["calls"] == 1 and figures["preempted"]["rows"] == 256, figures["preempted"]
     assert figures["backend_calls"] == 2 and figures["completed"] == 1
+
+
+def sized_job(rows: int, row_ns: int) -> Job:
+    """A job of a model priced by its row size (a dynamic dimension besides the batch)."""
+    signature = Signature((TensorSpec("x", "float32", (-1, -1)),), (TensorSpec("y", "float32", (-1, -1)),))
+    model = ModelEntry("padder", "", signature, Variant("fp32", "onnxruntime", Path("unused.onnx")))
+    x = np.zeros((rows, 8), np.float32)
+    return Job(None, 1, model, {"x": x}, ("y",), 0, 10**18, rows * row_ns, elements=8)
+
+
+def test_a_size_priced_call_is_capped_by_its_own_price_not_the_lanes_average_of_every_size() -> None:
+    """Cheap small sizes pull the lane's per-row average down; a call of a large size must
+    still be capped by what its rows cost: 2 ms a row under a 5 ms cap is 2 rows."""
+    service = ServiceTimes()
+    for _ in range(20):
+        service.observe("padder", 100_000, 1, 8)  # 0.1 ms a row, at a small size
+    klass = ClassConfig("bulk", order=2, max_batch=16, yields=True, max_call_ms=5.0)
+    worker = Worker(klass, [], None, None, None, None, service, Precedence())
+    assert worker._row_cap(sized_job(1, 2_000_000)) == 2
+    assert worker._row_cap(sized_job(1, 10_000_000)) == 1  # a job is never split

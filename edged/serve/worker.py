@@ -100,19 +100,25 @@ class Worker:
             if self.klass.max_batch > 1 and job.model.signature.batchable:
                 # max_batch counts rows: a GPU backend's buffers hold that many. A lone job
                 # past it still runs, alone, where the backend took it (the CPU's).
-                rows = min(self.klass.max_batch, self._row_cap(job.model))
+                rows = min(self.klass.max_batch, self._row_cap(job))
                 held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us, rows)
             self.run(batch)
         for runner in self.runners.values():
             runner.close()
 
-    def _row_cap(self, model: ModelEntry) -> int:
-        """The most rows of `model` one call may carry and still end within the class's
-        max_call_ms, by the lane's estimate (at least one: a job is never split)."""
+    def _row_cap(self, job: Job) -> int:
+        """The most rows of `job`'s model one call may carry and still end within the
+        class's max_call_ms, by the lane's estimate (at least one: a job is never split).
+        A size-priced model's rows cost what the job's own price says: the lane's per-row
+        averages mix every size it has seen."""
         cap_ns = (self.klass.max_call_ms or 0) * 1e6  # None: a class built by hand, never derived
         if not cap_ns:
             return sys.maxsize
-        first_ns, extra_ns = self.service.estimate_ns(model.name, 1), self.service.extra_row_ns(model.name)
+        if job.model.signature.sized:
+            row_ns = job.cost_ns / job.rows
+            return max(int(cap_ns // row_ns), 1) if row_ns > 0 else sys.maxsize
+        name = job.model.name
+        first_ns, extra_ns = self.service.estimate_ns(name, 1), self.service.extra_row_ns(name)
         return 1 + max(int((cap_ns - first_ns) // extra_ns), 0) if extra_ns > 0 else sys.maxsize
 
     def run(self, batch: list[Job]) -> None:
@@ -142,7 +148,12 @@ class Worker:
         start = time.perf_counter_ns()
         self.calls.begin(live, time.monotonic_ns())
         if stop is not None:
-            predicted_ns = self.service.estimate_ns(live[0].model.name, rows)
+            model = live[0].model
+            # A size-priced call is predicted by its jobs' own prices (see _row_cap).
+            if model.signature.sized:
+                predicted_ns = sum(job.cost_ns for job in live)
+            else:
+                predicted_ns = self.service.estimate_ns(model.name, rows)
             self.precedence.take_off(self.klass.order, stop, predicted_ns, time.monotonic_ns())
         try:
             outputs = runner.run(inputs, names, stop)
