@@ -23,7 +23,7 @@ from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry, discover
 from edged.serve.batching import Job
 from edged.serve.lanes import Lane
-from edged.wire.codec import Status, decode_reply
+from edged.wire.codec import Request, Status, decode_reply
 
 ROOT = Path(__file__).resolve().parents[1]
 POISON = -999.0  # a value the failing wrapper refuses to run
@@ -298,3 +298,25 @@ def test_workers_of_a_capturing_lane_load_one_at_a_time_overlap_recording_backen
     lane.stop(2.0)
     assert len(backend.spans) == 3
     assert overlapping(backend.spans) is not cuda_graph
+
+
+def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_its_answer(models):
+    """The loop's own call fails for one request: that request gets INTERNAL with the
+    backend's error, exactly once, and the lane is idle and serves the next one inline."""
+    klass = ClassConfig("realtime", order=0, inline_max_us=300)
+    lane, _, replies = make_lane(klass, {"mlp-light": models["mlp-light"]})
+    model = models["mlp-light"]
+    try:
+        for route, value in ((1, POISON), (2, 0.5)):
+            x = np.full((1, 64), value, np.float32)
+            request = Request(id=route, op="infer", model="mlp-light", klass="realtime", deadline_ms=1000.0)
+            lane.offer(route, request, model, {"x": x}, time.monotonic_ns())
+        got = collect(replies, 2)
+    finally:
+        lane.stop(2.0)
+    assert got[1].status is Status.INTERNAL and "poisoned row" in got[1].error
+    assert got[2].status is Status.OK
+    expected = reference("mlp-light", np.full((1, 64), 0.5, np.float32))
+    np.testing.assert_allclose(got[2].outputs["scores"], expected, atol=1e-5)
+    assert lane.stats.inline == 2 and lane.backlog.depth == 0
+    assert lane.stats.failed == 1 and lane.stats.completed == 1
