@@ -115,7 +115,9 @@ class Daemon:
         if self.notifier.watchdog_interval_ns:
             tick_ms = min(TICK_MS, self.notifier.watchdog_interval_ns // 4_000_000 or 1)
         try:
-            self.server.run(self.dispatcher.handle, self._keep_running, self._tick, tick_ms)
+            self.server.run(
+                self.dispatcher.handle, self._keep_running, self._tick, tick_ms, self.dispatcher.spin_deadline_ns
+            )
         finally:
             self._shut_down()
         return self.exit_code

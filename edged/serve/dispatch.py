@@ -47,6 +47,7 @@ class Dispatcher:
         self._transport_counters = transport_counters
         self._class_names = {c.name for c in config.classes}
         self._started_ns = time.monotonic_ns()
+        self._spin_until_ns = 0  # see spin_deadline_ns
 
     def serve(
         self,
@@ -91,6 +92,14 @@ class Dispatcher:
             log.exception("failed to handle a request")
             message = f"the daemon failed on this request: {exc}"
             self._reply(route, encode_reply(request_id, Status.INTERNAL, error=message))
+
+    def spin_deadline_ns(self) -> int:
+        """Until when the loop should keep polling rather than sleep: a while after a
+        request of a class with spin_us, and only while every lane is idle, since a
+        spinning loop keeps the GIL from the workers (0: sleep now)."""
+        if not self._spin_until_ns or any(lane.backlog.depth for lane in self.lanes.values()):
+            return 0
+        return self._spin_until_ns
 
     def health(self) -> dict[str, Any]:
         return {
@@ -148,6 +157,8 @@ class Dispatcher:
                 Status.UNAVAILABLE, f"the daemon is {self._lifecycle.reported}; retry later", request.id
             )
         lane = self.lanes[class_name]
+        if lane.klass.spin_us:
+            self._spin_until_ns = received_ns + lane.klass.spin_us * 1000
         model = self.models.get(request.model or "")
         if model is None:
             raise ProtocolError(

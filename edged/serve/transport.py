@@ -147,15 +147,31 @@ class Server:
         """Make the loop look at its stop condition now (safe from signal handlers)."""
         os.eventfd_write(self._wake_fd, 1)
 
-    def run(self, handle: Handler, keep_running: Callable[[], bool], tick: Callable[[], None], tick_ms: int) -> None:
-        """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`."""
+    def run(
+        self,
+        handle: Handler,
+        keep_running: Callable[[], bool],
+        tick: Callable[[], None],
+        tick_ms: int,
+        spin_deadline_ns: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`.
+        Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come."""
         self._loop_thread = threading.get_ident()
         poller = zmq.Poller()
         for sock in self._sockets:
             poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
         while keep_running():
-            ready = dict(poller.poll(tick_ms))
+            ready = {}
+            deadline_ns = spin_deadline_ns()
+            # A request that finds the loop awake skips the kernel's wake-up of an idle core
+            # and runs on warm caches: 117 us at p50 against 207-235 us for a light request
+            # on the test VM. pyzmq's poll(0) keeps the GIL, hence only while lanes are idle.
+            while deadline_ns and not ready and time.monotonic_ns() < deadline_ns:
+                ready = dict(poller.poll(0))
+            if not ready:
+                ready = dict(poller.poll(tick_ms))
             if self._wake_fd in ready:
                 try:
                     os.eventfd_read(self._wake_fd)
