@@ -59,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name, help=helptext)
         _endpoint_option(sub)
         sub.set_defaults(run=_control, op=name)
+        if name == "health":
+            from edged.probe import PROBES
+
+            sub.add_argument(
+                "--probe",
+                choices=PROBES,
+                help="exit 0 if the daemon is live (its loop answers), started (warm-up done) or ready "
+                "(serving, every lane ok), else 1; prints one line",
+            )
 
     infer = commands.add_parser("infer", help="run one model and print its outputs and timing")
     infer.add_argument("model")
@@ -178,6 +187,12 @@ def _keygen(args: argparse.Namespace) -> int:
 def _control(args: argparse.Namespace) -> int:
     with _client(args) as client:
         result = getattr(client, args.op)()
+    if getattr(args, "probe", None):
+        from edged.probe import verdict
+
+        passed, line = verdict(args.probe, result)
+        print(line)
+        return 0 if passed else 1
     print(json.dumps(result, indent=2))
     return 0
 
