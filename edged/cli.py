@@ -19,6 +19,23 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"edged: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from edged.client import EdgedError
+
+        if isinstance(exc, EdgedError):
+            print(f"edged: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and option (the deployment tests parse the manifests' probes with it)."""
     parser = argparse.ArgumentParser(prog="edged", description="A latency-first inference daemon.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -105,20 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "(ignores --mix, --sweep, --endpoint and --config; --duration is per step)",
     )
     bench.set_defaults(run=_bench)
-
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except ConfigError as exc:
-        print(f"edged: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        from edged.client import EdgedError
-
-        if isinstance(exc, EdgedError):
-            print(f"edged: {exc}", file=sys.stderr)
-            return 1
-        raise
+    return parser
 
 
 def _endpoint_option(parser: argparse.ArgumentParser) -> None:
