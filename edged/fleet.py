@@ -29,6 +29,12 @@ UNAVAILABLE_PAUSE_MS = 1000.0  # a starting or draining daemon: seconds, not mil
 SEND_POLL_MS = 5.0  # how often a call retries a send no daemon could take (none connected)
 HEDGE_MIN_SAMPLES = 20  # no hedging on a model before this many replies: no p95 to go by
 LATENCY_WINDOW = 512
+LATENCY_DECAY_MS = 1000.0  # a daemon's round-trip estimate forgets at this pace
+RTT_FLOOR_MS = 0.05  # so that daemons with no estimate yet tie, and share calls round robin
+# Daemons within CHEAP_FACTOR of the cheapest, plus CHEAP_SLACK_MS, share the calls round
+# robin: a hiccup of a fraction of a millisecond does not send every call to one daemon.
+CHEAP_FACTOR = 2.0
+CHEAP_SLACK_MS = 1.0
 P95_EVERY = 32  # the p95 is recomputed after this many new samples, not per call
 
 # send(endpoint index, deadline_ms or None) -> the request id sent, or None if that
@@ -85,6 +91,9 @@ class Fleet:
         self.hedge_after_ms = hedge_after_ms
         self._aside_until = [0.0] * len(self.endpoints)
         self._refusals: list[Reply | None] = [None] * len(self.endpoints)  # why each was set aside
+        self._in_flight = [0] * len(self.endpoints)  # copies of calls not yet settled
+        self._rtt = [0.0] * len(self.endpoints)  # time-weighted EWMA of round trips, ms
+        self._rtt_at = [-math.inf] * len(self.endpoints)  # so that the first sample is taken whole
         self._next = 0
 
     @property
@@ -92,14 +101,42 @@ class Fleet:
         return len(self.endpoints) > 1
 
     def pick(self, now: float, exclude: set[int]) -> int | None:
-        """The next daemon, round robin, that is neither excluded nor set aside."""
+        """The next daemon, neither excluded nor set aside, among the cheapest: round
+        robin over those whose cost is close to the lowest."""
         count = len(self.endpoints)
+        costs = [math.inf if i in exclude or self._aside_until[i] > now else self._cost(i, now) for i in range(count)]
+        best = min(costs)
+        if best == math.inf:
+            return None
         for step in range(count):
             index = (self._next + step) % count
-            if index not in exclude and self._aside_until[index] <= now:
+            if costs[index] <= best * CHEAP_FACTOR + CHEAP_SLACK_MS:
                 self._next = index + 1
                 return index
         return None
+
+    def _cost(self, index: int, now: float) -> float:
+        """Copies in flight there, plus one, times its recent round trip (after the EWMA
+        load balancing of Finagle and Linkerd). A daemon slowed by another client's flood
+        gets no calls while the others are quick, and a second look once its estimate
+        has decayed (LATENCY_DECAY_MS): one call in seconds, not one in three."""
+        decayed = self._rtt[index] * math.exp(-(now - self._rtt_at[index]) / LATENCY_DECAY_MS)
+        return (self._in_flight[index] + 1) * max(decayed, RTT_FLOOR_MS)
+
+    def sent(self, index: int) -> None:
+        self._in_flight[index] += 1
+
+    def ended(self, index: int) -> None:
+        """A copy there is over: answered, or its call settled without it."""
+        self._in_flight[index] -= 1
+
+    def observe_rtt(self, index: int, now: float, rtt_ms: float) -> None:
+        """Blend a round trip in, weighted by the time since the last: a daemon asked often
+        moves smoothly (one hiccup among hundreds hardly counts), one asked seldom
+        (because it was slow) takes its new sample almost whole."""
+        weight = math.exp(-(now - self._rtt_at[index]) / LATENCY_DECAY_MS)
+        self._rtt[index] = self._rtt[index] * weight + rtt_ms * (1 - weight)
+        self._rtt_at[index] = now
 
     def soonest_back(self, exclude: set[int]) -> float:
         """When the first daemon not excluded comes back from being set aside (inf: none)."""
@@ -179,6 +216,7 @@ class Call:
                 for copy in self.copies.values():
                     copy.given_up = True
                     self.fleet.counters[copy.endpoint].timed_out += 1
+                    self.fleet.observe_rtt(copy.endpoint, now, now - copy.sent_at)  # at least that slow
                 self._want = "retry"
             elif now >= self._hedge_at:
                 self._want = "hedge"
@@ -190,6 +228,7 @@ class Call:
         copy = self.copies.pop(request_id, None)
         if copy is None or self.done:
             return False
+        self.fleet.ended(copy.endpoint)
         counters = self.fleet.counters[copy.endpoint]
         if reply.status in (Status.OVERLOADED, Status.UNAVAILABLE):
             if reply.status is Status.OVERLOADED:
@@ -206,6 +245,8 @@ class Call:
             if not self.copies and self._want is None:
                 self._settle(reply)
             return True
+        # A refusal's quick round trip says nothing of how fast the daemon serves: only answers count.
+        self.fleet.observe_rtt(copy.endpoint, now, now - copy.sent_at)
         if reply.status is Status.OK:
             counters.ok += 1
             if self.model:
@@ -233,6 +274,7 @@ class Call:
                 refused.add(index)  # not connected: try the next one
                 continue
             self.copies[request_id] = _Copy(index, now, hedge)
+            self.fleet.sent(index)
             self._tried.add(index)
             self._sent += 1
             self._want = None
@@ -258,6 +300,8 @@ class Call:
             self._settle(self.refusal)
 
     def _settle(self, reply: Reply | None) -> None:
+        for copy in self.copies.values():  # the losers, and copies never answered
+            self.fleet.ended(copy.endpoint)
         self.done = True
         self.reply = reply
         self._want = None

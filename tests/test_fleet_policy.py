@@ -57,3 +57,11 @@ def test_every_daemon_set_aside_past_the_end_settles_with_the_refusal_at_once() 
     later.advance(3.0, send)
     # Nothing sent: both are set aside past its end; it settles with a refusal they gave.
     assert later.done and later.reply is not None and later.reply.status is Status.OVERLOADED and len(sent) == 2
+
+
+def test_a_slow_daemon_gets_no_calls_until_its_estimate_decays() -> None:
+    fleet = Fleet(["a", "b", "c"])
+    for index, rtt_ms in ((0, 30.0), (1, 1.0), (2, 1.2)):
+        fleet.observe_rtt(index, 0.0, rtt_ms)
+    assert {fleet.pick(1.0, set()) for _ in range(30)} == {1, 2}  # b and c share; a, 25x slower, none
+    assert 0 in {fleet.pick(4000.0, set()) for _ in range(3)}  # seconds later: a gets another look
