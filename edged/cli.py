@@ -103,7 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     infer.set_defaults(run=_infer)
 
     bench = commands.add_parser("bench", help="open-loop load with a class mix: percentiles, goodput, shed")
-    bench.add_argument("--endpoint", help="a running daemon (default: start one for the run)")
+    bench.add_argument(
+        "--endpoint",
+        action="append",
+        help="a running daemon (default: start one for the run); repeat it for a fleet: calls then go "
+        "through the fleet client (retries, hedging) and figures are given per daemon",
+    )
+    bench.add_argument("--hedge", action="store_true", help="with several endpoints: hedge calls (default delay: p95)")
+    bench.add_argument("--hedge-after-ms", type=float, help="with --hedge: a fixed hedge delay")
     bench.add_argument("--config", type=Path, help="config of the daemon it starts")
     bench.add_argument(
         "--mix",
@@ -260,10 +267,12 @@ def _bench(args: argparse.Namespace) -> int:
     if args.isolation:
         return _bench_isolation(args)
     streams = [Stream.parse(text) for text in args.mix or ["realtime:mlp-light:200", "bulk:cnn-heavy:200"]]
+    if args.endpoint and len(args.endpoint) > 1:
+        return _bench_fleet(args, streams)
     factors = [float(f) for f in args.sweep.split(",")]
     with tempfile.TemporaryDirectory(prefix="edged-bench-") as folder:
         if args.endpoint:
-            steps = run_sweep(args.endpoint, streams, factors, args.duration, progress_to_stderr)
+            steps = run_sweep(args.endpoint[0], streams, factors, args.duration, progress_to_stderr)
         else:
             with DaemonProcess([f"ipc://{folder}/edged.sock"], config=args.config) as daemon:
                 daemon.wait_serving()
@@ -275,6 +284,16 @@ def _bench(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps({"duration_s": args.duration, "steps": steps}, indent=2) + "\n")
     if args.png:
         plot(steps, str(args.png))
+    return 0
+
+
+def _bench_fleet(args: argparse.Namespace, streams: list[Any]) -> int:
+    from edged.bench_fleet import format_fleet, run_fleet
+
+    result = run_fleet(args.endpoint, streams, args.duration, args.hedge, args.hedge_after_ms)
+    print(format_fleet(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -8,10 +8,12 @@ its own with one class (`standard`, every daemon's default class), which starts 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -19,6 +21,7 @@ import pytest
 import zmq
 from support import Reference, RunningDaemon, assert_close, connect, exchange, header, random_input, wait_for
 
+from edged.cli import main
 from edged.client import AsyncClient, Client, Overloaded
 from edged.fleet import EndpointCounters
 from edged.wire.codec import encode_request
@@ -220,3 +223,20 @@ def test_a_single_endpoint_client_neither_retries_nor_sets_aside(context: zmq.Co
             with pytest.raises(Overloaded):
                 client.infer("mlp-light", {"x": np.zeros((1, 64), np.float32)})
         assert client.counters()[full.ipc].sent == 2
+
+
+def test_edged_bench_over_several_endpoints_reports_each_daemon(
+    daemon: RunningDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "fleet.json"
+    argv = ["bench", "--endpoint", daemon.ipc, "--endpoint", daemon.tcp, "--mix", "realtime:mlp-light:200:50"]
+    assert main([*argv, "--duration", "0.5", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    (stream,) = figures["streams"]
+    assert stream["calls"] > 0 and stream["results"] == stream["calls"]
+    assert set(figures["daemons"]) == {daemon.ipc, daemon.tcp}
+    for endpoint, per_daemon in figures["daemons"].items():
+        assert per_daemon["client"]["sent"] > 0, endpoint
+        assert per_daemon["daemon"]["realtime"]["completed"] > 0, endpoint
+    assert sum(d["client"]["sent"] for d in figures["daemons"].values()) == figures["copies_sent"]
+    assert daemon.ipc in capsys.readouterr().out
