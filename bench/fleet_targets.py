@@ -2,7 +2,8 @@
 (`edged.bench_fleet.run_fleet`) offering open-loop Poisson calls of mlp-light in the
 realtime class, deadline 50 ms, while one daemon is harmed:
 
-- kill: `kill -9` of one daemon halfway through a run at RATE_KILL calls/s;
+- kill: `kill -9` of one daemon halfway through a run at RATE_KILL calls/s, against
+  the same run with no kill;
 - flood: one daemon flooded by another client (`edged bench` on that daemon alone,
   cnn-heavy in the same class), against the same run unflooded;
 - stop: one daemon stopped (SIGSTOP) for 50 ms every second, hedging off, then on.
@@ -34,12 +35,18 @@ RATE_KILL = 2500.0  # half of what this client and three daemons sustained here 
 RATE = 1000.0
 DEADLINE_MS = 50.0
 FLOOD = "realtime:cnn-heavy:600:50"
+EDGED = [sys.executable, "-m", "edged"]
 
 
 @contextmanager
-def three_daemons() -> Iterator[list[DaemonProcess]]:
+def three_daemons(cores: list[str] | None = None) -> Iterator[list[DaemonProcess]]:
+    """Three daemons, each pinned to its entry of `cores` (a taskset list) if given."""
+    pins = [["taskset", "-c", core] for core in cores] if cores else [[], [], []]
     with tempfile.TemporaryDirectory(prefix="edged-fleet-") as folder, ExitStack() as stack:
-        daemons = [stack.enter_context(DaemonProcess([f"ipc://{folder}/d{i}.sock"])) for i in range(3)]
+        daemons = [
+            stack.enter_context(DaemonProcess([f"ipc://{folder}/d{i}.sock"], program=[*pins[i], *EDGED]))
+            for i in range(3)
+        ]
         for daemon in daemons:
             daemon.wait_serving()
         yield daemons
@@ -55,25 +62,41 @@ def later(delay_s: float, action: Callable[[], None]) -> Callable[[], None]:
 
 
 def kill(duration_s: float) -> dict[str, Any]:
-    with three_daemons() as daemons:
-        stream = Stream("realtime", "mlp-light", RATE_KILL, DEADLINE_MS)
-        victim = daemons[0].process.pid
-        hook = later(duration_s / 2, lambda: os.kill(victim, signal.SIGKILL))
-        return run_fleet(endpoints(daemons), [stream], duration_s, on_start=hook)
-
-
-def flood(duration_s: float) -> dict[str, Any]:
-    stream = Stream("realtime", "mlp-light", RATE, DEADLINE_MS)
+    stream = Stream("realtime", "mlp-light", RATE_KILL, DEADLINE_MS)
     with three_daemons() as daemons:
         calm = run_fleet(endpoints(daemons), [stream], duration_s)
     with three_daemons() as daemons:
-        command = [sys.executable, "-m", "edged", "bench", "--endpoint", daemons[0].endpoints[0]]
-        command += ["--mix", FLOOD, "--duration", str(duration_s + 6)]
-        flooder = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        time.sleep(3)  # the flood under way before the measured run, and until after it
-        flooded = run_fleet(endpoints(daemons), [stream], duration_s)
-        flood_report = flooder.communicate()[0]
-    return {"calm": calm, "flooded": flooded, "flood": FLOOD, "flood_report": flood_report}
+        victim = daemons[0].process.pid
+        hook = later(duration_s / 2, lambda: os.kill(victim, signal.SIGKILL))
+        killed = run_fleet(endpoints(daemons), [stream], duration_s, on_start=hook)
+    return {"calm": calm, "killed": killed}
+
+
+def flood(duration_s: float) -> dict[str, Any]:
+    """On two cores the flood would take the whole machine, and measure that instead of
+    the client: the flooded daemon and its flooder share core 0, as on a box of their
+    own; the other two daemons and this client keep to the other cores. Both runs alike."""
+    stream = Stream("realtime", "mlp-light", RATE, DEADLINE_MS)
+    others = os.sched_getaffinity(0) - {0}
+    rest = ",".join(str(core) for core in sorted(others))
+    runs = {}
+    for label in ("calm", "flooded"):
+        with three_daemons(cores=["0", rest, rest]) as daemons:
+            flooder = None
+            if label == "flooded":
+                command = ["taskset", "-c", "0", *EDGED, "bench", "--endpoint", daemons[0].endpoints[0]]
+                command += ["--mix", FLOOD, "--duration", str(duration_s + 6)]
+                flooder = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                time.sleep(3)  # the flood under way before the measured run, and until after it
+            mine = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, others)
+            try:
+                runs[label] = run_fleet(endpoints(daemons), [stream], duration_s)
+            finally:
+                os.sched_setaffinity(0, mine)
+            if flooder is not None:
+                runs["flood_report"] = flooder.communicate()[0]
+    return {**runs, "flood": FLOOD}
 
 
 def stop(duration_s: float) -> dict[str, Any]:
@@ -111,8 +134,7 @@ def main() -> int:
     figures = {}
     for name in args.only.split(","):
         figures[name] = targets[name](args.duration)
-        runs = figures[name] if name != "kill" else {"kill": figures[name]}
-        for label, run in runs.items():
+        for label, run in figures[name].items():
             if isinstance(run, dict) and "streams" in run:
                 print(f"\n== {name}: {label}\n{format_fleet(run)}", flush=True)
     if args.json:

@@ -11,6 +11,7 @@ its own `stats` for the class.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from collections.abc import Callable
@@ -21,6 +22,11 @@ import numpy as np
 
 from edged.bench import Stream, random_inputs
 from edged.client import AsyncClient, Client, EdgedError, NoReply
+
+try:  # the faster loop for zmq.asyncio, where it is installed (the test extra has it)
+    import uvloop
+except ImportError:
+    uvloop = None
 
 
 @dataclass
@@ -36,7 +42,9 @@ async def _stream(
 ) -> _Outcomes:
     outcomes = _Outcomes()
     rng = random.Random(seed)
-    tasks: list[asyncio.Task[None]] = []
+    # Only the calls in flight are held: tens of thousands of finished tasks kept alive
+    # would make each of the collector's full passes a stall of the measuring client.
+    pending: set[asyncio.Future[None]] = set()
 
     async def one(intended: float) -> None:
         try:
@@ -52,10 +60,12 @@ async def _stream(
     at = start + rng.expovariate(stream.rate)
     while at < start + duration_s:
         await asyncio.sleep(max(at - time.perf_counter(), 0))
-        tasks.append(asyncio.ensure_future(one(at)))
+        task = asyncio.ensure_future(one(at))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        outcomes.calls += 1
         at += rng.expovariate(stream.rate)
-    outcomes.calls = len(tasks)
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*pending)
     return outcomes
 
 
@@ -103,12 +113,18 @@ def run_fleet(
     is called as the measured run begins, after the warm-up calls (bench/fleet_targets.py
     starts its kill, flood or stops there)."""
     run = _run(endpoints, streams, duration_s, hedge, hedge_after_ms, warmup_calls, on_start)
-    outcomes, counters = asyncio.run(run)
+    gc.collect()
+    gc.freeze()  # as the daemon does after start-up: the collector never walks what exists now
+    try:
+        outcomes, counters = (uvloop.run if uvloop is not None else asyncio.run)(run)
+    finally:
+        gc.unfreeze()
     calls = sum(o.calls for o in outcomes)
     sent = sum(c["sent"] for c in counters.values())
     return {
         "duration_s": duration_s,
         "hedge": hedge,
+        "loop": "uvloop" if uvloop is not None else "asyncio",
         "streams": [_summary(s, o) for s, o in zip(streams, outcomes)],
         "calls": calls,
         "copies_sent": sent,
