@@ -80,7 +80,7 @@ def first_copy_to(client: Client, endpoint: str, call: Callable[[], T]) -> tuple
     raise AssertionError(f"no call went to {endpoint}: {client.counters()}")
 
 
-def since(client: Client, endpoint: str, before: dict[str, EndpointCounters]) -> tuple[int, ...]:
+def since(client: Client | AsyncClient, endpoint: str, before: dict[str, EndpointCounters]) -> tuple[int, ...]:
     """What changed at `endpoint` since `before`: sent, ok, shed, unavailable, timed_out, hedged, hedge_won, late."""
     now, then = client.counters()[endpoint], before[endpoint]
     keys = ("sent", "ok", "shed", "unavailable", "timed_out", "hedged", "hedge_won", "late")
@@ -240,3 +240,37 @@ def test_edged_bench_over_several_endpoints_reports_each_daemon(
         assert per_daemon["daemon"]["realtime"]["completed"] > 0, endpoint
     assert sum(d["client"]["sent"] for d in figures["daemons"].values()) == figures["copies_sent"]
     assert daemon.ipc in capsys.readouterr().out
+
+
+def test_the_async_client_hedges_too_and_counts_the_late_reply(
+    own_daemon: StartDaemon, daemon: RunningDaemon, reference: Reference
+) -> None:
+    slow = victim(own_daemon)
+    first = random_input("mlp-light", 1, 9)
+
+    async def run() -> None:
+        async with AsyncClient([slow.ipc, daemon.ipc], timeout_ms=5000, hedge=True, hedge_after_ms=50) as client:
+            while not all(counters.ok for counters in client.counters().values()):  # both connected
+                await client.infer("mlp-light", first)
+            os.kill(slow.pid, signal.SIGSTOP)
+            try:
+                for _ in range(50):  # until a call's first copy goes to the stopped daemon
+                    before = client.counters()
+                    started = time.monotonic()
+                    result = await client.infer("mlp-light", first)
+                    took_s = time.monotonic() - started
+                    if client.counters()[slow.ipc].sent > before[slow.ipc].sent:
+                        break
+                else:
+                    raise AssertionError(f"no call went to the stopped daemon: {client.counters()}")
+            finally:
+                os.kill(slow.pid, signal.SIGCONT)
+            assert_close(result["scores"], reference.run("mlp-light", first))
+            assert took_s < 1.0, f"the hedged call took {took_s:.2f} s"
+            end = time.monotonic() + 10
+            while since(client, slow.ipc, before)[7] == 0 and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+            assert since(client, slow.ipc, before) == (1, 0, 0, 0, 0, 0, 0, 1)
+            assert since(client, daemon.ipc, before) == (1, 1, 0, 0, 0, 1, 1, 0)
+
+    asyncio.run(run())
