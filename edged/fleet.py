@@ -263,10 +263,12 @@ class Call:
 
     def _send(self, now: float, send: SendFn) -> None:
         hedge = self._want == "hedge"
-        left = None if self.deadline_ms is None else self.deadline_ms - (now - self.started)
-        if left is not None and left <= 0:
-            self._cannot_send()  # nothing left of the deadline to send with
-            return
+        left = self.deadline_ms  # sent as given at once (the daemon judges it), else what is left of it
+        if left is not None and now > self.started:
+            left -= now - self.started
+            if left <= 0:
+                self._cannot_send()
+                return
         refused: set[int] = set()
         while (index := self.fleet.pick(now, self._tried | refused)) is not None:
             request_id = send(index, left)

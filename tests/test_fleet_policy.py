@@ -65,3 +65,10 @@ def test_a_slow_daemon_gets_no_calls_until_its_estimate_decays() -> None:
         fleet.observe_rtt(index, 0.0, rtt_ms)
     assert {fleet.pick(1.0, set()) for _ in range(30)} == {1, 2}  # b and c share; a, 25x slower, none
     assert 0 in {fleet.pick(4000.0, set()) for _ in range(3)}  # seconds later: a gets another look
+
+
+def test_the_first_copy_carries_the_callers_deadline_as_given_even_one_the_daemon_refuses() -> None:
+    sent, send = recorder()
+    call = Call(Fleet(["a", "b"]), "m", 0.0, 1000, started=5.0)
+    call.advance(5.0, send)  # deadline_ms = 0 is for the daemon to refuse (INVALID_ARGUMENT), not for the client
+    assert sent == [(0, 0.0)] and not call.done
