@@ -95,7 +95,9 @@ def run_load(
 ) -> list[dict[str, Any]]:
     """Offer `streams` for `duration_s`; returns one summary per stream."""
     rng = random.Random(seed)
-    payloads = [_inputs(model_inputs[s.model], s.rows, np.random.default_rng(seed + i)) for i, s in enumerate(streams)]
+    payloads = [
+        random_inputs(model_inputs[s.model], s.rows, np.random.default_rng(seed + i)) for i, s in enumerate(streams)
+    ]
     results = [StreamResult(s) for s in streams]
     context = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
@@ -167,7 +169,8 @@ def _receive(sock: zmq.Socket, pending: dict[int, tuple[int, int]], results: lis
             result.shed_in_daemon_us.append(header["timing_us"]["total"])
 
 
-def _inputs(specs: list[dict[str, Any]], rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_inputs(specs: list[dict[str, Any]], rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Seeded inputs for a model's input specs, `rows` in every dynamic first dimension."""
     return {
         spec["name"]: rng.standard_normal(
             [rows if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec["shape"])]

@@ -19,6 +19,23 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"edged: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from edged.client import EdgedError
+
+        if isinstance(exc, EdgedError):
+            print(f"edged: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and option (the deployment tests parse the manifests' probes with it)."""
     parser = argparse.ArgumentParser(prog="edged", description="A latency-first inference daemon.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -59,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name, help=helptext)
         _endpoint_option(sub)
         sub.set_defaults(run=_control, op=name)
+        if name == "health":
+            from edged.probe import PROBES
+
+            sub.add_argument(
+                "--probe",
+                choices=PROBES,
+                help="exit 0 if the daemon is live (its loop answers), started (warm-up done) or ready "
+                "(serving, every lane ok), else 1; prints one line",
+            )
 
     infer = commands.add_parser("infer", help="run one model and print its outputs and timing")
     infer.add_argument("model")
@@ -77,7 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     infer.set_defaults(run=_infer)
 
     bench = commands.add_parser("bench", help="open-loop load with a class mix: percentiles, goodput, shed")
-    bench.add_argument("--endpoint", help="a running daemon (default: start one for the run)")
+    bench.add_argument(
+        "--endpoint",
+        action="append",
+        help="a running daemon (default: start one for the run); repeat it for a fleet: calls then go "
+        "through the fleet client (retries, hedging) and figures are given per daemon",
+    )
+    bench.add_argument("--hedge", action="store_true", help="with several endpoints: hedge calls (default delay: p95)")
+    bench.add_argument("--hedge-after-ms", type=float, help="with --hedge: a fixed hedge delay")
     bench.add_argument("--config", type=Path, help="config of the daemon it starts")
     bench.add_argument(
         "--mix",
@@ -96,20 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "(ignores --mix, --sweep, --endpoint and --config; --duration is per step)",
     )
     bench.set_defaults(run=_bench)
-
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except ConfigError as exc:
-        print(f"edged: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        from edged.client import EdgedError
-
-        if isinstance(exc, EdgedError):
-            print(f"edged: {exc}", file=sys.stderr)
-            return 1
-        raise
+    return parser
 
 
 def _endpoint_option(parser: argparse.ArgumentParser) -> None:
@@ -178,6 +198,12 @@ def _keygen(args: argparse.Namespace) -> int:
 def _control(args: argparse.Namespace) -> int:
     with _client(args) as client:
         result = getattr(client, args.op)()
+    if getattr(args, "probe", None):
+        from edged.probe import verdict
+
+        passed, line = verdict(args.probe, result)
+        print(line)
+        return 0 if passed else 1
     print(json.dumps(result, indent=2))
     return 0
 
@@ -241,10 +267,12 @@ def _bench(args: argparse.Namespace) -> int:
     if args.isolation:
         return _bench_isolation(args)
     streams = [Stream.parse(text) for text in args.mix or ["realtime:mlp-light:200", "bulk:cnn-heavy:200"]]
+    if args.endpoint and len(args.endpoint) > 1:
+        return _bench_fleet(args, streams)
     factors = [float(f) for f in args.sweep.split(",")]
     with tempfile.TemporaryDirectory(prefix="edged-bench-") as folder:
         if args.endpoint:
-            steps = run_sweep(args.endpoint, streams, factors, args.duration, progress_to_stderr)
+            steps = run_sweep(args.endpoint[0], streams, factors, args.duration, progress_to_stderr)
         else:
             with DaemonProcess([f"ipc://{folder}/edged.sock"], config=args.config) as daemon:
                 daemon.wait_serving()
@@ -256,6 +284,16 @@ def _bench(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps({"duration_s": args.duration, "steps": steps}, indent=2) + "\n")
     if args.png:
         plot(steps, str(args.png))
+    return 0
+
+
+def _bench_fleet(args: argparse.Namespace, streams: list[Any]) -> int:
+    from edged.bench_fleet import format_fleet, run_fleet
+
+    result = run_fleet(args.endpoint, streams, args.duration, args.hedge, args.hedge_after_ms)
+    print(format_fleet(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -1,11 +1,13 @@
 """Clients for edged: `Client` (blocking) and `AsyncClient` (asyncio, many requests in flight).
 
-Both speak through a DEALER socket and share every method: `_Api` builds each
-request and reads each reply once; the two classes differ only in how one
-round trip is carried (`_call`).
+Both speak through one DEALER socket per daemon and share every method: `_Api` builds
+each request and reads each reply once, and each call's copies follow edged.fleet's
+rules (retry elsewhere, hedge); the two classes differ only in how they wait (`_call`).
 
     with Client("ipc:///run/edged/edged.sock") as client:
         scores = client.infer("mlp-light", {"x": x})["scores"]
+    with Client(["tcp://10.0.0.5:5555", "tcp://10.0.0.6:5555"], hedge=True) as fleet:
+        scores = fleet.infer("mlp-light", {"x": x}, deadline_ms=20)["scores"]
 
 A daemon's CURVE tcp endpoint needs the server's public key and a client key pair
 that the daemon allows: `curve=ClientKeys.from_files("server.key", "me.key_secret")`.
@@ -16,87 +18,73 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import zmq
 import zmq.asyncio
 
+# The exceptions live in edged.errors; users import them from here, beside the clients.
+from edged.errors import ERRORS as ERRORS
+from edged.errors import DeadlineExceeded as DeadlineExceeded
+from edged.errors import EdgedError as EdgedError
+from edged.errors import Internal as Internal
+from edged.errors import InvalidArgument as InvalidArgument
+from edged.errors import NoReply, raise_for_status
+from edged.errors import NotFound as NotFound
+from edged.errors import Overloaded as Overloaded
+from edged.errors import Unavailable as Unavailable
+from edged.fleet import Call, EndpointCounters, Fleet, SendFn
 from edged.security import ClientKeys, is_tcp
-from edged.wire.codec import Buffer, Reply, Status, decode_reply, encode_request
+from edged.wire.codec import Buffer, Reply, decode_reply, encode_request
 
 DEFAULT_TIMEOUT_MS = 5000.0
 
 
-class EdgedError(Exception):
-    """A request that did not succeed; `status` is the daemon's, `message` its sentence."""
-
-    status: Status | None = None
-
-    def __init__(self, message: str, reply: Reply | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.reply = reply
-
-
-class InvalidArgument(EdgedError):
-    status = Status.INVALID_ARGUMENT
-
-
-class NotFound(EdgedError):
-    status = Status.NOT_FOUND
-
-
-class Overloaded(EdgedError):
-    status = Status.OVERLOADED
-
-    @property
-    def retry_after_ms(self) -> float:
-        return float(self.reply.header.get("retry_after_ms", 0.0)) if self.reply else 0.0
-
-
-class DeadlineExceeded(EdgedError):
-    status = Status.DEADLINE_EXCEEDED
-
-
-class Unavailable(EdgedError):
-    status = Status.UNAVAILABLE
-
-
-class Internal(EdgedError):
-    status = Status.INTERNAL
-
-
-class NoReply(EdgedError):
-    """No reply came within the client's timeout (the daemon may be gone or stuck)."""
-
-
-ERRORS: dict[Status, type[EdgedError]] = {
-    cls.status: cls for cls in (InvalidArgument, NotFound, Overloaded, DeadlineExceeded, Unavailable, Internal)
-}
-
-
-def raise_for_status(reply: Reply) -> Reply:
-    """The reply itself when OK; else the exception of its status."""
-    if reply.status is not Status.OK:
-        raise ERRORS[reply.status](f"{reply.status.value}: {reply.error}", reply)
-    return reply
-
-
 class _Api:
-    """Every operation of the protocol, written once for both clients."""
+    """Every operation of the protocol, written once for both clients; each call is a
+    `edged.fleet.Call`, which the two classes drive over their sockets (`_call`)."""
 
     timeout_ms: float
+    _fleet: Fleet
+    _ids: Iterator[int]
 
-    def _call(self, frames: list[Buffer], request_id: int, timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
+    def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         raise NotImplementedError
 
     def _request(self, op: str, parse: Callable[[Reply], Any], timeout_ms: float | None = None, **fields: Any) -> Any:
+        return self._call(op, fields, timeout_ms or self.timeout_ms, lambda r: parse(raise_for_status(r)))
+
+    def _new_call(self, op: str, fields: dict[str, Any], timeout_ms: float) -> Call:
+        model = fields.get("model") if op == "infer" else None
+        return Call(self._fleet, model, fields.get("deadline_ms"), timeout_ms, _now_ms())
+
+    def _frames(self, op: str, fields: dict[str, Any], deadline_ms: float | None) -> tuple[int, list[Buffer]]:
+        """A copy of the request under a new id (ids are unique per client, so a late reply
+        to a copy that lost is recognised), with what is left of its deadline."""
         request_id = next(self._ids)
-        frames = encode_request(request_id, op, **fields)
-        return self._call(frames, request_id, timeout_ms or self.timeout_ms, lambda r: parse(raise_for_status(r)))
+        if deadline_ms is not None:
+            fields = {**fields, "deadline_ms": deadline_ms}
+        return request_id, encode_request(request_id, op, **fields)
+
+    @staticmethod
+    def _outcome(call: Call, parse: Callable[[Reply], Any]) -> Any:
+        if call.reply is None:
+            raise NoReply(f"no reply within {call.timeout_ms:.0f} ms")
+        return parse(call.reply)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._fleet.endpoints)
+
+    def counters(self) -> dict[str, EndpointCounters]:
+        """Per daemon: copies sent, OK, shed, unavailable, failed, timed out, hedged,
+        hedges won and late replies dropped (see edged.fleet.EndpointCounters)."""
+        return {endpoint: replace(c) for endpoint, c in zip(self._fleet.endpoints, self._fleet.counters)}
 
     def infer(
         self,
@@ -157,33 +145,76 @@ class _Api:
 
 
 class Client(_Api):
-    """A blocking client: one request at a time on a DEALER socket."""
+    """A blocking client: one call at a time, over one DEALER per daemon.
+
+    `endpoints` is one endpoint or several: with several, each call goes to one daemon
+    and is retried or hedged on another as edged.fleet describes (`hedge=True` sends a
+    copy after this client's p95 for the model, or after `hedge_after_ms`).
+    """
 
     def __init__(
         self,
-        endpoint: str,
+        endpoints: str | Sequence[str],
         *,
         timeout_ms: float = DEFAULT_TIMEOUT_MS,
         context: zmq.Context | None = None,
         curve: ClientKeys | None = None,
+        hedge: bool = False,
+        hedge_after_ms: float | None = None,
     ):
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
-        self._socket = _dealer(context or zmq.Context.instance(), endpoint, curve)
+        self._fleet = Fleet(_endpoint_list(endpoints), hedge, hedge_after_ms)
+        immediate = self._fleet.several
+        context = context or zmq.Context.instance()
+        self._sockets = [_dealer(context, e, curve, immediate) for e in self._fleet.endpoints]
+        self._poller = zmq.Poller()
+        for sock in self._sockets:
+            self._poller.register(sock, zmq.POLLIN)
 
-    def _call(self, frames: list[Buffer], request_id: int, timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
-        self._socket.send_multipart(frames, copy=False)
-        deadline = _now_ms() + timeout_ms
-        while (left := deadline - _now_ms()) > 0:
-            if not self._socket.poll(left):
-                break
-            reply = decode_reply(self._socket.recv_multipart(copy=False))
-            if reply.id == request_id:  # a late reply to an earlier, timed-out request is dropped
-                return parse(reply)
-        raise NoReply(f"no reply within {timeout_ms:.0f} ms")
+    def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
+        call = self._new_call(op, fields, timeout_ms)
+
+        def send(index: int, deadline_ms: float | None) -> int | None:
+            request_id, frames = self._frames(op, fields, deadline_ms)
+            try:
+                self._sockets[index].send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            return request_id
+
+        call.advance(_now_ms(), send)
+        while not call.done:
+            wait_ms = call.wake_at() - _now_ms()
+            ready = self._poller.poll(max(math.ceil(wait_ms), 0)) if wait_ms > 0 else []
+            for sock, _ in ready:
+                self._read(sock, call, send)
+            call.advance(_now_ms(), send)
+        return self._outcome(call, parse)
+
+    def _read(self, sock: zmq.Socket, call: Call | None, send: SendFn | None) -> None:
+        """Every reply waiting on `sock`; one that is not the call's is late, and dropped."""
+        counters = self._fleet.counters[self._sockets.index(sock)]
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                reply = decode_reply(frames)
+            except (ValueError, KeyError, TypeError):
+                continue  # not a reply of this protocol: nothing to match it to
+            if call is None or send is None or not call.on_reply(reply.id, reply, _now_ms(), send):
+                counters.late += 1
+
+    def counters(self) -> dict[str, EndpointCounters]:
+        for sock in self._sockets:
+            self._read(sock, None, None)  # late replies already here count now, not at the next call
+        return super().counters()
 
     def close(self) -> None:
-        self._socket.close(linger=0)
+        for sock in self._sockets:
+            sock.close(linger=0)
 
     def __enter__(self) -> Client:
         return self
@@ -193,50 +224,82 @@ class Client(_Api):
 
 
 class AsyncClient(_Api):
-    """An asyncio client: any number of requests in flight, replies matched by id.
+    """An asyncio client: any number of calls in flight, replies matched by id; one
+    endpoint or several, as `Client`.
 
     Each method returns an awaitable: `outputs = await client.infer(...)`.
     """
 
-    def __init__(self, endpoint: str, *, timeout_ms: float = DEFAULT_TIMEOUT_MS, curve: ClientKeys | None = None):
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout_ms: float = DEFAULT_TIMEOUT_MS,
+        curve: ClientKeys | None = None,
+        hedge: bool = False,
+        hedge_after_ms: float | None = None,
+    ):
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
+        self._fleet = Fleet(_endpoint_list(endpoints), hedge, hedge_after_ms)
         self._context = zmq.asyncio.Context()
-        self._socket = _dealer(self._context, endpoint, curve)
-        self._pending: dict[int, asyncio.Future[Reply]] = {}
-        self._receiver: asyncio.Task[None] | None = None
+        immediate = self._fleet.several
+        self._sockets = [_dealer(self._context, e, curve, immediate) for e in self._fleet.endpoints]
+        self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
+        self._receivers: list[asyncio.Task[None]] = []
 
-    async def _call(
-        self, frames: list[Buffer], request_id: int, timeout_ms: float, parse: Callable[[Reply], Any]
-    ) -> Any:
-        if self._receiver is None:
-            self._receiver = asyncio.get_running_loop().create_task(self._receive())
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+    async def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        if not self._receivers:
+            self._receivers = [loop.create_task(self._receive(i)) for i in range(len(self._sockets))]
+        call = self._new_call(op, fields, timeout_ms)
+        settled: asyncio.Future[None] = loop.create_future()
+        ids: list[int] = []
+
+        def send(index: int, deadline_ms: float | None) -> int | None:
+            request_id, frames = self._frames(op, fields, deadline_ms)
+            # A NOBLOCK send completes at once: its future is done, with Again if not taken.
+            if self._sockets[index].send_multipart(frames, zmq.NOBLOCK, copy=False).exception() is not None:
+                return None
+            self._pending[request_id] = (call, send, settled)
+            ids.append(request_id)
+            return request_id
+
         try:
-            await self._socket.send_multipart(frames, copy=False)
-            reply = await asyncio.wait_for(future, timeout_ms / 1000)
-        except TimeoutError:
-            raise NoReply(f"no reply within {timeout_ms:.0f} ms") from None
+            call.advance(_now_ms(), send)
+            while not call.done:
+                wait_ms = call.wake_at() - _now_ms()
+                if wait_ms > 0:
+                    await asyncio.wait([settled], timeout=wait_ms / 1000)
+                call.advance(_now_ms(), send)
         finally:
-            self._pending.pop(request_id, None)
-        return parse(reply)
+            for request_id in ids:
+                self._pending.pop(request_id, None)
+        return self._outcome(call, parse)
 
-    async def _receive(self) -> None:
+    async def _receive(self, index: int) -> None:
+        sock, counters = self._sockets[index], self._fleet.counters[index]
         while True:
-            frames = await self._socket.recv_multipart(copy=False)
+            frames = await sock.recv_multipart(copy=False)
             try:
                 reply = decode_reply(frames)
             except (ValueError, KeyError, TypeError):
                 continue  # not a reply of this protocol: nothing to match it to
-            future = self._pending.get(reply.id)
-            if future is not None and not future.done():
-                future.set_result(reply)
+            pending = self._pending.get(reply.id)
+            if pending is None:
+                counters.late += 1
+                continue
+            call, send, settled = pending
+            if not call.on_reply(reply.id, reply, _now_ms(), send):
+                counters.late += 1
+            if call.done and not settled.done():
+                settled.set_result(None)
 
     async def close(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
-        self._socket.close(linger=0)
+        for receiver in self._receivers:
+            receiver.cancel()
+        for sock in self._sockets:
+            sock.close(linger=0)
         self._context.term()
 
     async def __aenter__(self) -> AsyncClient:
@@ -246,10 +309,18 @@ class AsyncClient(_Api):
         await self.close()
 
 
-def _dealer(context: zmq.Context, endpoint: str, curve: ClientKeys | None) -> Any:
-    """The one socket setup of both clients."""
+def _endpoint_list(endpoints: str | Sequence[str]) -> list[str]:
+    return [endpoints] if isinstance(endpoints, str) else list(endpoints)
+
+
+def _dealer(context: zmq.Context, endpoint: str, curve: ClientKeys | None, immediate: bool) -> Any:
+    """The one socket setup of both clients. With several daemons, ZMQ_IMMEDIATE: a
+    copy is never queued for a daemon that is not connected (one killed, say); the
+    send fails at once and the call picks another."""
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
+    if immediate:
+        sock.setsockopt(zmq.IMMEDIATE, 1)
     if curve is not None and is_tcp(endpoint):
         curve.apply(sock)
     sock.connect(endpoint)

@@ -102,10 +102,13 @@ class Dispatcher:
         return self._spin_until_ns
 
     def health(self) -> dict[str, Any]:
+        lanes = {name: lane.health for name, lane in self.lanes.items()}
         return {
             "state": self._lifecycle.reported,
+            # What a readiness probe trusts: inference open, and no lane waiting for a worker.
+            "ready": self._lifecycle.open and bool(lanes) and all(health == "ok" for health in lanes.values()),
             "uptime_s": round((time.monotonic_ns() - self._started_ns) / 1e9, 3),
-            "lanes": {name: lane.health for name, lane in self.lanes.items()},
+            "lanes": lanes,
             "failed_models": dict(self.failed),
         }
 
