@@ -8,7 +8,8 @@ box that slows down mid-run slows every path alike. The paths:
   in-process    the model run by onnxruntime in this process (the compute floor)
   zmq echo      a bare DEALER/ROUTER round trip of a request-sized message (the transport floor)
   naive server  one thread: recv, decode, run, reply (what edged must not be worse than)
-  edged         the daemon, same requests, same raw DEALER client
+  edged         the daemon, same requests, same raw DEALER client, default configuration
+  edged_spin    the same with classes.realtime.spin_us = 250 (the default from 6 cores up)
   pytriton      a Triton server through PyTriton, given --triton-python: an interpreter
                 with nvidia-pytriton installed (see compare_triton.py)
 Round trips are closed-loop (one request at a time), timed in the client.
@@ -39,7 +40,8 @@ from edged.wire.codec import encode_request
 ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
-PATHS = ("in_process", "zmq_echo", "naive_server", "edged")
+PATHS = ("in_process", "zmq_echo", "naive_server", "edged", "edged_spin")
+SPIN_CONFIG = "[classes.realtime]\nspin_us = 250\n[classes.standard]\n[classes.bulk]\n"
 WARMUP = 50
 
 
@@ -115,12 +117,15 @@ def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dic
                 measured = paths[path](model, runs[model] // rounds)
                 samples[model][path].extend(measured)
                 this_round[path] = percentiles(measured)
-            edged, naive = this_round["edged"], this_round["naive_server"]
+            naive = this_round["naive_server"]
             per_round[model].append(
                 {
-                    "p50_vs_naive": round(edged["p50"] / naive["p50"], 3),
-                    "p99_vs_naive": round(edged["p99"] / naive["p99"], 3),
-                    "p50_minus_naive_us": round(edged["p50"] - naive["p50"], 1),
+                    f"{path}_{key}": value
+                    for path in ("edged", "edged_spin")
+                    for key, value in (
+                        ("p50_vs_naive", round(this_round[path]["p50"] / naive["p50"], 3)),
+                        ("p99_vs_naive", round(this_round[path]["p99"] / naive["p99"], 3)),
+                    )
                 }
             )
             sys.stderr.write(f"round {r + 1}/{rounds} {model}: {per_round[model][-1]}\n")
@@ -285,13 +290,21 @@ def main() -> None:
     duration = 5.0 if args.quick else 20.0
     results: dict[str, Any] = {"machine": _machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder:
-        endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in ("zmq_echo", "naive_server", "edged")}
+        endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in PATHS[1:]}
+        spin_config = Path(folder) / "spin.toml"
+        spin_config.write_text(SPIN_CONFIG)
         helpers = [_helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server")]
         clients: list[RoundTrips] = []
         try:
-            with DaemonProcess([endpoints["edged"]]) as daemon:
+            with (
+                DaemonProcess([endpoints["edged"]]) as daemon,
+                DaemonProcess([endpoints["edged_spin"]], config=spin_config) as spinning,
+            ):
                 daemon.wait_serving()
-                results["edged_idle_cpu_percent"] = idle_cpu_percent(daemon.process.pid, 3.0 if args.quick else 10.0)
+                spinning.wait_serving()
+                idle_s = 3.0 if args.quick else 10.0
+                results["edged_idle_cpu_percent"] = idle_cpu_percent(daemon.process.pid, idle_s)
+                results["edged_spin_idle_cpu_percent"] = idle_cpu_percent(spinning.process.pid, idle_s)
                 clients = [RoundTrips(endpoints[path]) for path in PATHS[1:]]
                 paths = {"in_process": InProcess(), **dict(zip(PATHS[1:], clients))}
                 results["unloaded"] = interleaved(paths, runs, args.rounds)
@@ -309,7 +322,8 @@ def main() -> None:
         for model, figures in results["triton"]["latency_us"].items():
             results["unloaded"][model]["pooled"]["pytriton"] = figures
     print(_unloaded_table(results["unloaded"]))
-    print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core")
+    print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core, spinning: ", end="")
+    print(f"{results['edged_spin_idle_cpu_percent']}%")
     print(json.dumps(_verdicts(results), indent=2))
     if args.write_docs:
         results["verdicts"] = _verdicts(results)
@@ -329,15 +343,16 @@ def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
     for model, row in results["unloaded"].items():
         pooled = row["pooled"]
         floor = pooled["in_process"]["p50"] + pooled["zmq_echo"]["p50"]
-        verdicts[model] = {
-            "p50_vs_naive": round(pooled["edged"]["p50"] / pooled["naive_server"]["p50"], 3),
-            "p99_vs_naive": round(pooled["edged"]["p99"] / pooled["naive_server"]["p99"], 3),
-            "p50_minus_naive_us": round(pooled["edged"]["p50"] - pooled["naive_server"]["p50"], 1),
-            "p50_beyond_floors_us": round(pooled["edged"]["p50"] - floor, 1),
-            "naive_p50_beyond_floors_us": round(pooled["naive_server"]["p50"] - floor, 1),
-            "worst_round_p50_vs_naive": max(r["p50_vs_naive"] for r in row["rounds"]),
-            "worst_round_p99_vs_naive": max(r["p99_vs_naive"] for r in row["rounds"]),
-        }
+        verdicts[model] = {"naive_p50_beyond_floors_us": round(pooled["naive_server"]["p50"] - floor, 1)}
+        for path in ("edged", "edged_spin"):
+            verdicts[model] |= {
+                f"{path}_p50_vs_naive": round(pooled[path]["p50"] / pooled["naive_server"]["p50"], 3),
+                f"{path}_p99_vs_naive": round(pooled[path]["p99"] / pooled["naive_server"]["p99"], 3),
+                f"{path}_p50_minus_naive_us": round(pooled[path]["p50"] - pooled["naive_server"]["p50"], 1),
+                f"{path}_p50_beyond_floors_us": round(pooled[path]["p50"] - floor, 1),
+                f"{path}_worst_round_p50_vs_naive": max(r[f"{path}_p50_vs_naive"] for r in row["rounds"]),
+                f"{path}_worst_round_p99_vs_naive": max(r[f"{path}_p99_vs_naive"] for r in row["rounds"]),
+            }
     for model, row in results["at_naive_capacity"].items():
         worst_p99 = {path: max(s["latency_us"]["p99"] for s in row[path]) for path in ("naive_server", "edged")}
         verdicts[model]["at_naive_capacity_p99_vs_naive"] = round(worst_p99["edged"] / worst_p99["naive_server"], 3)
