@@ -7,6 +7,7 @@ model off for good because of one slow run.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,9 +16,15 @@ import pytest
 import zmq
 from stream_models import padder
 from support import RunningDaemon, connect, exchange, header, random_input, run_edged, short_dir, wait_for
+from test_lanes import CountingBackend
 from test_scheduling import save_sleeper, sleep_for
 
+from edged.config.classes import ClassConfig
+from edged.models.repository import discover
 from edged.protocol import encode_request
+from edged.serve.admission import Shed
+from edged.serve.lanes import Lane
+from edged.wire.codec import Request
 
 # Realtime's watchdog fires at 200 ms; the sleeper's long runs take 0.8 s and 1.6 s here.
 CONFIG = """
@@ -147,3 +154,23 @@ def test_a_size_not_yet_measured_never_runs_inline(context: zmq.Context, own_dae
     assert ran_inline(900), "a size below one measured did not run inline"
     assert not ran_inline(1100), "a size past those measured ran inline before it was measured"
     assert ran_inline(1100), "a size measured once still did not run inline"
+
+
+def test_a_shed_at_a_guessed_price_sets_no_remeasure_going_padder(padder_repository: Path) -> None:
+    """A request far past every size measured, with a deadline shorter than its guessed
+    price, is shed; re-timing the warm-up sample (1000 samples) could not correct a
+    guess about 200,000, so the lane runs nothing for it, then or later."""
+    backend = CountingBackend()
+    model = next(m for m in discover(padder_repository, "onnxruntime") if m.name == "padder")
+    lane = Lane(ClassConfig("realtime", order=0, inline_max_us=300), [model], backend, lambda route, frames: None)
+    lane.start()
+    backend.counting = True
+    try:
+        x = np.zeros((1, 200_000), np.float32)
+        request = Request(id=1, op="infer", model="padder", klass="realtime", deadline_ms=0.001)
+        shed = lane.offer(1, request, model, {"x": x}, time.monotonic_ns())
+        assert isinstance(shed, Shed) and shed.beyond_one_run and "priced past the largest input" in shed.message
+        time.sleep(0.5)  # a remeasure would have run within a few ms
+    finally:
+        lane.stop(2.0)
+    assert backend.calls == []

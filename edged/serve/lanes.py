@@ -159,8 +159,11 @@ class Lane:
         shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns))
         if shed is not None:
             if shed.beyond_one_run:
-                self._remeasure(model, now_ns)
-                if not self.service.measured(model.name, rows, elements):
+                # Re-timing the warm-up sample refreshes a measured price; a guessed one
+                # (a size past every one measured) it could not correct.
+                if self.service.measured(model.name, rows, elements):
+                    self._remeasure(model, now_ns)
+                else:
                     shed = replace(shed, message=f"{shed.message} ({PRICED_PAST_MEASURED})")
             if shed.reason == "queue_full":
                 self.stats.shed_queue_full += 1
