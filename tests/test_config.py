@@ -182,6 +182,7 @@ INVALID = {
     "cap negative": (klass("bulk", "max_call_ms = -1"), "classes.bulk.max_call_ms"),
     "cap a string": (klass("bulk", 'max_call_ms = "5"'), "classes.bulk.max_call_ms"),
     "spin negative": (klass("realtime", "spin_us = -1"), "classes.realtime.spin_us"),
+    "sm count negative": (klass("bulk", "sm_count = -8"), "classes.bulk.sm_count"),
     "spin past 10 ms": (klass("realtime", "spin_us = 10001"), "classes.realtime.spin_us"),
     "spin a float": (klass("realtime", "spin_us = 2.5"), "classes.realtime.spin_us"),
 }

@@ -125,6 +125,15 @@ class Stream:
         self.handle = _check(
             "cudaStreamCreateWithPriority", rt.cudaStreamCreateWithPriority(rt.cudaStreamNonBlocking, self.priority)
         )
+        self._release: Callable[[], None] | None = None
+
+    @classmethod
+    def adopt(cls, handle: Any, priority: int, release: Callable[[], None]) -> Stream:
+        """A stream made elsewhere (a green context's, edged.backends.green); `release`
+        runs after the stream is destroyed."""
+        stream = cls.__new__(cls)
+        stream.handle, stream.priority, stream._release = handle, priority, release
+        return stream
 
     @property
     def pointer(self) -> int:
@@ -177,6 +186,8 @@ class Stream:
         if self.handle is not None:
             _check("cudaStreamDestroy", _runtime().cudaStreamDestroy(self.handle))
             self.handle = None
+            if self._release is not None:
+                self._release()
 
 
 class Graph:

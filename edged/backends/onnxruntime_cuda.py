@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.backends import BackendError, CallStop, cuda
+from edged.backends import BackendError, CallStop, cuda, green
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, reserve_lanes
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
@@ -67,7 +67,7 @@ class OnnxRuntimeCudaRunner:
         self._binding: Any = None
         self._run_options: dict[int, Any] = {}
         self._owns_stream = stream is None
-        self.stream = cuda.Stream(lane.stream_priority) if stream is None else stream
+        self.stream = lane_stream(lane) if stream is None else stream
         try:
             self._session = ort.InferenceSession(
                 str(model.variant.path), self._options(), providers=[(PROVIDER, self._provider(lane, reservation))]
@@ -247,3 +247,11 @@ class OnnxRuntimeCuda:
         if plan is None:
             raise BackendError(f"lane {lane.name} was loaded before reserve() worked out its memory")
         return next(m for m in plan.models if m.model == model.name)
+
+
+def lane_stream(lane: ClassConfig) -> cuda.Stream:
+    """The lane's compute stream: a green context's of `sm_count` SMs where the class
+    asks for one (edged.backends.green), else a plain one; at the class's priority."""
+    if lane.sm_count:
+        return green.green_stream(lane.sm_count, lane.stream_priority)
+    return cuda.Stream(lane.stream_priority)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends import BackendError, CallStop, Runner, cuda
+from edged.backends.onnxruntime_cuda import lane_stream
 from edged.config.classes import ClassConfig
 from edged.models.engines import EngineRecord, Environment, select
 from edged.models.repository import ModelEntry, sha256_of
@@ -143,7 +144,7 @@ class TensorRtRunner:
         self._staged: dict[str, cuda.Staged] = {}
         self._graphs: dict[tuple[tuple[int, ...], ...], cuda.Graph] = {}
         self._capture = lane.cuda_graph
-        self.stream = cuda.Stream(lane.stream_priority)
+        self.stream = lane_stream(lane)
         try:
             self._set_up(trt, lane)
         except BaseException:

@@ -34,6 +34,7 @@ class ClassConfig:
     cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
     stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
+    sm_count: int = 0  # GPU backends: run the lane's kernels in a green context of this many SMs; 0: all
     reserved_memory_mb: int = 0  # GPU memory reserved for the lane; 0: what the model needs
     cuda_graph: bool = False  # GPU backends: replay a captured CUDA graph per batch size (fixed shapes only)
     stuck_after_ms: int = 10_000  # a backend call open this long is answered INTERNAL and its worker replaced; 0: never
@@ -153,7 +154,7 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         for key in ("order", "workers", "max_batch", "queue_capacity"):
             minimum = 0 if key == "order" else 1
             values[key] = read_int(settings, key, getattr(base, key), prefix, minimum)
-        for key in ("batch_wait_us", "inline_max_us", "threads", "reserved_memory_mb", "stuck_after_ms"):
+        for key in ("batch_wait_us", "inline_max_us", "threads", "reserved_memory_mb", "stuck_after_ms", "sm_count"):
             values[key] = read_int(settings, key, getattr(base, key), prefix, 0)
         values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
