@@ -8,7 +8,9 @@ each against a fresh daemon, run in turn and repeated `--repeats` times, interle
 1. realtime alone (its lane on a stream of priority -1);
 2. realtime beside a saturating bulk load, each class on its own priority stream;
 3. the same with each lane on its own stream, all at priority 0;
-4. the same with every lane on ONE shared stream (bench/one_stream.py): the ablation.
+4. the same with every lane on ONE shared stream (bench/one_stream.py): the ablation;
+5. priority streams, with bulk's lane in a green context of BULK_SMS SMs
+   (classes.bulk.sm_count, edged.backends.green), realtime on the whole device.
 Bulk load comes from a process and a socket of its own, so a saturated bulk generator
 never delays realtime's sends. Then the floor: the realtime model in this process, on
 the same backend runner at batch 1, no daemon in between. Prints a table last (median
@@ -43,7 +45,7 @@ RESULTS_MARK = "<!-- results: written by bench/gpu_bench.py -->"
 ONE_STREAM = [sys.executable, str(ROOT / "bench" / "one_stream.py")]
 
 
-def config_text(backend: str, realtime_priority: int, bulk_priority: int) -> str:
+def config_text(backend: str, realtime_priority: int, bulk_priority: int, bulk_sms: int = 0) -> str:
     return f"""
 [server]
 backend = "{backend}"
@@ -58,6 +60,7 @@ reserved_memory_mb = 512
 
 [classes.bulk]
 stream_priority = {bulk_priority}
+sm_count = {bulk_sms}
 max_batch = 16
 batch_wait_us = 500
 queue_capacity = 512
@@ -65,26 +68,30 @@ reserved_memory_mb = 1024
 """
 
 
-# name, backend, realtime and bulk priorities, with bulk, launched through bench/one_stream.py
+# Bulk's SMs in the green-context scenario: of an H100's or H200's 132, a multiple of 8
+# (Hopper's partition granularity), leaving realtime 36 that bulk never occupies.
+BULK_SMS = 96
+# name, backend, realtime and bulk priorities, with bulk, launched through bench/one_stream.py[, bulk's SMs]
 SCENARIOS = (
     ("realtime alone", "onnxruntime-cuda", -1, 0, False, False),
     ("with bulk, priority streams", "onnxruntime-cuda", -1, 0, True, False),
     ("with bulk, own streams, all priority 0", "onnxruntime-cuda", 0, 0, True, False),
     ("with bulk, one shared stream", "onnxruntime-cuda-one-stream", 0, 0, True, True),
+    (f"with bulk in a green context of {BULK_SMS} SMs", "onnxruntime-cuda", -1, 0, True, False, BULK_SMS),
 )
 
 
 def scenario(
-    spec: tuple[str, str, int, int, bool, bool],
+    spec: tuple[Any, ...],
     streams: tuple[Stream, Stream],
     inputs: dict[str, Any],
     duration_s: float,
 ) -> dict[str, Any]:
-    name, backend, realtime_priority, bulk_priority, with_bulk, one_stream = spec
+    name, backend, realtime_priority, bulk_priority, with_bulk, one_stream, *bulk_sms = spec
     realtime, bulk = streams
     with tempfile.TemporaryDirectory(prefix="edged-gpu-") as folder:
         config = Path(folder) / "edged.toml"
-        config.write_text(config_text(backend, realtime_priority, bulk_priority))
+        config.write_text(config_text(backend, realtime_priority, bulk_priority, *bulk_sms))
         endpoint = f"ipc://{folder}/d.sock"
         log = Path(folder) / "daemon.log"
         program = ONE_STREAM if one_stream else None
