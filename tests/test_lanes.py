@@ -320,3 +320,16 @@ def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_
     np.testing.assert_allclose(got[2].outputs["scores"], expected, atol=1e-5)
     assert lane.stats.inline == 2 and lane.backlog.depth == 0
     assert lane.stats.failed == 1 and lane.stats.completed == 1
+
+
+def test_an_output_the_wire_cannot_carry_is_answered_internal_with_its_dtype(models):
+    """A float64 output takes neither the fast encoder nor the checked one: one INTERNAL
+    reply says why; a float32 one is OK."""
+    from edged.serve.answers import _reply_frames
+
+    ran = job(models["mlp-light"], np.zeros((1, 64), np.float32), route=1)
+    frames, ok = _reply_frames(ran, 1, 2, 3, {"scores": np.zeros((1, 10), np.float64)}, None)
+    reply = decode_reply([bytes(f) for f in frames])
+    assert not ok and reply.status is Status.INTERNAL and "float64" in reply.error
+    frames, ok = _reply_frames(ran, 1, 2, 3, {"scores": np.zeros((1, 10), np.float32)}, None)
+    assert ok and decode_reply([bytes(f) for f in frames]).status is Status.OK

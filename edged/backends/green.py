@@ -39,7 +39,7 @@ def _driver() -> Any:
 
 def _check(driver: Any, call: str, result: Any) -> Any:
     """Unpack a driver result (status, *values), raising on a failed status."""
-    status, *values = result if isinstance(result, tuple) else (result,)
+    status, *values = result
     if status != driver.CUresult.CUDA_SUCCESS:
         _, text = driver.cuGetErrorString(status)
         raise CudaError(f"{call} failed: {text.decode() if text else status}")

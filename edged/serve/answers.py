@@ -117,10 +117,10 @@ def _reply_frames(
         frames = fast.encode_ok(job.request_id, queue_us, compute_us, total_us, outputs)
         if frames is not None:
             return frames, True
-        timing = timing_us(queue_us, compute_us, total_us)
+    timing = timing_us(queue_us, compute_us, total_us)
+    if error is None:
         try:
             return encode_reply(job.request_id, Status.OK, outputs=outputs, timing_us=timing), True
         except ValueError as exc:  # an output the wire cannot carry, such as float64
             error = f"the model's output cannot be sent: {exc}"
-    timing = timing_us(queue_us, compute_us, total_us)
     return encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing), False

@@ -166,8 +166,9 @@ class Server:
             ready = {}
             deadline_ns = spin_deadline_ns()
             # A request that finds the loop awake skips the kernel's wake-up of an idle core
-            # and runs on warm caches: 117 us at p50 against 207-235 us for a light request
-            # on the test VM. pyzmq's poll(0) keeps the GIL, hence only while lanes are idle.
+            # and runs on warm caches: 113 us at p50 against 213 us for a light request on
+            # the test VM (docs/benchmarks.md). pyzmq's poll(0) keeps the GIL, hence only
+            # while lanes are idle.
             while deadline_ns and not ready and time.monotonic_ns() < deadline_ns:
                 ready = dict(poller.poll(0))
             if not ready:
@@ -209,7 +210,7 @@ class Server:
                 return
             try:
                 frames = [sock.recv(_LAST, copy=False)]
-            except zmq.Again:  # taken by an earlier burst since the poll
+            except zmq.Again:  # a readiness the poll reported is gone: nothing to read
                 return
             while frames[-1].more:  # the parts of one message arrive together
                 frames.append(sock.recv(_LAST, copy=False))
