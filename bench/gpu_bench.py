@@ -56,7 +56,7 @@ model_repository = "{ROOT / "engines"}"
 stream_priority = {realtime_priority}
 max_batch = 4
 inline_max_us = 0
-reserved_memory_mb = 512
+arena_cap_mb = 512
 
 [classes.bulk]
 stream_priority = {bulk_priority}
@@ -64,7 +64,7 @@ sm_count = {bulk_sms}
 max_batch = 16
 batch_wait_us = 500
 queue_capacity = 512
-reserved_memory_mb = 1024
+arena_cap_mb = 1024
 """
 
 
@@ -116,9 +116,9 @@ def floor(model_name: str, runs: int) -> dict[str, float]:
     from edged.backends.onnxruntime_cuda import OnnxRuntimeCuda
 
     model = next(m for m in discover(ROOT / "engines", "onnxruntime") if m.name == model_name)
-    klass = ClassConfig("realtime", order=0, stream_priority=-1, reserved_memory_mb=512)
+    klass = ClassConfig("realtime", order=0, stream_priority=-1, arena_cap_mb=512)
     backend = OnnxRuntimeCuda()
-    backend.reserve([model], [klass])
+    backend.reserve([model], [klass], backend.free_bytes())
     runner = backend.load(model, klass)
     inputs = {
         s.name: np.random.default_rng(0).standard_normal([1 if d == -1 else d for d in s.shape]).astype(s.dtype)

@@ -85,7 +85,7 @@ def test_every_setting_is_read() -> None:
         cpu_affinity = [0]
         nice = 5
         stream_priority = -2
-        reserved_memory_mb = 64
+        arena_cap_mb = 64
         """
     )
     assert config.endpoints == ("ipc:///run/edged/a.sock", "tcp://127.0.0.1:7000")
@@ -97,7 +97,7 @@ def test_every_setting_is_read() -> None:
     (fast,) = config.classes
     assert (fast.name, fast.order, fast.queue_capacity, fast.deadline_ms) == ("fast", 0, 3, 2.5)
     assert (fast.workers, fast.max_batch, fast.batch_wait_us, fast.threads) == (2, 4, 10, 2)
-    assert (fast.cpu_affinity, fast.nice, fast.stream_priority, fast.reserved_memory_mb) == ((0,), 5, -2, 64)
+    assert (fast.cpu_affinity, fast.nice, fast.stream_priority, fast.arena_cap_mb) == ((0,), 5, -2, 64)
 
 
 def test_a_file_that_names_classes_defines_the_full_set() -> None:
@@ -160,7 +160,10 @@ INVALID = {
     "max batch zero": (klass("realtime", "max_batch = 0"), "classes.realtime.max_batch"),
     "batch wait negative": (klass("realtime", "batch_wait_us = -1"), "classes.realtime.batch_wait_us"),
     "threads negative": (klass("realtime", "threads = -1"), "classes.realtime.threads"),
-    "reserved memory negative": (klass("realtime", "reserved_memory_mb = -1"), "classes.realtime.reserved_memory_mb"),
+    "arena cap negative": (klass("realtime", "arena_cap_mb = -1"), "classes.realtime.arena_cap_mb"),
+    # Renamed: it caps an arena that grows lazily and reserves nothing.
+    "reserved memory, the old name": (klass("realtime", "reserved_memory_mb = 64"), "classes.realtime.arena_cap_mb"),
+    "gpu headroom negative": ("[server]\ngpu_headroom_mb = -1", "server.gpu_headroom_mb"),
     "nice too high": (klass("bulk", "nice = 20"), "classes.bulk.nice"),
     "nice too low": (klass("bulk", "nice = -21"), "classes.bulk.nice"),
     "stream priority": (klass("realtime", "stream_priority = 11"), "classes.realtime.stream_priority"),

@@ -29,6 +29,7 @@ from edged.backends.gpu_memory import (
     MIB,
     ReservationError,
     check_fits,
+    check_measured,
     io_bytes,
     lane_reservation,
     reserve_lanes,
@@ -57,12 +58,12 @@ def test_io_bytes_are_every_input_and_output_at_the_largest_batch() -> None:
     assert io_bytes(mlp(), 4) == 4 * (64 + 10) * 4
 
 
-def test_a_lane_reserves_buffers_weights_and_its_memory_limit_per_worker() -> None:
-    klass = ClassConfig("rt", order=0, workers=2, max_batch=4, reserved_memory_mb=64, stream_priority=-1)
+def test_a_lane_plans_buffers_and_its_arena_cap_per_worker_with_the_weights_inside_the_arena() -> None:
+    klass = ClassConfig("rt", order=0, workers=2, max_batch=4, arena_cap_mb=64, stream_priority=-1)
     lane = lane_reservation(klass, MODELS, WEIGHTS)
     sessions = 2 * len(MODELS)
-    arena = 64 * MIB // sessions  # the lane's limit, split between its sessions
-    expected_device = sum(2 * (io_bytes(m, 4) + WEIGHTS[m.name] + arena) for m in MODELS)
+    arena = 64 * MIB // sessions  # the lane's cap, split between its sessions
+    expected_device = sum(2 * (io_bytes(m, 4) + arena) for m in MODELS)
     assert lane.device_bytes == expected_device
     assert lane.pinned_bytes == sum(2 * io_bytes(m, 4) for m in MODELS)
     assert lane.arena_capped and lane.stream_priority == -1
@@ -75,11 +76,25 @@ def test_a_class_with_an_inline_path_reserves_its_sessions_too() -> None:
     assert all(m.sessions == 3 for m in lane_reservation(klass, MODELS, WEIGHTS).models)
 
 
-def test_no_reserved_memory_leaves_the_arena_uncapped_and_says_so() -> None:
+def test_no_arena_cap_plans_the_weights_and_says_the_arena_is_uncapped() -> None:
     lane = lane_reservation(ClassConfig("bulk", order=0, max_batch=16), MODELS, WEIGHTS)
     assert not lane.arena_capped
     assert all(m.arena_limit_bytes == 0 for m in lane.models)
+    assert lane.device_bytes == sum(io_bytes(m, 16) + WEIGHTS[m.name] for m in MODELS)
     assert "uncapped" in lane.describe()
+
+
+def test_lanes_that_leave_less_than_the_headroom_after_warm_up_are_refused_naming_each_lane() -> None:
+    lanes = [
+        replace(lane_reservation(ClassConfig("realtime", order=0), MODELS, WEIGHTS), measured_bytes=300 * MIB),
+        replace(lane_reservation(ClassConfig("bulk", order=1), MODELS, WEIGHTS), measured_bytes=500 * MIB),
+    ]
+    check_measured(lanes, 1056 * MIB, 256 * MIB, "Test GPU")  # exactly the headroom left
+    with pytest.raises(ReservationError) as refusal:
+        check_measured(lanes, 1056 * MIB - 1, 256 * MIB, "Test GPU")
+    message = str(refusal.value)
+    assert "the lanes took 800.0 MiB of GPU memory (realtime 300.0 MiB, bulk 500.0 MiB)" in message
+    assert "less than server.gpu_headroom_mb = 256" in message and "lower server.gpu_headroom_mb" in message
 
 
 def test_a_dynamic_dimension_besides_the_batch_is_refused_with_the_reason() -> None:
@@ -91,8 +106,8 @@ def test_a_dynamic_dimension_besides_the_batch_is_refused_with_the_reason() -> N
 
 def test_lanes_that_exceed_the_free_memory_are_refused_naming_each_lane() -> None:
     lanes = [
-        lane_reservation(ClassConfig("realtime", order=0, reserved_memory_mb=512), MODELS, WEIGHTS),
-        lane_reservation(ClassConfig("bulk", order=1, reserved_memory_mb=1024), MODELS, WEIGHTS),
+        lane_reservation(ClassConfig("realtime", order=0, arena_cap_mb=512), MODELS, WEIGHTS),
+        lane_reservation(ClassConfig("bulk", order=1, arena_cap_mb=1024), MODELS, WEIGHTS),
     ]
     total = sum(lane.device_bytes for lane in lanes)
     check_fits(lanes, total, "Test GPU")  # exactly fits
@@ -100,7 +115,8 @@ def test_lanes_that_exceed_the_free_memory_are_refused_naming_each_lane() -> Non
         check_fits(lanes, total - 1, "Test GPU")
     message = str(refusal.value)
     assert "Test GPU has" in message and "realtime" in message and "bulk" in message
-    assert "lower classes.*.reserved_memory_mb, max_batch or workers" in message
+    assert "lower classes.*.arena_cap_mb, max_batch or workers" in message
+    assert "would take" in message
 
 
 def test_a_priority_outside_the_device_range_is_clamped() -> None:
@@ -167,23 +183,28 @@ def test_cuda_graph_is_off_by_default_and_takes_a_boolean() -> None:
 # --- replies: what an operator reads ------------------------------------------------
 
 
-def serve_on_fake_gpu(free_mb: int, folder: Path) -> subprocess.Popen[bytes]:
-    """`edged serve` on the fake GPU backend (tests/fake_gpu.py), with `free_mb` free."""
+FAKE_SESSION_MB = 3  # what each session the fake GPU loads takes off its free memory
+
+
+def serve_on_fake_gpu(free_mb: int, folder: Path, server: str = "") -> subprocess.Popen[bytes]:
+    """`edged serve` on the fake GPU backend (tests/fake_gpu.py), with `free_mb` free
+    and FAKE_SESSION_MB taken by each session; `server` adds lines to [server]."""
     config = folder / "edged.toml"
-    config.write_text('[server]\nbackend = "fake-gpu"\n')
+    config.write_text(f'[server]\nbackend = "fake-gpu"\n{server}')
     log = (folder / "daemon.log").open("wb")
     command = [sys.executable, str(TESTS / "fake_gpu.py"), "serve", "--config", str(config)]
     return subprocess.Popen(
         [*command, "--endpoint", f"ipc://{folder}/d.sock"],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "EDGED_FAKE_GPU_FREE_MB": str(free_mb)},
+        env={**os.environ, "EDGED_FAKE_GPU_FREE_MB": str(free_mb), "EDGED_FAKE_GPU_SESSION_MB": str(FAKE_SESSION_MB)},
     )
 
 
-def test_fake_gpu_daemon_reports_each_lane_reservation_in_stats_and_models() -> None:
-    """Through the daemon's real start-up, with a fake reserving backend: the figures
-    an operator reads are the reservations worked out before any lane loaded."""
+def test_fake_gpu_daemon_reports_each_lane_plan_and_measured_memory_in_stats_and_models() -> None:
+    """Through the daemon's real start-up, with a fake reserving backend: the figures an
+    operator reads are the plans worked out before any lane loaded, and what each lane's
+    loading took off the device's free memory (here FAKE_SESSION_MB per session)."""
     folder = short_dir()
     daemon = serve_on_fake_gpu(64 * 1024, folder)
     try:
@@ -200,14 +221,35 @@ def test_fake_gpu_daemon_reports_each_lane_reservation_in_stats_and_models() -> 
         assert daemon.wait(30) == 0
     config = parse_config({}, base_dir=Path("/srv"))
     expected = reserve_lanes(MODELS, config.classes, 1 << 40, "any")
+    memory = next(m for m in models if m["name"] == "mlp-light")["gpu_memory"]
     for klass in config.classes:
         gpu = stats["classes"][klass.name]["gpu"]
         assert gpu["stream_priority"] == klass.stream_priority
-        assert gpu["reserved_bytes"] == expected[klass.name].device_bytes > 0
+        assert gpu["planned_bytes"] == expected[klass.name].device_bytes > 0
         assert gpu["pinned_bytes"] == expected[klass.name].pinned_bytes
-    reserved = next(m for m in models if m["name"] == "mlp-light")["reserved"]
-    assert reserved["bulk"]["io_bytes_per_worker"] == io_bytes(mlp(), 16)
-    assert "lane realtime: stream priority -1" in (folder / "daemon.log").read_text()
+        sessions = sum(m.sessions for m in expected[klass.name].models)
+        assert gpu["measured_bytes"] == sessions * FAKE_SESSION_MB * MIB > 0, klass.name
+        assert memory[klass.name]["lane_measured_bytes"] == gpu["measured_bytes"]
+    assert memory["bulk"]["io_bytes_per_worker"] == io_bytes(mlp(), 16)
+    log = (folder / "daemon.log").read_text()
+    assert "lane realtime: stream priority -1, planned" in log
+    # realtime: a session per model for its worker and one for its inline path
+    assert f"measured {2 * len(MODELS) * FAKE_SESSION_MB:.1f} MiB" in log
+
+
+def test_fake_gpu_daemon_whose_lanes_leave_less_than_the_headroom_refuses_to_start_naming_each() -> None:
+    """The plans fit (sessions' arenas uncapped: the plan counts the small demo weights),
+    but what loading took leaves less than server.gpu_headroom_mb of the free memory."""
+    folder = short_dir()
+    daemon = serve_on_fake_gpu(1024, folder, server="gpu_headroom_mb = 1020\n")
+    try:
+        assert daemon.wait(60) == 1
+    finally:
+        daemon.kill()
+    log = (folder / "daemon.log").read_text()
+    assert "start-up failed: loaded and warmed, the lanes took" in log, log
+    assert "less than server.gpu_headroom_mb = 1020" in log
+    assert all(name in log for name in ("realtime", "standard", "bulk")), log
 
 
 def test_fake_gpu_daemon_too_small_for_its_lanes_refuses_to_start_naming_each() -> None:
@@ -218,7 +260,7 @@ def test_fake_gpu_daemon_too_small_for_its_lanes_refuses_to_start_naming_each() 
     finally:
         daemon.kill()
     log = (folder / "daemon.log").read_text()
-    assert "start-up failed: the lanes would reserve" in log and "Fake GPU has 0.0 MiB free" in log
+    assert "start-up failed: the lanes would take" in log and "Fake GPU has 0.0 MiB free" in log
     assert all(name in log for name in ("realtime", "standard", "bulk")), log
 
 
@@ -226,7 +268,7 @@ def test_a_backend_that_reserves_nothing_adds_no_gpu_fields(daemon: RunningDaemo
     with Client(daemon.ipc) as client:
         stats, models = client.stats(), client.models()
     assert all("gpu" not in figures for figures in stats["classes"].values())
-    assert all("reserved" not in model for model in models)
+    assert all("gpu_memory" not in model for model in models)
 
 
 def test_the_cpu_backend_serves_more_rows_than_max_batch(daemon: RunningDaemon, reference: Reference) -> None:
@@ -272,8 +314,8 @@ def _cuda_backend():  # type: ignore[no-untyped-def]
     return OnnxRuntimeCuda()
 
 
-REALTIME = ClassConfig("realtime", order=0, max_batch=4, stream_priority=-1, reserved_memory_mb=256)
-BULK = ClassConfig("bulk", order=1, max_batch=16, stream_priority=0, reserved_memory_mb=512)
+REALTIME = ClassConfig("realtime", order=0, max_batch=4, stream_priority=-1, arena_cap_mb=256)
+BULK = ClassConfig("bulk", order=1, max_batch=16, stream_priority=0, arena_cap_mb=512)
 
 
 @gpu
@@ -281,7 +323,7 @@ BULK = ClassConfig("bulk", order=1, max_batch=16, stream_priority=0, reserved_me
 def test_runs_on_cuda_and_agrees_with_the_cpu(reference: Reference, cuda_graph: bool) -> None:
     backend = _cuda_backend()
     klass = replace(REALTIME, cuda_graph=cuda_graph)
-    backend.reserve(MODELS, [klass])
+    backend.reserve(MODELS, [klass], backend.free_bytes())
     for model in MODELS:
         runner = backend.load(model, klass)
         try:
@@ -303,7 +345,7 @@ def test_each_lane_has_its_own_stream_at_its_priority() -> None:
     from edged.backends import cuda
 
     backend = _cuda_backend()
-    backend.reserve([mlp()], [REALTIME, BULK])
+    backend.reserve([mlp()], [REALTIME, BULK], backend.free_bytes())
     most, least = cuda.priority_range()
     runners = [backend.load(mlp(), klass) for klass in (REALTIME, BULK)]
     try:
@@ -319,7 +361,7 @@ def test_each_lane_has_its_own_stream_at_its_priority() -> None:
 @gpu
 def test_the_memory_limit_is_what_the_config_asked() -> None:
     backend = _cuda_backend()
-    plans = backend.reserve(MODELS, [BULK])
+    plans = backend.reserve(MODELS, [BULK], backend.free_bytes())
     runner = backend.load(mlp(), BULK)
     try:
         options = runner._session.get_provider_options()["CUDAExecutionProvider"]

@@ -94,7 +94,7 @@ def test_fake_ort_backend_preloads_the_cuda_libraries_before_its_first_session(
 ) -> None:
     fake_ort(monkeypatch, log)
     backend = onnxruntime_cuda.OnnxRuntimeCuda()
-    backend.reserve([MLP], [REALTIME])
+    backend.reserve([MLP], [REALTIME], backend.free_bytes())
     backend.load(MLP, REALTIME).close()
     assert log.index("preload_dlls") < log.index("session.create")
 
@@ -104,7 +104,7 @@ def test_fake_ort_session_placed_on_the_cpu_stops_start_up_in_one_sentence(
 ) -> None:
     fake_ort(monkeypatch, log, placed="CPUExecutionProvider")
     backend = onnxruntime_cuda.OnnxRuntimeCuda()
-    backend.reserve([MLP], [REALTIME])
+    backend.reserve([MLP], [REALTIME], backend.free_bytes())
     with pytest.raises(BackendError) as refusal:
         backend.load(MLP, REALTIME)
     message = str(refusal.value)
@@ -120,7 +120,7 @@ def test_fake_ort_cuda_graphs_are_captured_at_load_for_every_batch_size(
     ort = fake_ort(monkeypatch, log)
     backend = onnxruntime_cuda.OnnxRuntimeCuda()
     klass = replace(REALTIME, cuda_graph=True)
-    backend.reserve([MLP], [klass])
+    backend.reserve([MLP], [klass], backend.free_bytes())
     backend.load(MLP, klass).close()
     assert ort.captured == {"1", "2"}
 
@@ -130,7 +130,7 @@ def test_fake_ort_close_frees_the_binding_then_the_session_then_the_buffers_then
 ) -> None:
     fake_ort(monkeypatch, log)
     backend = onnxruntime_cuda.OnnxRuntimeCuda()
-    backend.reserve([MLP], [REALTIME])
+    backend.reserve([MLP], [REALTIME], backend.free_bytes())
     runner = backend.load(MLP, REALTIME)
     del log[:]
     runner.close()
@@ -272,7 +272,7 @@ def test_fake_ort_a_runner_given_a_stream_leaves_it_to_its_owner(
     """bench/one_stream.py's ablation puts every lane on one stream, which outlives the runners."""
     fake_ort(monkeypatch, log)
     backend = onnxruntime_cuda.OnnxRuntimeCuda()
-    backend.reserve([MLP], [REALTIME])
+    backend.reserve([MLP], [REALTIME], backend.free_bytes())
     shared = fake_cuda.Stream(0)
     runner = onnxruntime_cuda.OnnxRuntimeCudaRunner(
         backend._ort, MLP, REALTIME, backend.reservation_of(MLP, REALTIME), stream=shared

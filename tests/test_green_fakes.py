@@ -143,7 +143,7 @@ def test_fake_ort_a_class_with_sm_count_computes_on_a_green_stream(monkeypatch: 
     for sm_count in (100, 0):
         klass = ClassConfig("bulk", order=2, sm_count=sm_count)
         backend = onnxruntime_cuda.OnnxRuntimeCuda()
-        backend.reserve([MLP], [klass])
+        backend.reserve([MLP], [klass], backend.free_bytes())
         runner = onnxruntime_cuda.OnnxRuntimeCudaRunner(backend._ort, MLP, klass, backend.reservation_of(MLP, klass))
         runner.close()
     assert [entry for entry in log if entry.startswith(("green", "stream.create"))] == [

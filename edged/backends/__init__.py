@@ -79,10 +79,21 @@ class Backend(Protocol):
 
 @runtime_checkable
 class Reserving(Protocol):
-    """A backend that holds GPU memory per lane (optional): it says how much, by class,
-    before any lane loads, and refuses lanes that would not fit."""
+    """A backend that holds GPU memory per lane (optional): it plans how much, by class,
+    before any lane loads, and refuses lanes that would not fit; the loader measures
+    each lane through `free_bytes` (edged.backends.gpu_memory)."""
 
-    def reserve(self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig]) -> dict[str, LaneReservation]: ...
+    device_name: str
+
+    def free_bytes(self) -> int:
+        """The device's free memory now."""
+        ...
+
+    def reserve(
+        self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig], free_bytes: int
+    ) -> dict[str, LaneReservation]:
+        """Every class's plan; refused whole when together they exceed `free_bytes`."""
+        ...
 
 
 def fixed_rows(backend: Backend) -> bool:

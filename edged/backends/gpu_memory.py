@@ -1,14 +1,19 @@
-"""What each lane reserves on the GPU, worked out before anything is allocated.
+"""What each lane holds on the GPU: planned before anything is allocated, then measured.
 
-Pure arithmetic over the config and the model signatures, so it is tested on
+The plan is arithmetic over the config and the model signatures, so it is tested on
 any machine. Per lane worker and per model, a GPU backend holds:
 - device buffers for every input and output at the class's largest batch;
 - as much pinned host memory, to stage them;
-- the model's weights: ONNX Runtime copies a session's initializers to the
-  device, and sessions do not share them, so each worker has its own copy
-  (estimated as the size of the model file);
-- its memory arena, capped by `gpu_mem_limit`: the lane's `reserved_memory_mb`
-  split evenly between its sessions (0: uncapped, so not counted here).
+- its memory arena, which ONNX Runtime grows as it needs and which holds the
+  session's copy of the weights (sessions do not share them). With the lane's
+  `arena_cap_mb` split between its sessions (`gpu_mem_limit`), the plan counts the
+  cap; uncapped, it counts the weights (the size of the model file) and says that
+  the arena grows past them.
+Nothing is held back by the plan: it is a check, before loading, that the lanes can
+fit. What they really take (arenas grown by warm-up at the largest batch, workspaces,
+CUDA graphs, the runtime's handles) is measured afterwards, lane by lane, as the
+drop in the device's free memory (`cudaMemGetInfo`), and must leave
+`server.gpu_headroom_mb` free (`check_measured`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from edged.models.repository import ModelEntry
 from edged.wire.codec import DTYPES, TensorSpec
 
 MIB = 1024 * 1024
+LOWER = "lower classes.*.arena_cap_mb, max_batch or workers, or serve fewer models"
 
 
 class ReservationError(ValueError):
@@ -37,12 +43,13 @@ class ModelReservation:
     model: str
     sessions: int  # one per worker, and one for the inline path where the class has one
     io_bytes: int  # device buffers per session (the same again is pinned on the host)
-    weights_bytes: int  # per session, estimated
+    weights_bytes: int  # per session, estimated; inside the arena
     arena_limit_bytes: int  # per session; 0: uncapped
 
     @property
     def device_bytes(self) -> int:
-        return self.sessions * (self.io_bytes + self.weights_bytes + self.arena_limit_bytes)
+        # A capped arena holds the weights: the cap is counted, not the weights again.
+        return self.sessions * (self.io_bytes + (self.arena_limit_bytes or self.weights_bytes))
 
     @property
     def pinned_bytes(self) -> int:
@@ -50,7 +57,7 @@ class ModelReservation:
 
     def to_wire(self) -> dict[str, int]:
         return {
-            "device_bytes": self.device_bytes,
+            "planned_bytes": self.device_bytes,
             "pinned_bytes": self.pinned_bytes,
             "io_bytes_per_worker": self.io_bytes,
             "weights_bytes_per_worker": self.weights_bytes,
@@ -64,6 +71,7 @@ class LaneReservation:
     stream_priority: int
     models: tuple[ModelReservation, ...]
     arena_capped: bool
+    measured_bytes: int | None = None  # the drop in free device memory while the lane loaded and warmed
 
     @property
     def device_bytes(self) -> int:
@@ -74,11 +82,21 @@ class LaneReservation:
         return sum(m.pinned_bytes for m in self.models)
 
     def describe(self) -> str:
-        arena = "" if self.arena_capped else "; arenas uncapped (reserved_memory_mb = 0), growing past this"
+        arena = "" if self.arena_capped else " (arenas uncapped: arena_cap_mb = 0)"
+        measured = "" if self.measured_bytes is None else f", measured {mib(self.measured_bytes)}"
         return (
-            f"lane {self.klass}: stream priority {self.stream_priority}, "
-            f"{mib(self.device_bytes)} on the GPU, {mib(self.pinned_bytes)} pinned on the host{arena}"
+            f"lane {self.klass}: stream priority {self.stream_priority}, planned {mib(self.device_bytes)} on the "
+            f"GPU{arena}{measured}, {mib(self.pinned_bytes)} pinned on the host"
         )
+
+    def to_wire(self) -> dict[str, int | bool | None]:
+        return {
+            "stream_priority": self.stream_priority,
+            "planned_bytes": self.device_bytes,
+            "measured_bytes": self.measured_bytes,
+            "pinned_bytes": self.pinned_bytes,
+            "arena_capped": self.arena_capped,
+        }
 
 
 def mib(nbytes: int) -> str:
@@ -112,7 +130,7 @@ def lane_reservation(klass: ClassConfig, models: Sequence[ModelEntry], weights: 
     # The inline path (inline_max_us) loads sessions of its own, for the socket loop.
     per_model = klass.workers + (1 if klass.inline_max_us else 0)
     sessions = per_model * len(models)
-    arena = klass.reserved_memory_mb * MIB // sessions if klass.reserved_memory_mb else 0
+    arena = klass.arena_cap_mb * MIB // sessions if klass.arena_cap_mb else 0
     return LaneReservation(
         klass.name,
         klass.stream_priority,
@@ -134,11 +152,24 @@ def reserve_lanes(
 
 
 def check_fits(lanes: Sequence[LaneReservation], free_bytes: int, device: str) -> None:
-    """Refuse a set of lanes whose reservations exceed the GPU's free memory."""
+    """Refuse a set of lanes whose plans exceed the GPU's free memory."""
     total = sum(lane.device_bytes for lane in lanes)
     if total > free_bytes:
         each = ", ".join(f"{lane.klass} {mib(lane.device_bytes)}" for lane in lanes)
         raise ReservationError(
-            f"the lanes would reserve {mib(total)} of GPU memory ({each}) but {device} has {mib(free_bytes)} free: "
-            "lower classes.*.reserved_memory_mb, max_batch or workers, or serve fewer models"
+            f"the lanes would take {mib(total)} of GPU memory ({each}) but {device} has {mib(free_bytes)} free: {LOWER}"
+        )
+
+
+def check_measured(lanes: Sequence[LaneReservation], free_before: int, headroom_bytes: int, device: str) -> None:
+    """Refuse a set of loaded lanes that left less than `headroom_bytes` of the `free_before`
+    bytes free: what grows after warm-up (an uncapped arena, a reload's lanes) would not fit."""
+    total = sum(lane.measured_bytes or 0 for lane in lanes)
+    left = free_before - total
+    if left < headroom_bytes:
+        each = ", ".join(f"{lane.klass} {mib(lane.measured_bytes or 0)}" for lane in lanes)
+        raise ReservationError(
+            f"loaded and warmed, the lanes took {mib(total)} of GPU memory ({each}), leaving {mib(left)} of "
+            f"the {mib(free_before)} {device} had free, less than server.gpu_headroom_mb = {headroom_bytes // MIB}: "
+            f"{LOWER}, or lower server.gpu_headroom_mb"
         )

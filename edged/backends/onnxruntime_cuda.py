@@ -6,7 +6,7 @@ Per worker and model, at load (never per request):
   on the lane's stream alone; the priority ranks the lane's kernels waiting to start
   against other lanes' (never a kernel already running, and never a copy: stream
   priorities do not apply to memory copies);
-- `gpu_mem_limit`: the lane's `reserved_memory_mb` split between its sessions;
+- `gpu_mem_limit`: the lane's `arena_cap_mb` split between its sessions;
 - device buffers for every input and output at the class's largest batch, bound
   with I/O binding, and pinned host buffers to stage them;
 - with `cuda_graph = true`, one CUDA graph per batch size (ONNX Runtime's
@@ -231,12 +231,17 @@ class OnnxRuntimeCuda:
         self._ort = ort
         cuda.set_device(DEVICE)
         self.device = cuda.device_info(DEVICE)
+        self.device_name = self.device.name
         self._plans: dict[str, LaneReservation] = {}
 
-    def reserve(self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig]) -> dict[str, LaneReservation]:
-        """Work out every lane's reservation and refuse if together they exceed the free memory."""
-        free, _ = cuda.memory_info()
-        self._plans = reserve_lanes(models, classes, free, self.device.name)
+    def free_bytes(self) -> int:
+        return cuda.memory_info()[0]
+
+    def reserve(
+        self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig], free_bytes: int
+    ) -> dict[str, LaneReservation]:
+        """Plan every lane's memory and refuse if together the plans exceed `free_bytes`."""
+        self._plans = reserve_lanes(models, classes, free_bytes, self.device_name)
         return self._plans
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCudaRunner:

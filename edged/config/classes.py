@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from edged.config.settings import expect, no_unknown, read_int
+from edged.config.settings import ConfigError, expect, no_unknown, read_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,9 @@ class ClassConfig:
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
     stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
     sm_count: int = 0  # GPU backends: run the lane's kernels in a green context of this many SMs; 0: all
-    reserved_memory_mb: int = 0  # GPU memory reserved for the lane; 0: what the model needs
+    # GPU backends: ONNX Runtime's memory arena cap for the lane, split between its
+    # sessions (gpu_mem_limit); 0: uncapped. A cap, not a reservation: arenas grow lazily.
+    arena_cap_mb: int = 0
     cuda_graph: bool = False  # GPU backends: replay a captured CUDA graph per batch size (fixed shapes only)
     stuck_after_ms: int = 10_000  # a backend call open this long is answered INTERNAL and its worker replaced; 0: never
     # Precedence (edged.serve.precedence). A class that yields starts no backend call
@@ -149,12 +151,18 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         expect(isinstance(settings, dict), f"classes.{name}", settings, "a table")
         base = defaults.get(name, ClassConfig(name, order=len(classes)))
         known = {f.name for f in fields(ClassConfig)} - {"name"}
+        if "reserved_memory_mb" in settings:
+            raise ConfigError(
+                f"{prefix}reserved_memory_mb is now {prefix}arena_cap_mb: it caps ONNX Runtime's memory arena, "
+                "which grows as it needs, and reserves nothing (what each lane takes is measured at start-up "
+                "and shown by stats); rename the key"
+            )
         no_unknown(settings, known, prefix)
         values: dict[str, Any] = {}
         for key in ("order", "workers", "max_batch", "queue_capacity"):
             minimum = 0 if key == "order" else 1
             values[key] = read_int(settings, key, getattr(base, key), prefix, minimum)
-        for key in ("batch_wait_us", "inline_max_us", "threads", "reserved_memory_mb", "stuck_after_ms", "sm_count"):
+        for key in ("batch_wait_us", "inline_max_us", "threads", "arena_cap_mb", "stuck_after_ms", "sm_count"):
             values[key] = read_int(settings, key, getattr(base, key), prefix, 0)
         values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)

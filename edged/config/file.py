@@ -52,6 +52,8 @@ class Config:
     log_level: str = "info"
     models: tuple[str, ...] = ()  # names to serve; empty: every model in the repository
     on_model_failure: str = "stop"  # "stop": start-up fails; "skip": serve the other models
+    # GPU backends: device memory that must stay free once every lane has loaded and warmed.
+    gpu_headroom_mb: int = 256
     limits: Limits = field(default_factory=Limits)
     max_message_bytes: int = 64 * 1024 * 1024
     ipc_mode: int = 0o660  # of every ipc socket file: owner and group may connect
@@ -119,6 +121,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
             "ipc_mode",
             "ipc_group",
             "on_model_failure",
+            "gpu_headroom_mb",
         },
         "server.",
     )
@@ -177,6 +180,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         log_level=log_level,
         models=tuple(models),
         on_model_failure=on_model_failure,
+        gpu_headroom_mb=read_int(server, "gpu_headroom_mb", 256, "server.", 0),
         limits=_limits(subtable(raw, "limits")),
         max_message_bytes=read_positive_int(server, "max_message_bytes", 64 * 1024 * 1024, "server."),
         ipc_mode=_ipc_mode(server.get("ipc_mode", 0o660)),

@@ -130,19 +130,17 @@ class Dispatcher:
         figures = lane.stats.snapshot(lane.backlog.depth)
         reservation = self.reservations.get(name)
         if reservation is not None:
-            figures["gpu"] = {
-                "stream_priority": reservation.stream_priority,
-                "reserved_bytes": reservation.device_bytes,
-                "pinned_bytes": reservation.pinned_bytes,
-                "arena_capped": reservation.arena_capped,
-            }
+            figures["gpu"] = reservation.to_wire()
         return figures
 
     def _model_wire(self, model: ModelEntry) -> dict[str, Any]:
         wire = model.to_wire()
         if self.reservations:
-            wire["reserved"] = {
-                klass: next(m.to_wire() for m in reservation.models if m.model == model.name)
+            wire["gpu_memory"] = {
+                klass: {
+                    **next(m.to_wire() for m in reservation.models if m.model == model.name),
+                    "lane_measured_bytes": reservation.measured_bytes,
+                }
                 for klass, reservation in self.reservations.items()
             }
         return wire

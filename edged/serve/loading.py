@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edged.backends import VARIANTS_OF, Backend, Reserving, backend_named, fixed_rows
-from edged.backends.gpu_memory import LaneReservation
+from edged.backends.gpu_memory import MIB, LaneReservation, check_measured
 from edged.config import Config
 from edged.models.repository import ModelEntry, RepositoryError, discover
 from edged.models.warmup import ModelFailure, one_size_warning
@@ -71,9 +71,11 @@ def load(read_config: Callable[[], Config], stats: dict[str, ClassStats], reply:
 def _start_lanes(
     config: Config, models: list[ModelEntry], backend: Backend, stats: dict[str, ClassStats], reply: ReplyFn
 ) -> tuple[dict[str, LaneReservation], dict[str, Lane]]:
-    """Reserve and start a lane per class, each loaded and warm; all or none."""
+    """Plan, start and measure a lane per class, each loaded and warm; all or none."""
+    reserving = isinstance(backend, Reserving)
+    free_before = backend.free_bytes() if reserving else 0
     # Checked before any lane allocates: a set of lanes that cannot fit is refused whole.
-    reservations = backend.reserve(models, config.classes) if isinstance(backend, Reserving) else {}
+    reservations = backend.reserve(models, config.classes, free_before) if reserving else {}
     for reservation in reservations.values():
         log.info("%s", reservation.describe())
     lanes: dict[str, Lane] = {}
@@ -81,9 +83,19 @@ def _start_lanes(
     precedence = Precedence()
     try:
         for klass in config.classes:
+            free = backend.free_bytes() if reserving else 0
             lane = Lane(klass, models, backend, reply, stats.get(klass.name), precedence)
             lanes[klass.name] = lane
             lane.start()
+            if reserving:
+                # One lane at a time, so the drop in free memory is this lane's (on a reload
+                # the serving lanes' arenas, grown at their own warm-up, rarely move).
+                measured = replace(reservations[klass.name], measured_bytes=free - backend.free_bytes())
+                reservations[klass.name] = measured
+                log.info("%s", measured.describe())
+        if reserving:
+            headroom = config.gpu_headroom_mb * MIB
+            check_measured(list(reservations.values()), free_before, headroom, backend.device_name)
     except BaseException:
         for lane in lanes.values():
             lane.stop(timeout_s=1.0)
