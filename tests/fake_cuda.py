@@ -6,6 +6,7 @@ Tests that use them say "fake" in their names; nothing here shows that a GPU wor
 
 from __future__ import annotations
 
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -117,7 +118,12 @@ class _Session:
         if graph_id is not None:
             runs = self._ort.runs[graph_id] = self._ort.runs.get(graph_id, 0) + 1
             if runs == self._ort.regular_runs + 1:
+                self._ort.log.append("ort.capture.begin")
+                time.sleep(self._ort.capture_s)  # another thread's CUDA call now would break it
                 self._ort.captured.add(graph_id)
+                self._ort.log.append("ort.capture.end")
+                return
+        self._ort.log.append("ort.run")
 
     def __del__(self) -> None:
         self._ort.log.append("session.freed")
@@ -126,9 +132,9 @@ class _Session:
 class FakeOrt(types.ModuleType):
     """Stands in for onnxruntime(-gpu): its sessions land on `placed`."""
 
-    def __init__(self, log: list[str], placed: str = PROVIDER, regular_runs: int = 2) -> None:
+    def __init__(self, log: list[str], placed: str = PROVIDER, regular_runs: int = 2, capture_s: float = 0) -> None:
         super().__init__("onnxruntime")
-        self.log, self.placed, self.regular_runs = log, placed, regular_runs
+        self.log, self.placed, self.regular_runs, self.capture_s = log, placed, regular_runs, capture_s
         self.runs: dict[str, int] = {}
         self.captured: set[str] = set()
 

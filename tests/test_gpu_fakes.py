@@ -7,16 +7,19 @@ the real libraries behave as the fakes do.
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from dataclasses import replace
 from importlib import metadata
 from types import SimpleNamespace
 
 import pytest
 from fake_cuda import PROVIDER, FakeCuda, FakeOrt, FakeTrt
-from support import ENGINES
+from support import ENGINES, wait_for
 
 from edged.backends import BackendError, onnxruntime_cuda, tensorrt
 from edged.backends import cuda as cuda_layer
+from edged.backends.capture_gate import CaptureGate
 from edged.config import ClassConfig
 from edged.models.repository import discover
 
@@ -123,6 +126,67 @@ def test_fake_ort_cuda_graphs_are_captured_at_load_for_every_batch_size(
     backend.reserve([MLP], [klass], backend.free_bytes())
     backend.load(MLP, klass).close()
     assert ort.captured == {"1", "2"}
+
+
+def test_fake_ort_no_other_runner_runs_while_one_captures_and_both_go_on(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    """ONNX Runtime captures in global mode, where another thread's CUDA call breaks the
+    capture: as on a reload, one lane serves while another lane with cuda_graph loads."""
+    fake_ort(monkeypatch, log, capture_s=0.05)
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    graphs = replace(REALTIME, name="graphs", cuda_graph=True)
+    backend.reserve([MLP], [REALTIME, graphs], backend.free_bytes())
+    serving = backend.load(MLP, REALTIME)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            serving.run(MLP.signature.zeros(1), MLP.signature.output_names)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        wait_for(lambda: log.count("ort.run") >= 10, 10, "the serving lane runs")
+        backend.load(MLP, graphs).close()
+        served_before_end = log.count("ort.run")
+        wait_for(lambda: log.count("ort.run") > served_before_end, 10, "the serving lane runs after the captures")
+    finally:
+        stop.set()
+        thread.join()
+    during, capturing = [], False
+    for entry in list(log):
+        if entry in ("ort.capture.begin", "ort.capture.end"):
+            capturing = entry == "ort.capture.begin"
+        elif capturing:
+            during.append(entry)
+    assert log.count("ort.capture.begin") == 2  # a graph per batch size, max_batch 2
+    assert during == []
+
+
+def test_capture_gate_waits_for_work_in_flight_and_holds_new_work_until_the_capture_ends() -> None:
+    gate, order = CaptureGate(), []
+    gate.enter()  # a run in flight
+
+    def capture() -> None:
+        with gate.exclusive():
+            order.append("capture")
+
+    def run() -> None:
+        with gate.shared():
+            order.append("run")
+
+    capturer = threading.Thread(target=capture)
+    capturer.start()
+    wait_for(lambda: gate._waiting == 1, 5, "the capture waits")
+    runner = threading.Thread(target=run)
+    runner.start()  # arrives while a capture waits: goes after it
+    time.sleep(0.05)
+    assert order == []
+    gate.leave()
+    capturer.join(5)
+    runner.join(5)
+    assert order == ["capture", "run"]
 
 
 def test_fake_ort_close_frees_the_binding_then_the_session_then_the_buffers_then_the_stream(

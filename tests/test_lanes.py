@@ -7,7 +7,6 @@ run, and the gate is how a test orders events without racing a clock.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 import time
@@ -262,42 +261,6 @@ def test_the_inline_runners_warm_on_the_loop_thread_and_never_capture_a_graph_th
     assert all(loop not in r.threads for r in workers)
     assert loop in inline["mlp-light"].threads
     assert loop not in inline["cnn-heavy"].threads  # priced over inline_max_us: it never runs on the loop
-
-
-class OverlapRecordingBackend:
-    """The real ONNX Runtime backend, whose loads each take a while and record when they
-    ran: stands in for a GPU backend that captures CUDA graphs while it loads."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[float, float]] = []
-        self._real = OnnxRuntimeCpu()
-        self._lock = threading.Lock()
-
-    def load(self, model: ModelEntry, lane: ClassConfig):
-        start = time.monotonic()
-        time.sleep(0.2)  # a capture's worth of time: loads started together overlap by far
-        runner = self._real.load(model, lane)
-        with self._lock:
-            self.spans.append((start, time.monotonic()))
-        return runner
-
-
-def overlapping(spans: list[tuple[float, float]]) -> bool:
-    spans = sorted(spans)
-    return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
-
-
-@pytest.mark.parametrize("cuda_graph", [True, False])
-def test_workers_of_a_capturing_lane_load_one_at_a_time_overlap_recording_backend(models, cuda_graph):
-    """With cuda_graph, no two workers load (and capture) at once; without it they load
-    side by side, as start-up always did."""
-    backend = OverlapRecordingBackend()
-    klass = ClassConfig("standard", order=0, workers=3, cuda_graph=cuda_graph)
-    lane = Lane(klass, [models["mlp-light"]], backend, lambda route, frames: None)
-    lane.start()
-    lane.stop(2.0)
-    assert len(backend.spans) == 3
-    assert overlapping(backend.spans) is not cuda_graph
 
 
 def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_its_answer(models):

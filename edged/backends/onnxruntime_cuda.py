@@ -10,7 +10,8 @@ Per worker and model, at load (never per request):
 - device buffers for every input and output at the class's largest batch, bound
   with I/O binding, and pinned host buffers to stage them;
 - with `cuda_graph = true`, one CUDA graph per batch size (ONNX Runtime's
-  `gpu_graph_id` run option), each captured here, at load (see CAPTURE_RUNS).
+  `gpu_graph_id` run option), each captured here, at load (see CAPTURE_RUNS), alone
+  in the process (edged.backends.capture_gate).
 
 Weights are not shared between lanes: ONNX Runtime copies each session's
 initializers to the device. `SessionOptions.add_initializer` can share a host
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends import BackendError, CallStop, cuda, green
+from edged.backends.capture_gate import CAPTURE_GATE
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, reserve_lanes
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
@@ -67,38 +69,46 @@ class OnnxRuntimeCudaRunner:
         self._binding: Any = None
         self._run_options: dict[int, Any] = {}
         self._owns_stream = stream is None
-        self.stream = lane_stream(lane) if stream is None else stream
+        self.stream = stream
         try:
-            self._session = ort.InferenceSession(
-                str(model.variant.path), self._options(), providers=[(PROVIDER, self._provider(lane, reservation))]
-            )
-            placed = self._session.get_providers()[0]
-            if placed != PROVIDER:
-                # ONNX Runtime falls back to the CPU without raising when the CUDA provider cannot load.
-                raise BackendError(
-                    f"{model.name}: ONNX Runtime put the session on {placed}, not {PROVIDER}, so its CUDA provider "
-                    "did not load (cuDNN or cuBLAS not found: python -c 'import onnxruntime as o; o.preload_dlls(); "
-                    "o.print_debug_info()' shows what it finds)"
-                )
-            for spec in self._specs.values():
-                nbytes = int(np.prod(fixed_shape(model, spec, self._max_rows), dtype=np.int64))
-                self._staged[spec.name] = cuda.Staged(DTYPES[spec.dtype], nbytes * DTYPES[spec.dtype].itemsize)
-            self._inputs = [spec.name for spec in model.signature.inputs]
-            self._outputs = [spec.name for spec in model.signature.outputs]
-            self._binding = self._session.io_binding()
-            for rows in range(1, self._max_rows + 1):
-                self._run_options[rows] = ort.RunOptions()
-                if lane.cuda_graph:
-                    # 0 is reserved by ONNX Runtime; one graph per batch size, each id >= 1.
-                    self._run_options[rows].add_run_config_entry("gpu_graph_id", str(rows))
+            with CAPTURE_GATE.shared():
+                if self.stream is None:
+                    self.stream = lane_stream(lane)
+                self._create(ort, model, lane, reservation)
             if lane.cuda_graph:
                 # So that no request pays for a capture, nor runs before its size's graph exists.
                 for rows in range(1, self._max_rows + 1):
-                    for _ in range(CAPTURE_RUNS):
-                        self.run(self._signature.zeros(rows), self._outputs)
+                    with CAPTURE_GATE.exclusive():  # one size at a time: other lanes serve in between
+                        for _ in range(CAPTURE_RUNS):
+                            self._run(self._signature.zeros(rows), self._outputs, None)
         except BaseException:
             self.close()
             raise
+
+    def _create(self, ort: Any, model: ModelEntry, lane: ClassConfig, reservation: ModelReservation) -> None:
+        """The session, its buffers and binding, and a run option per batch size."""
+        self._session = ort.InferenceSession(
+            str(model.variant.path), self._options(), providers=[(PROVIDER, self._provider(lane, reservation))]
+        )
+        placed = self._session.get_providers()[0]
+        if placed != PROVIDER:
+            # ONNX Runtime falls back to the CPU without raising when the CUDA provider cannot load.
+            raise BackendError(
+                f"{model.name}: ONNX Runtime put the session on {placed}, not {PROVIDER}, so its CUDA provider "
+                "did not load (cuDNN or cuBLAS not found: python -c 'import onnxruntime as o; o.preload_dlls(); "
+                "o.print_debug_info()' shows what it finds)"
+            )
+        for spec in self._specs.values():
+            nbytes = int(np.prod(fixed_shape(model, spec, self._max_rows), dtype=np.int64))
+            self._staged[spec.name] = cuda.Staged(DTYPES[spec.dtype], nbytes * DTYPES[spec.dtype].itemsize)
+        self._inputs = [spec.name for spec in model.signature.inputs]
+        self._outputs = [spec.name for spec in model.signature.outputs]
+        self._binding = self._session.io_binding()
+        for rows in range(1, self._max_rows + 1):
+            self._run_options[rows] = ort.RunOptions()
+            if lane.cuda_graph:
+                # 0 is reserved by ONNX Runtime; one graph per batch size, each id >= 1.
+                self._run_options[rows].add_run_config_entry("gpu_graph_id", str(rows))
 
     @property
     def providers(self) -> list[str]:
@@ -106,6 +116,15 @@ class OnnxRuntimeCudaRunner:
 
     def run(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
+    ) -> list[np.ndarray]:
+        CAPTURE_GATE.enter()
+        try:
+            return self._run(inputs, output_names, stop)
+        finally:
+            CAPTURE_GATE.leave()
+
+    def _run(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None
     ) -> list[np.ndarray]:
         rows = self._signature.rows(inputs)
         if rows > self._max_rows:
@@ -128,6 +147,10 @@ class OnnxRuntimeCudaRunner:
     def close(self) -> None:
         """Free in the reverse order of use: the session (and its CUDA graphs) launches work
         on the stream into the buffers, and the binding holds a reference to the session."""
+        with CAPTURE_GATE.shared():
+            self._free()
+
+    def _free(self) -> None:
         if self._binding is not None:
             self._binding.clear_binding_inputs()
             self._binding.clear_binding_outputs()
@@ -137,7 +160,7 @@ class OnnxRuntimeCudaRunner:
         for staged in self._staged.values():
             staged.close()
         self._staged.clear()
-        if self._owns_stream:
+        if self._owns_stream and self.stream is not None:
             self.stream.close()
 
     # --- load-time steps -------------------------------------------------------

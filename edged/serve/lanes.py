@@ -33,10 +33,6 @@ from edged.wire.codec import Request, Status
 log = logging.getLogger("edged.lanes")
 
 REMEASURE_EVERY_NS = 1_000_000_000
-# Held while a lane that captures CUDA graphs loads and warms a worker: ONNX Runtime
-# captures in global mode, during which another thread's allocation breaks the capture.
-# Process-wide, so a replacement worker or a reload's lanes wait for a capture too.
-_CAPTURING = threading.Lock()
 PRICED_PAST_MEASURED = (
     "priced past the largest input measured on this lane; a warm-up sample of this size in the model's manifest "
     "measures it"
@@ -260,11 +256,7 @@ class Lane:
     def _work(self, worker: Worker, ready: threading.Barrier | None) -> None:
         """A worker's life; `ready` is start-up's barrier, None for a replacement."""
         try:
-            if self.klass.cuda_graph:
-                with _CAPTURING:
-                    worker.load()
-            else:
-                worker.load()
+            worker.load()
         except BaseException as exc:
             worker.error = exc  # reported by start(), on the caller's thread
             if ready is None:
