@@ -71,7 +71,8 @@ def test_fake_metadata_onnxruntime_and_onnxruntime_gpu_both_installed_stop_start
         onnxruntime_cuda.OnnxRuntimeCuda()
     message = str(refusal.value)
     assert "onnxruntime 1.31.1 and onnxruntime-gpu 1.31.1 are both installed" in message
-    assert message.endswith(onnxruntime_cuda.GPU_INSTALL) and "pip uninstall -y onnxruntime &&" in message
+    assert message.endswith(onnxruntime_cuda.GPU_INSTALL)
+    assert "pip uninstall -y onnxruntime onnxruntime-gpu &&" in message
 
 
 def test_fake_metadata_onnxruntime_gpu_alone_is_accepted(

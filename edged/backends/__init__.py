@@ -34,6 +34,14 @@ class BackendError(RuntimeError):
     """A backend that cannot be used here; the message says why and how to fix it."""
 
 
+# ONNX Runtime is an extra (its CPU and GPU builds must not be installed together): what
+# a command that needs it says where neither is installed.
+NO_RUNTIME = (
+    "ONNX Runtime, which is not installed: pip install 'edged[cpu]' for the CPU default, or 'edged[gpu]' "
+    "on a GPU box (from a checkout: pip install -e '.[cpu]')"
+)
+
+
 class CallStop:
     """A handle on one backend call that another thread may cancel.
 
@@ -109,5 +117,11 @@ def backend_named(name: str, fallback: str | None = None) -> Backend:
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r} (server.backend): choose one of {', '.join(BACKENDS)}")
     module_name, class_name = BACKENDS[name].split(":")
-    backend = getattr(importlib.import_module(module_name), class_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnxruntime":
+            raise
+        raise BackendError(f"server.backend = {name!r} needs {NO_RUNTIME}") from None
+    backend = getattr(module, class_name)
     return backend(fallback) if fallback else backend()

@@ -200,12 +200,9 @@ class OnnxRuntimeCudaRunner:
         self._bound_rows = rows
 
 
-# edged depends on onnxruntime, so that `pip install -e .` gives the CPU default; on a
-# GPU box onnxruntime-gpu replaces it, and the CPU build must then be taken out.
-GPU_INSTALL = (
-    "pip install -e '.[gpu]' && pip uninstall -y onnxruntime && "
-    "pip install --force-reinstall --no-deps 'onnxruntime-gpu>=1.20'"
-)
+# Both builds in one environment (an install of the `cpu` extra, then the `gpu` one): take
+# both out, since each removes files of the other, and put the GPU build back alone.
+GPU_INSTALL = "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'onnxruntime-gpu>=1.20'"
 
 
 def runtime_conflict() -> str | None:

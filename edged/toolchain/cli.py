@@ -110,6 +110,18 @@ def _engine(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run a build step; a step that cannot run here says why in one line and exits 1."""
+    try:
+        return _run(args)
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnxruntime":
+            raise
+        from edged.backends import NO_RUNTIME
+
+        print(f"edged build {args.step}: needs {NO_RUNTIME}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     from edged.models.repository import RepositoryError
     from edged.toolchain.calibration import CalibrationError
     from edged.toolchain.convert import ConvertError
