@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,13 @@ from typing import Any
 from edged.models.engines import FP8_MIN_CC, EngineRecord, ShapeRange
 from edged.models.manifest import ModelFolder
 from edged.models.repository import sha256_of
+from edged.toolchain import Progress
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 BUILD_HINT = (
     "TensorRT's builder is not installed: `pip install tensorrt` "
     "(from NVIDIA's own package index, which must be reachable), on a machine with an NVIDIA GPU"
 )
-Progress = Callable[[str], None]
 
 
 class EngineBuildError(RuntimeError):

@@ -17,7 +17,7 @@ Two quantizers:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import onnxruntime as ort
 
 from edged.models.manifest import ModelFolder
 from edged.models.repository import sha256_of
+from edged.toolchain import Progress
 from edged.toolchain.calibration import Samples, held_out, load_calibration, standard_normal
 
 PRECISIONS = ("int8", "fp8")
@@ -35,7 +36,6 @@ MODELOPT_HINT = (
     "NVIDIA ModelOpt is not installed: `pip install 'nvidia-modelopt[onnx]'` on a build box "
     "(a large install that replaces onnxruntime with onnxruntime-gpu), or use --quantizer onnxruntime"
 )
-Progress = Callable[[str], None]
 
 
 class QuantizeError(RuntimeError):
