@@ -36,8 +36,19 @@ class FakeDriver(types.ModuleType):
         self.log.append(name)
         return (999, *(None for _ in values)) if name == self.fail else (0, *values)
 
-    def cuGetErrorString(self, status: int) -> tuple[int, bytes]:
+    def cuGetErrorName(self, status: int) -> tuple[int, bytes]:
         return 0, b"CUDA_ERROR_NOT_SUPPORTED"
+
+    def cuGetErrorString(self, status: int) -> tuple[int, bytes]:
+        return 0, b"operation not supported"
+
+    # Stream memory operations (edged.backends.cuda.Stream.wait_value32).
+    CUstreamWaitValue_flags = types.SimpleNamespace(CU_STREAM_WAIT_VALUE_GEQ=0)
+    CUdeviceptr = int
+
+    def cuStreamWaitValue32(self, stream: int, address: int, value: int, flags: int) -> tuple[Any, ...]:
+        self.log.append(f"cuStreamWaitValue32 {stream:#x} {address:#x} {value} {flags}")
+        return self._call("cuStreamWaitValue32")
 
     def cuDeviceGet(self, ordinal: int) -> tuple[Any, ...]:
         return self._call("cuDeviceGet", f"dev{ordinal}")
@@ -117,6 +128,20 @@ def test_fake_driver_a_failed_stream_destroys_the_context_and_names_the_call(
     with pytest.raises(cuda.CudaError, match="cuGreenCtxStreamCreate failed: CUDA_ERROR_NOT_SUPPORTED"):
         green.green_stream(64, 0)
     assert log[-1] == "cuGreenCtxDestroy"
+
+
+def test_fake_driver_wait_value32_holds_the_stream_until_the_word_is_at_least_the_value(
+    monkeypatch: pytest.MonkeyPatch, log
+) -> None:
+    """Argument order (stream, address, value, flags) and the GEQ flag as cuda-bindings 13.5.0's
+    cuStreamWaitValue32 documents them; an unsupported device's status names the call and the error."""
+    fake_bindings(monkeypatch, log)
+    stream = cuda.Stream.adopt(0x5EED, 0, lambda: None)
+    stream.wait_value32(0xF1A6, 1)
+    assert log == ["cuStreamWaitValue32 0x5eed 0xf1a6 1 0", "cuStreamWaitValue32"]
+    fake_bindings(monkeypatch, log, fail="cuStreamWaitValue32")
+    with pytest.raises(cuda.CudaError, match="cuStreamWaitValue32 failed: CUDA_ERROR_NOT_SUPPORTED: operation not"):
+        stream.wait_value32(0xF1A6, 1)
 
 
 def test_fake_driver_more_sms_than_the_device_has_is_refused_in_one_sentence(

@@ -46,6 +46,33 @@ def _check(call: str, result: tuple[Any, ...]) -> Any:
     return values[0] if len(values) == 1 else tuple(values)
 
 
+def _driver() -> Any:
+    """cuda-python's driver API (`cuda.bindings.driver`), for what the runtime API lacks
+    (green contexts, stream memory operations); it runs in the runtime's primary context."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        raise CudaError(f"cuda-python (cuda.bindings) is not installed: {INSTALL_HINT}") from None
+    return driver
+
+
+def _check_driver(call: str, result: tuple[Any, ...]) -> Any:
+    """Unpack a driver API result tuple (status, *values) as `_check` does a runtime one."""
+    driver = _driver()
+    status, *values = result
+    if status != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(status)
+        _, text = driver.cuGetErrorString(status)
+        raise CudaError(f"{call} failed: {_text(name, status)}: {_text(text, status)}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _text(value: Any, status: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or status)
+
+
 def cuda_available() -> str | None:
     """Why CUDA cannot be used here, or None when a device answers.
 
@@ -156,6 +183,18 @@ class Stream:
 
     def synchronize(self) -> None:
         _check("cudaStreamSynchronize", _runtime().cudaStreamSynchronize(self.handle))
+
+    def wait_value32(self, device_pointer: int, value: int) -> None:
+        """Hold everything enqueued on this stream after this call until the 32-bit word at
+        `device_pointer` is at least `value` (cuStreamWaitValue32, CU_STREAM_WAIT_VALUE_GEQ):
+        for checks that prove work ran on this stream (bench/gpu_checks.py), never for serving.
+        The word is typically mapped pinned host memory, set from the host to release."""
+        driver = _driver()
+        geq = int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        _check_driver(
+            "cuStreamWaitValue32",
+            driver.cuStreamWaitValue32(self.handle, driver.CUdeviceptr(device_pointer), value, geq),
+        )
 
     def capture(self, enqueue: Callable[[], None]) -> Graph:
         """What `enqueue` puts on this stream, captured into an instantiated CUDA graph.

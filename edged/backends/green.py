@@ -24,55 +24,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from edged.backends.cuda import INSTALL_HINT, CudaError, Stream
+from edged.backends.cuda import CudaError, Stream
+from edged.backends.cuda import _check_driver as _check
+from edged.backends.cuda import _driver as _any_driver
 
 
 def _driver() -> Any:
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        raise CudaError(f"cuda-python (cuda.bindings) is not installed: {INSTALL_HINT}") from None
+    driver = _any_driver()
     if not hasattr(driver, "cuGreenCtxCreate"):
         raise CudaError("classes.*.sm_count needs green contexts (CUDA 12.4 or newer in cuda-python and the driver)")
     return driver
-
-
-def _check(driver: Any, call: str, result: Any) -> Any:
-    """Unpack a driver result (status, *values), raising on a failed status."""
-    status, *values = result
-    if status != driver.CUresult.CUDA_SUCCESS:
-        _, text = driver.cuGetErrorString(status)
-        raise CudaError(f"{call} failed: {text.decode() if text else status}")
-    return values[0] if len(values) == 1 else tuple(values)
 
 
 def green_stream(sm_count: int, priority: int, device: int = 0) -> Stream:
     """A non-blocking stream, at `priority`, of a new green context holding at least
     `sm_count` SMs; closing the stream destroys the context."""
     driver = _driver()
-    dev = _check(driver, "cuDeviceGet", driver.cuDeviceGet(device))
+    dev = _check("cuDeviceGet", driver.cuDeviceGet(device))
     sm_type = driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
-    every_sm = _check(driver, "cuDeviceGetDevResource", driver.cuDeviceGetDevResource(dev, sm_type))
+    every_sm = _check("cuDeviceGetDevResource", driver.cuDeviceGetDevResource(dev, sm_type))
     if sm_count > every_sm.sm.smCount:
         raise CudaError(f"sm_count {sm_count} is more than the {every_sm.sm.smCount} SMs of device {device}")
     groups, created, _rest = _check(
-        driver, "cuDevSmResourceSplitByCount", driver.cuDevSmResourceSplitByCount(1, every_sm, 0, sm_count)
+        "cuDevSmResourceSplitByCount", driver.cuDevSmResourceSplitByCount(1, every_sm, 0, sm_count)
     )
     if not created:
         raise CudaError(f"device {device} cannot give a partition of {sm_count} SMs")
-    desc = _check(driver, "cuDevResourceGenerateDesc", driver.cuDevResourceGenerateDesc([groups[0]], 1))
+    desc = _check("cuDevResourceGenerateDesc", driver.cuDevResourceGenerateDesc([groups[0]], 1))
     flags = driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
-    context = _check(driver, "cuGreenCtxCreate", driver.cuGreenCtxCreate(desc, dev, flags))
+    context = _check("cuGreenCtxCreate", driver.cuGreenCtxCreate(desc, dev, flags))
     try:
         non_blocking = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
-        handle = _check(
-            driver, "cuGreenCtxStreamCreate", driver.cuGreenCtxStreamCreate(context, non_blocking, priority)
-        )
+        handle = _check("cuGreenCtxStreamCreate", driver.cuGreenCtxStreamCreate(context, non_blocking, priority))
     except BaseException:
         driver.cuGreenCtxDestroy(context)
         raise
 
     def destroy() -> None:
-        _check(driver, "cuGreenCtxDestroy", driver.cuGreenCtxDestroy(context))
+        _check("cuGreenCtxDestroy", driver.cuGreenCtxDestroy(context))
 
     return Stream.adopt(handle, priority, destroy)
