@@ -34,6 +34,7 @@ from edged.backends.gpu_memory import (
     lane_reservation,
     reserve_lanes,
 )
+from edged.backends.tf32 import tf32_atol
 from edged.client import Client, InvalidArgument
 from edged.config import ClassConfig, ConfigError, parse_config
 from edged.models.repository import ModelEntry, Variant, discover
@@ -125,25 +126,9 @@ def test_a_priority_outside_the_device_range_is_clamped() -> None:
     assert clamp_priority(-2, -5, 0) == -2
 
 
-# --- the accuracy bound on a GPU: TF32 ----------------------------------------------
-# ONNX Runtime's CUDA provider (use_tf32, on by default) computes convolutions and
-# matrix products in TF32 on Ampere and newer: each operand keeps 10 of float32's 23
-# mantissa bits, so it is off by up to 2**-11 of itself and each product by up to
-# 2**-10. A layer's error is at most that share of the sum of |products|, which with
-# activations of mixed sign is of the order of the layer's outputs; we allow 4 times
-# that per layer (cuDNN's choice of algorithm reorders the sums too), added over the
-# model's layers, relative to the largest output magnitude: mlp-light (3 layers) 1.2%,
-# cnn-heavy (6) 2.3%. (The former fixed rtol = atol = 2e-3 fails the emulation below
-# once mlp-light's outputs reach ~100; its largest error there is ~6% of this bound.)
-
-TF32_PER_LAYER = 4 * 2**-10
-LAYERS = ("Conv", "Gemm", "MatMul")
-
-
-def tf32_atol(model: ModelEntry, expected: np.ndarray) -> float:
-    """The absolute error TF32 may bring to `expected`, an output of `model`."""
-    layers = sum(node.op_type in LAYERS for node in onnx.load(model.variant.path).graph.node)
-    return layers * TF32_PER_LAYER * float(np.abs(expected).max())
+# --- the accuracy bound on a GPU: TF32 (edged.backends.tf32 says how it is derived) ----
+# (The former fixed rtol = atol = 2e-3 fails the emulation below once mlp-light's
+# outputs reach ~100; its largest error there is ~6% of this bound.)
 
 
 def as_tf32(array: np.ndarray) -> np.ndarray:
