@@ -1,0 +1,167 @@
+"""bench/gpu_checks.py memory: a daemon serves with the card full (see there). NOT YET RUN."""
+
+from __future__ import annotations
+
+import tempfile
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpu_checks import MIB, ROOT, CpuReference, random_inputs, worst, write
+
+from edged.backends.cuda import CudaError
+from edged.config import ClassConfig, parse_config
+from edged.models.repository import discover
+
+LEAVE_FREE = 64 * MIB  # what the filler leaves of the card
+
+
+def memory_configs() -> dict[str, str]:
+    """The daemon configs of the memory check, by name. A config that names classes
+    defines them all, so the cuda_graph one names the three built-in classes."""
+    server = f'[server]\nbackend = "onnxruntime-cuda"\nmodel_repository = "{ROOT / "engines"}"\n'
+    graphs = "[classes.realtime]\ncuda_graph = true\n[classes.standard]\n[classes.bulk]\n"
+    return {"default classes": server, "realtime cuda_graph": server + graphs}
+
+
+def fill(
+    alloc: Callable[[int], Any | None],
+    free_bytes: Callable[[], int],
+    leave_bytes: int,
+    largest: int = 256 * MIB,
+    smallest: int = MIB,
+) -> list[tuple[Any, int]]:
+    """Allocate chunks, `largest` first, until less than `leave_bytes` plus one chunk of
+    `smallest` is free: a chunk that fails, or would leave less than `leave_bytes`, halves
+    the size. `alloc` returns a handle or None; returns [(handle, size)]."""
+    chunks: list[tuple[Any, int]] = []
+    size, budget = largest, free_bytes()
+    while size >= smallest and sum(s for _, s in chunks) < budget:
+        handle = alloc(size) if free_bytes() - size >= leave_bytes else None
+        if handle is None:
+            size //= 2
+        else:
+            chunks.append((handle, size))
+    return chunks
+
+
+def format_memory_table(lanes: list[dict[str, Any]]) -> str:
+    """Planned against measured device memory, per config and lane, in MiB."""
+
+    def mib(nbytes: int | None) -> str:
+        return "-" if nbytes is None else f"{nbytes / MIB:.1f}"
+
+    lines = ["| config | lane | planned MiB | measured MiB |", "|---|---|---|---|"]
+    lines += [
+        f"| {lane['config']} | {lane['lane']} | {mib(lane['planned_bytes'])} | {mib(lane['measured_bytes'])} |"
+        for lane in lanes
+    ]
+    return "\n".join(lines)
+
+
+def every_request(client: Any, classes: tuple[ClassConfig, ...], cpu: CpuReference) -> list[str]:
+    """Every class, every model, every batch size up to the class's max_batch: the failures."""
+    failures, models = [], discover(ROOT / "engines", "onnxruntime")
+    for klass in classes:
+        for model in models:
+            for rows in range(1, (klass.max_batch if model.signature.batchable else 1) + 1):
+                inputs = random_inputs(model, rows, seed=rows)
+                where = f"{klass.name} {model.name} x{rows}"
+                try:
+                    reply = client.infer(model.name, inputs, klass=klass.name, deadline_ms=30_000)
+                except Exception as exc:  # an error reply is what this check looks for
+                    failures.append(f"{where}: {exc!r}")
+                    continue
+                got = [reply[name] for name in model.signature.output_names]
+                error, bound = worst(model, got, cpu.run(model, inputs))
+                if not error <= bound:
+                    failures.append(f"{where}: error {error:.3g} above the TF32 bound {bound:.3g}")
+    return failures
+
+
+def under_pressure(name: str, text: str, cpu: CpuReference, out: Path) -> dict[str, Any]:
+    """One daemon config of the memory check: its lanes, the filler, the requests."""
+    from edged.backends import cuda
+    from edged.client import Client
+    from edged.launch import DaemonProcess
+
+    with tempfile.TemporaryDirectory(prefix="edged-mem-") as folder:
+        config = Path(folder) / "edged.toml"
+        config.write_text(text)
+        classes = parse_config(tomllib.loads(text), base_dir=Path(folder)).classes
+        endpoint = f"ipc://{folder}/d.sock"
+        log = Path(folder) / "daemon.log"
+        try:
+            with DaemonProcess([endpoint], config=config, log_path=log) as daemon:
+                daemon.wait_serving(timeout_s=300)
+                with Client(endpoint, timeout_ms=60_000) as client:
+                    lanes = [
+                        lane_memory(name, lane, figures["gpu"]) for lane, figures in client.stats()["classes"].items()
+                    ]
+                    cuda.set_device(0)
+                    free_before = cuda.memory_info()[0]
+                    chunks = fill(allocate, lambda: cuda.memory_info()[0], LEAVE_FREE)
+                    try:
+                        left = cuda.memory_info()[0]
+                        failures = every_request(client, classes, cpu)
+                        state = client.health()["state"]
+                    finally:
+                        for buffer, _ in chunks:
+                            buffer.close()
+                    if state != "serving":
+                        failures.append(f"health says {state!r} after the requests")
+                code = daemon.stop()
+            if code != 0:
+                failures.append(f"the daemon exited with code {code} on SIGTERM")
+        finally:
+            slug = name.replace(" ", "-")
+            if log.exists():
+                (out / f"gpu-checks-memory-{slug}.log").write_bytes(log.read_bytes())
+    taken = sum(size for _, size in chunks)
+    return {
+        "config": name,
+        "lanes": lanes,
+        "free_before": free_before,
+        "filler_bytes": taken,
+        "left_bytes": left,
+        "failures": failures,
+    }
+
+
+def lane_memory(config: str, lane: str, gpu: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "config": config,
+        "lane": lane,
+        "planned_bytes": gpu["planned_bytes"],
+        "measured_bytes": gpu["measured_bytes"],
+    }
+
+
+def allocate(size: int) -> Any | None:
+    from edged.backends import cuda
+
+    try:
+        return cuda.DeviceBuffer(size)
+    except CudaError:  # out of memory (not sticky): try a smaller chunk
+        return None
+
+
+def run(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    cpu = CpuReference()
+    results = [under_pressure(name, text, cpu, out) for name, text in memory_configs().items()]
+    print(format_memory_table([lane for result in results for lane in result["lanes"]]))
+    for result in results:
+        print(
+            f"{result['config']}: filler took {result['filler_bytes'] / MIB:.0f} MiB of "
+            f"{result['free_before'] / MIB:.0f} MiB free, leaving {result['left_bytes'] / MIB:.1f} MiB; "
+            f"failures: {result['failures'] or 'none'}"
+        )
+    write(out, "memory", {"leave_free_bytes": LEAVE_FREE, "runs": results})
+    failures = sum(len(result["failures"]) for result in results)
+    if failures:
+        print(f"memory: FAIL: {failures} requests or stops failed with the card full (see above)")
+        return 1
+    print("memory: PASS: every class, model and batch size answered OK and equal to the CPU with ~64 MiB left")
+    return 0

@@ -1,0 +1,126 @@
+"""bench/gpu_checks.py stream: that ONNX Runtime computes on the lane's stream (see there). NOT YET RUN."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gpu_checks import UNSUPPORTED, CpuReference, model_named, random_inputs, worst, write
+
+from edged.backends.cuda import CudaError, _check, _runtime
+from edged.config import ClassConfig
+from edged.models.repository import ModelEntry
+
+HELD_S = 0.2  # how long the check holds the lane's stream
+
+
+class MappedFlag:
+    """A 32-bit word of pinned host memory mapped into the device (cudaHostAlloc with
+    cudaHostAllocMapped): the host sets it, a stream waiting on it sees the change."""
+
+    def __init__(self) -> None:
+        rt = _runtime()
+        self.host = int(_check("cudaHostAlloc", rt.cudaHostAlloc(4, rt.cudaHostAllocMapped)))
+        self.word = ctypes.c_uint32.from_address(self.host)
+        self.word.value = 0
+        self.device = int(_check("cudaHostGetDevicePointer", rt.cudaHostGetDevicePointer(self.host, 0)))
+
+    def set(self, value: int) -> None:
+        self.word.value = value
+
+    def close(self) -> None:
+        _check("cudaFreeHost", _runtime().cudaFreeHost(self.host))
+
+
+def can_map_host_memory() -> bool:
+    rt = _runtime()
+    attribute = rt.cudaDeviceAttr.cudaDevAttrCanMapHostMemory
+    return bool(_check("cudaDeviceGetAttribute", rt.cudaDeviceGetAttribute(attribute, 0)))
+
+
+def held_run(runner: Any, model: ModelEntry, cpu: CpuReference) -> dict[str, Any]:
+    """One gated run on `runner`'s stream (see the module's docstring)."""
+    names = list(model.signature.output_names)
+    first, gated = random_inputs(model, 4, seed=1), random_inputs(model, 4, seed=2)
+    runner.run(first, names)  # the device input buffer now holds `first`
+    flag = MappedFlag()
+    done: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            done["outputs"] = runner.run(gated, names)
+        except BaseException as exc:  # reported below
+            done["error"] = repr(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    try:
+        runner.stream.wait_value32(flag.device, 1)
+        thread.start()
+        time.sleep(HELD_S)
+        held = thread.is_alive()
+    finally:
+        flag.set(1)  # whatever happened, release the stream
+        if thread.ident is not None:
+            thread.join(60)
+        if not thread.is_alive():
+            flag.close()  # else the stream may still read it: left allocated
+    if "outputs" not in done:
+        return {"held": held, "error": done.get("error", "the run did not finish within 60 s of the release")}
+    error, bound = worst(model, done["outputs"], cpu.run(model, gated))
+    apart, _ = worst(model, cpu.run(model, first), cpu.run(model, gated))
+    # `apart` > `bound`: the first input's outputs would be told from the second's.
+    ok = held and error <= bound < apart
+    return {"held": held, "max_error": error, "bound": bound, "inputs_apart": apart, "ok": ok}
+
+
+def why_failed(result: dict[str, Any]) -> str:
+    mode = "with CUDA graphs" if result["cuda_graph"] else "plain"
+    if "error" in result:
+        return f"{mode}: the held run failed: {result['error']}"
+    if not result["held"]:
+        return f"{mode}: the run returned before the release, so the wait did not hold even edged's own copies"
+    if not result["bound"] < result["inputs_apart"]:
+        return f"{mode}: the two inputs' outputs are too close to tell apart (vacuous): {result}"
+    return (
+        f"{mode}: the outputs differ from the CPU's (error {result['max_error']:.3g} above {result['bound']:.3g}): "
+        "kernels ran before the inputs copied in behind the wait, so not on the lane's stream"
+    )
+
+
+def run(out: Path) -> int:
+    from edged.backends.onnxruntime_cuda import OnnxRuntimeCuda
+
+    if not can_map_host_memory():
+        print("stream: UNSUPPORTED: the device cannot map pinned host memory (cudaDevAttrCanMapHostMemory = 0)")
+        return UNSUPPORTED
+    model, cpu, backend, results = model_named("mlp-light"), CpuReference(), OnnxRuntimeCuda(), []
+    for cuda_graph in (False, True):
+        klass = ClassConfig(
+            "realtime", order=0, max_batch=4, stream_priority=-1, arena_cap_mb=512, cuda_graph=cuda_graph
+        )
+        backend.reserve([model], [klass], backend.free_bytes())
+        runner = backend.load(model, klass)
+        try:
+            result = held_run(runner, model, cpu)
+        except CudaError as exc:
+            if "CUDA_ERROR_NOT_SUPPORTED" not in str(exc):
+                raise
+            print(f"stream: UNSUPPORTED: {exc}")
+            return UNSUPPORTED
+        finally:
+            runner.close()
+        results.append({"cuda_graph": cuda_graph, **result})
+        print(f"cuda_graph={cuda_graph}: {result}")
+    write(out, "stream", {"device": backend.device_name, "model": model.name, "held_s": HELD_S, "runs": results})
+    failed = [why_failed(r) for r in results if not r.get("ok")]
+    if failed:
+        print("stream: FAIL: " + "; ".join(failed))
+        return 1
+    print(
+        f"stream: PASS: held {HELD_S * 1000:.0f} ms by a wait on the lane's stream, then equal to the CPU "
+        "(plain and CUDA graph): ONNX Runtime computes on the lane's stream"
+    )
+    return 0
