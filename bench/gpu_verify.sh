@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
 # The one command for a lent GPU machine: does onnxruntime-gpu's CUDA provider really
-# load, do the GPU tests pass, what does the GPU benchmark measure. Prints a short
+# load, do the GPU tests pass, does ONNX Runtime compute on each lane's stream, does a
+# daemon serve with the card full, what does the GPU benchmark measure. Prints a short
 # table last; full results go to the folder given as $1, else $OUT, else ./gpu-verify.
 #
 #   bench/gpu_verify.sh [FOLDER]          (from the repository root or anywhere)
+#
+# Steps: deps, provider, tests (pytest -m gpu), stream and memory (bench/gpu_checks.py),
+# bench (bench/gpu_bench.py). GPU_VERIFY_STEPS="stream memory" runs only those named.
+#
+# Time, estimated (none of it measured yet): deps and provider ~15 s, tests ~1 min,
+# stream ~20 s, memory ~1.5 min (two daemons), bench ~7.5 min with
+# GPU_BENCH_ARGS="--duration 5 --repeats 2" (see its docstring): ~11 min of commands,
+# ~16-18 min of device time with the machine's start and onnxruntime-gpu's wheel. One
+# device call may run 10 min, so make two, back to back while the machine is warm:
+#   GPU_VERIFY_STEPS="deps provider tests stream memory" bench/gpu_verify.sh "$OUT"
+#   GPU_VERIFY_STEPS=bench GPU_BENCH_ARGS="--duration 5 --repeats 2" bench/gpu_verify.sh "$OUT"
 #
 # NOT RUN YET: written on a machine with no GPU; it cannot run there. The first session
 # with a GPU runs it and fixes what breaks. On a lent machine (see device.md):
@@ -11,10 +23,10 @@
 #   `../shared/tools/device-wheels onnxruntime-gpu==1.31.1`, make the run calls it prints,
 #   then run this with `export PYTHONPATH=/tmp/site:$PYTHONPATH` in the same command;
 #   the machine's own CPU onnxruntime stays in its site folder, behind /tmp/site;
-# - edged's other dependencies (pyzmq, msgpack, onnx, ml_dtypes, pytest, hypothesis)
+# - edged's other dependencies (pyzmq, msgpack, msgspec, onnx, ml_dtypes, pytest, hypothesis)
 #   must be importable too: step 0 names any that are missing (carry them the same way).
 # GPU_BENCH_ARGS adds arguments to bench/gpu_bench.py (say "--duration 5 --repeats 2"
-# to stay within one call's time limit).
+# to stay within one call's time limit; "--scenarios 1,2,8,9" runs a subset).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mkdir -p "${1:-${OUT:-gpu-verify}}" && cd "${1:-${OUT:-gpu-verify}}" && pwd)
@@ -23,9 +35,12 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 declare -a summary
 
+steps=" ${GPU_VERIFY_STEPS:-deps provider tests stream memory bench} "
+
 step() {  # step NAME COMMAND...: run, log to $out/NAME.log, remember the outcome
   local name=$1
   shift
+  [[ $steps == *" $name "* ]] || return 0  # not asked for in GPU_VERIFY_STEPS
   echo "== $name: $*" >&2
   "$@" >"$out/$name.log" 2>&1
   local rc=$?
@@ -38,7 +53,7 @@ step() {  # step NAME COMMAND...: run, log to $out/NAME.log, remember the outcom
 
 step deps "$py" -c "
 import importlib.util as u, sys
-missing = [m for m in ('numpy', 'zmq', 'msgpack', 'onnx', 'ml_dtypes', 'pytest', 'hypothesis', 'onnxruntime')
+missing = [m for m in ('numpy', 'zmq', 'msgpack', 'msgspec', 'onnx', 'ml_dtypes', 'pytest', 'hypothesis', 'onnxruntime')
            if u.find_spec(m) is None]
 sys.exit(f'missing: {missing}') if missing else print('all importable')"
 
@@ -58,6 +73,10 @@ print('session providers:', session.get_providers())
 if session.get_providers()[0] != 'CUDAExecutionProvider': raise SystemExit('the CUDA provider did not load')"
 
 step tests "$py" -m pytest -m gpu -v -rs tests/test_gpu.py tests/test_tensorrt.py
+# ONNX Runtime's kernels on the lane's stream: held by a wait on it, then equal to the CPU.
+step stream "$py" bench/gpu_checks.py stream --out "$out"
+# A daemon with the rest of the card taken: every class, model and batch size still OK.
+step memory "$py" bench/gpu_checks.py memory --out "$out"
 # shellcheck disable=SC2086  # GPU_BENCH_ARGS is a list of words
 step bench "$py" bench/gpu_bench.py --out "$out" ${GPU_BENCH_ARGS:-}
 

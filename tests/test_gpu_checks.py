@@ -4,6 +4,7 @@ None of this shows that a check passes on a GPU; bench/gpu_verify.sh is where it
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -114,3 +115,22 @@ def test_the_memory_table_gives_planned_and_measured_mib_per_lane() -> None:
         "| default classes | realtime | 3.0 | 2.5 |",
         "| default classes | bulk | 0.0 | - |",
     ]
+
+
+@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
+def test_gpu_verify_runs_the_steps_asked_for_and_lists_the_stream_checks_refusal(tmp_path: Path) -> None:
+    """bench/gpu_verify.sh with GPU_VERIFY_STEPS: only those steps, each a row of the final
+    table with its log's last line; a failed step fails the whole."""
+    env = {**os.environ, "GPU_VERIFY_STEPS": "deps stream", "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_verify.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "step" not in line]
+    assert rows[0] == "| deps     | ok      | all importable |"
+    assert rows[1].startswith("| stream   | FAIL(1) | gpu_checks.py stream needs a CUDA GPU")
+    assert len(rows) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["deps.log", "stream.log"]
