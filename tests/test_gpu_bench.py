@@ -23,6 +23,10 @@ from edged.models.repository import discover
 ROOT = Path(__file__).resolve().parents[1]
 
 
+sys.path.insert(0, str(ROOT / "bench"))  # as when the script runs: its modules sit beside it
+from gpu_utilisation import UtilisationSampler, gpu_index, parse_utilisation  # noqa: E402
+
+
 def gpu_bench():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "bench" / "gpu_bench.py")
     assert spec is not None and spec.loader is not None
@@ -79,7 +83,7 @@ def test_every_scenario_config_parses_with_what_it_varies() -> None:
 
 
 def test_utilisation_lines_that_are_not_numbers_are_skipped() -> None:
-    samples = gpu_bench().parse_utilisation("87\n[N/A]\n 90 \n\nWARNING: infoROM is corrupted\n[Not Supported]\n3\n")
+    samples = parse_utilisation("87\n[N/A]\n 90 \n\nWARNING: infoROM is corrupted\n[Not Supported]\n3\n")
     assert samples == [87.0, 90.0, 3.0]
 
 
@@ -99,7 +103,7 @@ def test_fake_nvidia_smi_the_sampler_gives_the_median_and_watches_the_visible_de
     fake_nvidia_smi(tmp_path, "40\\n[N/A]\\n70\\n60\\n")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
-    with gpu_bench().UtilisationSampler() as sampler:
+    with UtilisationSampler() as sampler:
         wait_for(lambda: (tmp_path / "printed").exists(), 10, "the fake nvidia-smi printed")
     assert sampler.samples == [40.0, 70.0, 60.0] and sampler.median == 60.0
     args = (tmp_path / "args").read_text().split()
@@ -111,10 +115,9 @@ def test_without_nvidia_smi_the_sampler_records_none_and_does_not_fail(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    bench = gpu_bench()
-    with bench.UtilisationSampler() as sampler:
+    with UtilisationSampler() as sampler:
         pass
-    assert sampler.median is None and sampler.samples == [] and bench.gpu_index() == "0"
+    assert sampler.median is None and sampler.samples == [] and gpu_index() == "0"
 
 
 def bulk_alone(name: str, rows_per_s: float, sent_rps: float) -> dict[str, object]:
