@@ -234,6 +234,9 @@ class Daemon:
             return
         self._drain_deadline_ns = time.monotonic_ns() + self.config.drain_timeout_ms * 1_000_000
         self.notifier.notify(STOPPING="1")
+        # Workers send their replies themselves: while it drains, the loop must hear of each
+        # at once, to stop as soon as the lanes are empty.
+        self.server.wake_on_reply = True
         if self.lifecycle.open:
             self.lifecycle.move(State.DRAINING)
             log.info("%s: draining, at most %d ms", signal.Signals(signum).name, self.config.drain_timeout_ms)
@@ -268,7 +271,6 @@ class Daemon:
         cut_short = sum(lane.answer_open_calls(message) for lane in lanes)
         if cut_short:
             log.error("%d requests were still inside the backend at exit: answered INTERNAL", cut_short)
-        self.server.flush()
         self.server.close()
         if self.prometheus is not None:
             self.prometheus.close()

@@ -6,8 +6,16 @@ over ipc, a poller loop answered 2 KB round trips at p50 73 us / p99 122 us,
 zmq.asyncio on uvloop at 128 / 238 us, on the default loop 238 / 340 us. The hot
 path cannot afford the event loop.
 
-Exactly one thread owns the sockets. Lane workers hand replies over through a
-deque and wake the loop with an eventfd, so no socket is touched from two threads.
+The loop reads the sockets; a lane worker sends its own replies, so that a reply
+costs no second thread hand-off (the worker's wake-up of the loop, then the GIL:
+about 86 us at p50 on the heavy model, docs/benchmarks.md). A ZeroMQ socket is not
+thread-safe, but may pass between threads behind a full memory barrier: every use
+of a socket (receive, send, its EVENTS) holds that socket's lock. The loop must then
+never sleep inside zmq_poll on a socket, which would use it unlocked: it sleeps in
+poll(2) on each socket's ZMQ_FD and on an eventfd. ZMQ_FD signals edges, and any
+use of a socket (a worker's send too) may take the edge of a message that arrived:
+so the loop reads each socket's EVENTS, under its lock, before it sleeps, and a
+worker that finds a message waiting after its send wakes the loop.
 With CURVE configured, a ZAP thread (edged.serve.curve) checks each tcp handshake;
 it never sees the messages that follow.
 """
@@ -17,6 +25,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -62,9 +71,9 @@ class SocketOptions:
 
 
 class Server:
-    """The daemon's sockets and the loop that owns them. Written by the loop's thread
-    only (`unroutable`, every socket), but for the outbox and the asks: any thread
-    appends a reply (`reply`) or a question (`ask`), and only the loop takes them off."""
+    """The daemon's sockets and the loop that reads them. Any thread sends a reply
+    (`reply`), under the socket's lock; any thread appends a question (`ask`), and
+    only the loop takes them off."""
 
     def __init__(
         self,
@@ -80,11 +89,16 @@ class Server:
         self._options = SocketOptions(max_message_bytes, ipc_mode, ipc_group, curve)
         self._context = zmq.Context()
         self._sockets: list[zmq.Socket] = []
-        self._outbox: deque[tuple[Route, list[Buffer]]] = deque()
+        # Per socket: every use of it holds its lock, and only holders write its count
+        # of unroutable replies.
+        self._locks: list[threading.Lock] = []
+        self._unroutable: list[int] = []
+        self._closed = False  # written under every lock: no reply is sent after close
         self._asks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._loop_thread: int | None = None
-        self.unroutable = 0  # replies whose peer was gone or not reading
+        # Set while the daemon drains: its loop learns at once that a worker answered.
+        self.wake_on_reply = False
         self.endpoints = endpoints
         self._authenticator: ThreadAuthenticator | None = None
         try:
@@ -93,6 +107,8 @@ class Server:
                 self._authenticator = start_authenticator(self._context, curve.allowed_clients_dir)
             for endpoint in endpoints:
                 self._sockets.append(self._bind(endpoint))
+                self._locks.append(threading.Lock())
+                self._unroutable.append(0)
         except Exception:
             self.close()
             raise
@@ -127,13 +143,25 @@ class Server:
             _restrict_ipc_socket(ipc_path, options)
         return sock
 
+    @property
+    def unroutable(self) -> int:
+        """Replies whose peer was gone or not reading."""
+        return sum(self._unroutable)
+
     def reply(self, route: Route, frames: list[Buffer]) -> None:
-        """Send a reply: at once on the loop's own thread, else through the outbox."""
-        if threading.get_ident() == self._loop_thread:
-            self._send(route, frames)
-        else:
-            self._outbox.append((route, frames))
-            os.eventfd_write(self._wake_fd, 1)
+        """Send a reply now, from any thread: the socket's lock makes it the socket's
+        only user meanwhile."""
+        index = route[0]
+        with self._locks[index]:
+            if self._closed:
+                return
+            self._send(index, route[1], frames)
+            if threading.get_ident() == self._loop_thread:
+                return
+            # The send may have taken the edge that would wake the loop for a message
+            # that has since arrived (the loop itself reads EVENTS before it sleeps).
+            if self._sockets[index].getsockopt(_EVENTS) & _POLLIN or self.wake_on_reply:
+                os.eventfd_write(self._wake_fd, 1)
 
     def ask(self, question: Callable[[], Any], timeout_s: float) -> Any:
         """Run `question` on the loop's thread and return its answer (from any other
@@ -158,30 +186,31 @@ class Server:
         """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`.
         Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come."""
         self._loop_thread = threading.get_ident()
-        poller = zmq.Poller()
-        for sock in self._sockets:
-            poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_fd, zmq.POLLIN)
+        poller = select.poll()
+        for index, sock in enumerate(self._sockets):
+            with self._locks[index]:
+                poller.register(sock.getsockopt(zmq.FD), select.POLLIN)
+        poller.register(self._wake_fd, select.POLLIN)
         while keep_running():
-            ready = {}
-            deadline_ns = spin_deadline_ns()
-            # A request that finds the loop awake skips the kernel's wake-up of an idle core
-            # and runs on warm caches: 113 us at p50 against 213 us for a light request on
-            # the test VM (docs/benchmarks.md). pyzmq's poll(0) keeps the GIL, hence only
-            # while lanes are idle.
-            while deadline_ns and not ready and time.monotonic_ns() < deadline_ns:
-                ready = dict(poller.poll(0))
+            # Level, not edge: a socket that holds a message is read before any sleep.
+            ready = self._readable()
             if not ready:
-                ready = dict(poller.poll(tick_ms))
-            if self._wake_fd in ready:
+                deadline_ns = spin_deadline_ns()
+                # A request that finds the loop awake skips the kernel's wake-up of an idle core
+                # and runs on warm caches: 113 us at p50 against 213 us for a light request on
+                # the test VM (docs/benchmarks.md). Only while lanes are idle: it costs their CPU.
+                woken = False
+                while deadline_ns and not woken and time.monotonic_ns() < deadline_ns:
+                    woken = bool(poller.poll(0))
+                if not woken:
+                    poller.poll(tick_ms)
                 try:
                     os.eventfd_read(self._wake_fd)
                 except BlockingIOError:
                     pass
-            for index, sock in enumerate(self._sockets):
-                if sock in ready:
-                    self._receive(index, sock, handle)
-            self.flush()
+                ready = self._readable()
+            for index in ready:
+                self._receive(index, handle)
             while self._asks:
                 question, answer = self._asks.popleft()
                 try:
@@ -190,37 +219,49 @@ class Server:
                     answer.set_exception(exc)
             tick()
 
-    def flush(self) -> None:
-        """Send every reply the lanes handed over."""
-        outbox = self._outbox
-        while outbox:
-            self._send(*outbox.popleft())
+    def _readable(self) -> list[int]:
+        """The sockets that hold a message (by index)."""
+        ready = []
+        for index, sock in enumerate(self._sockets):
+            with self._locks[index]:
+                if sock.getsockopt(_EVENTS) & _POLLIN:
+                    ready.append(index)
+        return ready
 
     def close(self) -> None:
         if self._authenticator is not None:
             self._authenticator.stop()
-        self._context.destroy(linger=0)  # every socket, even one whose bind failed
+        for lock in self._locks:
+            lock.acquire()
+        try:
+            self._closed = True
+            self._context.destroy(linger=0)  # every socket, even one whose bind failed
+        finally:
+            for lock in self._locks:
+                lock.release()
         os.close(self._wake_fd)
 
-    def _receive(self, index: int, sock: zmq.Socket, handle: Handler) -> None:
+    def _receive(self, index: int, handle: Handler) -> None:
+        sock, lock = self._sockets[index], self._locks[index]
         for burst in range(RECEIVE_BURST):
-            # The poll has just said the first message is there. For the next ones, asking
-            # (1 us) is cheaper than the zmq.Again exception an empty socket raises.
-            if burst and not sock.getsockopt(_EVENTS) & _POLLIN:
-                return
-            try:
-                frames = [sock.recv(_LAST, copy=False)]
-            except zmq.Again:  # a readiness the poll reported is gone: nothing to read
-                return
-            while frames[-1].more:  # the parts of one message arrive together
-                frames.append(sock.recv(_LAST, copy=False))
+            with lock:
+                # EVENTS has just said the first message is there. For the next ones, asking
+                # (1 us) is cheaper than the zmq.Again exception an empty socket raises.
+                if burst and not sock.getsockopt(_EVENTS) & _POLLIN:
+                    return
+                try:
+                    frames = [sock.recv(_LAST, copy=False)]
+                except zmq.Again:  # a readiness EVENTS reported is gone: nothing to read
+                    return
+                while frames[-1].more:  # the parts of one message arrive together
+                    frames.append(sock.recv(_LAST, copy=False))
             received_ns = time.monotonic_ns()
             # A REQ peer's envelope ends with an empty delimiter frame, and so must its reply.
             cut = 2 if len(frames) > 1 and len(frames[1]) == 0 else 1
             handle((index, frames[:cut]), [frame.buffer for frame in frames[cut:]], received_ns)
 
-    def _send(self, route: Route, frames: list[Buffer]) -> None:
-        index, envelope = route
+    def _send(self, index: int, envelope: list[Any], frames: list[Buffer]) -> None:
+        """Send one reply (holding the socket's lock)."""
         send = self._sockets[index].send
         try:
             # Frame by frame with plain int flags: send_multipart's enum arithmetic costs
@@ -233,7 +274,7 @@ class Server:
         except zmq.ZMQError as exc:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
-            self.unroutable += 1
+            self._unroutable[index] += 1
 
 
 def _restrict_ipc_socket(path: Path, options: SocketOptions) -> None:
