@@ -46,8 +46,8 @@ from edged.wire.codec import Buffer
 
 log = logging.getLogger("edged.server")
 
-# How many messages one socket may deliver before the loop sends waiting replies:
-# a burst of arrivals must not hold back replies that are ready.
+# How many messages one socket may deliver before the loop turns to its other sockets,
+# the questions asked of it and its housekeeping.
 RECEIVE_BURST = 64
 
 # zmq's flags as plain ints: its enum members make every `&` and `|` a Python call.

@@ -3,8 +3,9 @@
 It loads and warms every model of the lane, then takes jobs off the lane's queue:
 a job whose deadline passed while it waited is answered DEADLINE_EXCEEDED and not
 run; the rest run alone or, where the class allows, batched with what waits beside
-them. Each result goes to the lane's Answers; the worker touches no socket and
-writes no figure (it reports facts to the class's stats).
+them. Each result goes to the lane's Answers, which sends the reply from the worker's
+own thread (under the socket's lock, edged.serve.transport); the worker writes no
+figure (it reports facts to the class's stats).
 
 A class that yields waits for its turn before each call, and sizes the call's batch
 to its cap; a preemptible class's call may be cancelled by a higher arrival, and

@@ -1,0 +1,101 @@
+"""The socket loop with replies sent from other threads, as lane workers send them:
+no request waits for the loop's tick, and a reply after close is dropped, not sent
+on a closed socket."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from edged.serve.transport import Server
+
+CLIENTS = 4
+ROUND_TRIPS = 500
+# Far longer than any round trip may take: a request that waits for the tick fails.
+TICK_MS = 60_000
+REPLY_TIMEOUT_MS = 5_000
+
+
+@pytest.fixture
+def echo(short_tmp: Path) -> Iterator[tuple[Server, str]]:
+    """A Server whose every request two worker threads answer with its own frames."""
+    endpoint = f"ipc://{short_tmp}/echo.sock"
+    server = Server((endpoint,), 1 << 20)
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    running = True
+
+    def work() -> None:
+        while (job := jobs.get()) is not None:
+            server.reply(*job)
+
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+
+    def handle(route: Any, frames: list[Any], _received_ns: int) -> None:
+        jobs.put((route, [bytes(frame) for frame in frames]))
+
+    loop = threading.Thread(
+        target=server.run, args=(handle, lambda: running, lambda: None, TICK_MS), name="loop", daemon=True
+    )
+    loop.start()
+    yield server, endpoint
+    running = False
+    server.wake()
+    loop.join(5)
+    for _ in workers:
+        jobs.put(None)
+    for worker in workers:
+        worker.join(5)
+    server.close()
+
+
+def test_replies_sent_by_other_threads_never_leave_a_request_waiting_for_the_tick(
+    echo: tuple[Server, str], context: zmq.Context
+) -> None:
+    """A worker's send can take the edge of ZMQ_FD that a new request raised: the
+    worker must then wake the loop, or that request waits for the tick (a minute)."""
+    server, endpoint = echo
+    failures: list[str] = []
+
+    def client(number: int) -> None:
+        sock = context.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(endpoint)
+        try:
+            for i in range(ROUND_TRIPS):
+                sent = [f"{number}".encode(), i.to_bytes(4, "little")]
+                sock.send_multipart(sent)
+                if not sock.poll(REPLY_TIMEOUT_MS):
+                    failures.append(f"client {number}: no reply to request {i}")
+                    return
+                if sock.recv_multipart() != sent:
+                    failures.append(f"client {number}: a wrong reply to request {i}")
+                    return
+        finally:
+            sock.close()
+
+    start = time.monotonic()
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    assert not failures, failures
+    assert time.monotonic() - start < REPLY_TIMEOUT_MS / 1000
+    assert server.unroutable == 0
+
+
+def test_a_reply_after_close_is_dropped(short_tmp: Path) -> None:
+    """A worker the watchdog gave up on may answer after the daemon closed its sockets."""
+    server = Server((f"ipc://{short_tmp}/closed.sock",), 1 << 20)
+    server.close()
+    server.reply((0, [b"peer"]), [b"late"])
+    assert server.unroutable == 0
