@@ -271,6 +271,7 @@ class Daemon:
         cut_short = sum(lane.answer_open_calls(message) for lane in lanes)
         if cut_short:
             log.error("%d requests were still inside the backend at exit: answered INTERNAL", cut_short)
+        self.server.flush()
         self.server.close()
         if self.prometheus is not None:
             self.prometheus.close()

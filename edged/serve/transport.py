@@ -94,6 +94,7 @@ class Server:
         self._locks: list[threading.Lock] = []
         self._unroutable: list[int] = []
         self._closed = False  # written under every lock: no reply is sent after close
+        self._outbox: deque[tuple[Route, list[Buffer]]] = deque()
         self._asks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._loop_thread: int | None = None
@@ -149,19 +150,32 @@ class Server:
         return sum(self._unroutable)
 
     def reply(self, route: Route, frames: list[Buffer]) -> None:
-        """Send a reply now, from any thread: the socket's lock makes it the socket's
-        only user meanwhile."""
+        """Send a reply now, under the socket's lock. Off the loop, only when the lock
+        is free at once: a worker that waited for the loop would wait for the GIL after
+        it too; the reply then goes through the outbox, which the busy loop sends."""
         index = route[0]
-        with self._locks[index]:
+        lock = self._locks[index]
+        on_loop = threading.get_ident() == self._loop_thread
+        if not lock.acquire(blocking=on_loop):
+            self._outbox.append((route, frames))
+            os.eventfd_write(self._wake_fd, 1)
+            return
+        try:
             if self._closed:
                 return
             self._send(index, route[1], frames)
-            if threading.get_ident() == self._loop_thread:
-                return
             # The send may have taken the edge that would wake the loop for a message
             # that has since arrived (the loop itself reads EVENTS before it sleeps).
-            if self._sockets[index].getsockopt(_EVENTS) & _POLLIN or self.wake_on_reply:
+            if not on_loop and (self._sockets[index].getsockopt(_EVENTS) & _POLLIN or self.wake_on_reply):
                 os.eventfd_write(self._wake_fd, 1)
+        finally:
+            lock.release()
+
+    def flush(self) -> None:
+        """Send the replies that found a socket busy."""
+        outbox = self._outbox
+        while outbox:
+            self.reply(*outbox.popleft())
 
     def ask(self, question: Callable[[], Any], timeout_s: float) -> Any:
         """Run `question` on the loop's thread and return its answer (from any other
@@ -211,6 +225,7 @@ class Server:
                 ready = self._readable()
             for index in ready:
                 self._receive(index, handle)
+            self.flush()
             while self._asks:
                 question, answer = self._asks.popleft()
                 try:
