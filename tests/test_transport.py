@@ -5,6 +5,7 @@ on a closed socket."""
 from __future__ import annotations
 
 import queue
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -91,6 +92,28 @@ def test_replies_sent_by_other_threads_never_leave_a_request_waiting_for_the_tic
     assert not failures, failures
     assert time.monotonic() - start < REPLY_TIMEOUT_MS / 1000
     assert server.unroutable == 0
+
+
+def test_a_send_off_the_loop_that_finds_a_request_waiting_wakes_the_loop(short_tmp: Path, context: zmq.Context) -> None:
+    """The race above, made certain: a request waits, and a send from another thread
+    is the socket's next use (which may take ZMQ_FD's edge): the loop must be woken."""
+    endpoint = f"ipc://{short_tmp}/edge.sock"
+    server = Server((endpoint,), 1 << 20)
+    client = context.socket(zmq.DEALER)
+    client.linger = 0
+    client.routing_id = b"client"
+    try:
+        client.connect(endpoint)
+        client.send(b"request")
+        time.sleep(0.2)  # it reaches the server's socket
+        sender = threading.Thread(target=server.reply, args=((0, [b"client"]), [b"reply"]))
+        sender.start()
+        sender.join()
+        assert client.poll(1000), "the reply was not sent"
+        assert select.select([server._wake_fd], [], [], 0)[0], "the loop was not woken for the waiting request"
+    finally:
+        client.close()
+        server.close()
 
 
 def test_a_reply_after_close_is_dropped(short_tmp: Path) -> None:

@@ -204,7 +204,8 @@ class Server:
         for index, sock in enumerate(self._sockets):
             with self._locks[index]:
                 poller.register(sock.getsockopt(zmq.FD), select.POLLIN)
-        poller.register(self._wake_fd, select.POLLIN)
+        wake_fd = self._wake_fd
+        poller.register(wake_fd, select.POLLIN)
         while keep_running():
             # Level, not edge: a socket that holds a message is read before any sleep.
             ready = self._readable()
@@ -213,15 +214,13 @@ class Server:
                 # A request that finds the loop awake skips the kernel's wake-up of an idle core
                 # and runs on warm caches: 113 us at p50 against 213 us for a light request on
                 # the test VM (docs/benchmarks.md). Only while lanes are idle: it costs their CPU.
-                woken = False
-                while deadline_ns and not woken and time.monotonic_ns() < deadline_ns:
-                    woken = bool(poller.poll(0))
-                if not woken:
-                    poller.poll(tick_ms)
-                try:
-                    os.eventfd_read(self._wake_fd)
-                except BlockingIOError:
-                    pass
+                events = []
+                while deadline_ns and not events and time.monotonic_ns() < deadline_ns:
+                    events = poller.poll(0)
+                if not events:
+                    events = poller.poll(tick_ms)
+                if (wake_fd, select.POLLIN) in events:
+                    os.eventfd_read(wake_fd)
                 ready = self._readable()
             for index in ready:
                 self._receive(index, handle)
