@@ -116,6 +116,33 @@ def test_a_send_off_the_loop_that_finds_a_request_waiting_wakes_the_loop(short_t
         server.close()
 
 
+def test_a_worker_that_finds_the_socket_taken_leaves_its_reply_to_the_loop(
+    short_tmp: Path, context: zmq.Context
+) -> None:
+    """A worker never waits for the socket's lock (then for the GIL): the loop sends."""
+    endpoint = f"ipc://{short_tmp}/busy.sock"
+    server = Server((endpoint,), 1 << 20)
+    client = context.socket(zmq.DEALER)
+    client.linger = 0
+    client.routing_id = b"client"
+    try:
+        client.connect(endpoint)
+        client.send(b"hello")  # the server learns the peer
+        time.sleep(0.2)
+        with server._locks[0]:  # the loop, reading
+            sender = threading.Thread(target=server.reply, args=((0, [b"client"]), [b"reply"]))
+            sender.start()
+            sender.join(1)
+            assert not sender.is_alive(), "the worker waited for the socket"
+        assert select.select([server._wake_fd], [], [], 0)[0], "the loop was not told of the reply"
+        assert not client.poll(100)
+        server.flush()  # what the loop does on waking
+        assert client.poll(1000) and client.recv() == b"reply"
+    finally:
+        client.close()
+        server.close()
+
+
 def test_a_reply_after_close_is_dropped(short_tmp: Path) -> None:
     """A worker the watchdog gave up on may answer after the daemon closed its sockets."""
     server = Server((f"ipc://{short_tmp}/closed.sock",), 1 << 20)

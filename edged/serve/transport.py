@@ -15,7 +15,9 @@ never sleep inside zmq_poll on a socket, which would use it unlocked: it sleeps 
 poll(2) on each socket's ZMQ_FD and on an eventfd. ZMQ_FD signals edges, and any
 use of a socket (a worker's send too) may take the edge of a message that arrived:
 so the loop reads each socket's EVENTS, under its lock, before it sleeps, and a
-worker that finds a message waiting after its send wakes the loop.
+worker that finds a message waiting after its send wakes the loop. A worker never
+waits for the lock: one that finds it taken (the loop is reading) hands the reply
+to the loop through an outbox, as every reply went before.
 With CURVE configured, a ZAP thread (edged.serve.curve) checks each tcp handshake;
 it never sees the messages that follow.
 """
@@ -72,8 +74,8 @@ class SocketOptions:
 
 class Server:
     """The daemon's sockets and the loop that reads them. Any thread sends a reply
-    (`reply`), under the socket's lock; any thread appends a question (`ask`), and
-    only the loop takes them off."""
+    (`reply`), under the socket's lock, or leaves it in the outbox; any thread appends
+    a question (`ask`); only the loop takes either off."""
 
     def __init__(
         self,
@@ -150,9 +152,9 @@ class Server:
         return sum(self._unroutable)
 
     def reply(self, route: Route, frames: list[Buffer]) -> None:
-        """Send a reply now, under the socket's lock. Off the loop, only when the lock
-        is free at once: a worker that waited for the loop would wait for the GIL after
-        it too; the reply then goes through the outbox, which the busy loop sends."""
+        """Send a reply now, under the socket's lock. Off the loop, only when the lock is
+        free at once: a worker that waited for it would then wait for the GIL, which the
+        loop holds; the reply goes through the outbox instead, which the loop, awake, sends."""
         index = route[0]
         lock = self._locks[index]
         on_loop = threading.get_ident() == self._loop_thread
@@ -219,7 +221,7 @@ class Server:
                     events = poller.poll(0)
                 if not events:
                     events = poller.poll(tick_ms)
-                if (wake_fd, select.POLLIN) in events:
+                if any(fd == wake_fd for fd, _ in events):
                     os.eventfd_read(wake_fd)
                 ready = self._readable()
             for index in ready:
