@@ -203,9 +203,12 @@ class Server:
         Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come."""
         self._loop_thread = threading.get_ident()
         poller = select.poll()
+        by_fd = {}  # each socket's ZMQ_FD: its index
         for index, sock in enumerate(self._sockets):
             with self._locks[index]:
-                poller.register(sock.getsockopt(zmq.FD), select.POLLIN)
+                fd = sock.getsockopt(zmq.FD)
+            by_fd[fd] = index
+            poller.register(fd, select.POLLIN)
         wake_fd = self._wake_fd
         poller.register(wake_fd, select.POLLIN)
         while keep_running():
@@ -221,9 +224,12 @@ class Server:
                     events = poller.poll(0)
                 if not events:
                     events = poller.poll(tick_ms)
-                if any(fd == wake_fd for fd, _ in events):
+                # A socket's own signal: read it at once (a signal with no message costs one
+                # zmq.Again). The wake eventfd may stand for a signal a worker's send took.
+                ready = [by_fd[fd] for fd, _ in events if fd != wake_fd]
+                if len(ready) < len(events):
                     os.eventfd_read(wake_fd)
-                ready = self._readable()
+                    ready = self._readable()
             for index in ready:
                 self._receive(index, handle)
             self.flush()
@@ -261,13 +267,13 @@ class Server:
         sock, lock = self._sockets[index], self._locks[index]
         for burst in range(RECEIVE_BURST):
             with lock:
-                # EVENTS has just said the first message is there. For the next ones, asking
-                # (1 us) is cheaper than the zmq.Again exception an empty socket raises.
+                # EVENTS or the socket's signal has just said the first message is there. For the
+                # next ones, asking (1 us) is cheaper than the zmq.Again an empty socket raises.
                 if burst and not sock.getsockopt(_EVENTS) & _POLLIN:
                     return
                 try:
                     frames = [sock.recv(_LAST, copy=False)]
-                except zmq.Again:  # a readiness EVENTS reported is gone: nothing to read
+                except zmq.Again:  # a signal with no message behind it: nothing to read
                     return
                 while frames[-1].more:  # the parts of one message arrive together
                     frames.append(sock.recv(_LAST, copy=False))
