@@ -159,7 +159,7 @@ def _client(args: argparse.Namespace) -> Client:
 def _serve(args: argparse.Namespace) -> int:
     from edged.daemon import Daemon
     from edged.models.repository import RepositoryError
-    from edged.serve.transport import EndpointError
+    from edged.serve.binding import EndpointError
 
     config = load_config(args.config)
     if args.endpoint:

@@ -1,5 +1,5 @@
-"""The socket loop: ROUTER sockets in, replies out. With edged.serve.curve (CURVE set-up),
-the only daemon modules that import zmq.
+"""The socket loop: ROUTER sockets in, replies out. With edged.serve.binding (binding
+them) and edged.serve.curve (CURVE set-up), the only daemon modules that import zmq.
 
 Why a blocking zmq.Poller in one thread rather than asyncio: measured on 2 cores
 over ipc, a poller loop answered 2 KB round trips at p50 73 us / p99 122 us,
@@ -24,26 +24,22 @@ it never sees the messages that follow.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import select
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import SecurityConfig
-from edged.security import is_tcp
-from edged.serve.curve import ServerKeys, make_curve_server, server_keys, start_authenticator
+from edged.serve.binding import SocketOptions, bind
+from edged.serve.curve import server_keys, start_authenticator
 from edged.wire.codec import Buffer
 
 log = logging.getLogger("edged.server")
@@ -58,18 +54,6 @@ _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
 
 Route = tuple[int, list[Any]]  # (socket index, routing envelope)
 Handler = Callable[[Route, list[Buffer], int], None]
-
-
-class EndpointError(RuntimeError):
-    """An endpoint that cannot be bound; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class SocketOptions:
-    max_message_bytes: int
-    ipc_mode: int
-    ipc_group: int | None  # None: the process's group
-    curve: ServerKeys | None  # for tcp endpoints; None: plain
 
 
 class Server:
@@ -109,7 +93,7 @@ class Server:
                 # Before any bind: a CURVE socket with no ZAP handler refuses every client.
                 self._authenticator = start_authenticator(self._context, curve.allowed_clients_dir)
             for endpoint in endpoints:
-                self._sockets.append(self._bind(endpoint))
+                self._sockets.append(bind(self._context, endpoint, self._options))
                 self._locks.append(threading.Lock())
                 self._unroutable.append(0)
         except Exception:
@@ -117,34 +101,6 @@ class Server:
             raise
         if curve is not None:
             log.info("tcp endpoints use CURVE; clients served: the keys in %s", curve.allowed_clients_dir)
-
-    def _bind(self, endpoint: str) -> zmq.Socket:
-        options = self._options
-        ipc_path = Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
-        if ipc_path is not None:
-            _prepare_ipc_path(ipc_path)
-        sock = self._context.socket(zmq.ROUTER)
-        sock.linger = 0
-        # Without it a ROUTER drops a reply to a gone or full peer in silence; with
-        # it the send fails, and the one-reply promise can count what was lost.
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
-        if options.curve is not None and is_tcp(endpoint):
-            make_curve_server(sock, options.curve)
-        # The umask makes the socket file no more open than ipc_mode from its first
-        # moment (libzmq creates it inside bind, on this thread); chmod makes it exact.
-        old_umask = os.umask(0o777 & ~options.ipc_mode) if ipc_path is not None else None
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as exc:
-            sock.close()
-            raise EndpointError(f"cannot bind {endpoint}: {exc}") from None
-        finally:
-            if old_umask is not None:
-                os.umask(old_umask)
-        if ipc_path is not None:
-            _restrict_ipc_socket(ipc_path, options)
-        return sock
 
     @property
     def unroutable(self) -> int:
@@ -297,33 +253,3 @@ class Server:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
             self._unroutable[index] += 1
-
-
-def _restrict_ipc_socket(path: Path, options: SocketOptions) -> None:
-    try:
-        os.chmod(path, options.ipc_mode)
-        if options.ipc_group is not None:
-            os.chown(path, -1, options.ipc_group)
-    except OSError as exc:
-        raise EndpointError(
-            f"cannot set mode {options.ipc_mode:o} and group {options.ipc_group} on ipc socket {path}: {exc}; "
-            "check server.ipc_mode and server.ipc_group (the daemon must belong to the group it gives the socket)"
-        ) from None
-
-
-def _prepare_ipc_path(path: Path) -> None:
-    """Create the socket's folder, and refuse to steal a socket another daemon serves."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError as exc:
-        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-            raise EndpointError(f"cannot check existing ipc socket {path}: {exc}") from None
-        path.unlink(missing_ok=True)  # left by a daemon that died: take its place
-        return
-    finally:
-        probe.close()
-    raise EndpointError(f"ipc socket {path} is in use by another process: stop it or choose another endpoint")
