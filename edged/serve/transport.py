@@ -173,7 +173,7 @@ class Server:
             if not ready:
                 deadline_ns = spin_deadline_ns()
                 # A request that finds the loop awake skips the kernel's wake-up of an idle core
-                # and runs on warm caches: 113 us at p50 against 213 us for a light request on
+                # and runs on warm caches: 116.5 us at p50 against 217 us for a light request on
                 # the test VM (docs/benchmarks.md). Only while lanes are idle: it costs their CPU.
                 events = []
                 while deadline_ns and not events and time.monotonic_ns() < deadline_ns:
