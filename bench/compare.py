@@ -9,7 +9,8 @@ box that slows down mid-run slows every path alike. The paths:
   zmq echo      a bare DEALER/ROUTER round trip of a request-sized message (the transport floor)
   naive server  one thread: recv, decode, run, reply (what edged must not be worse than)
   edged         the daemon, same requests, same raw DEALER client, default configuration
-  edged_spin    the same with classes.realtime.spin_us = 250 (the default from 6 cores up)
+                (realtime's loop spin on: classes.realtime.spin_us = 250)
+  edged_no_spin the same with classes.realtime.spin_us = 0: what the spin buys
   pytriton      a Triton server through PyTriton, given --triton-python: an interpreter
                 with nvidia-pytriton installed (see compare_triton.py)
 Round trips are closed-loop (one request at a time), timed in the client.
@@ -40,8 +41,8 @@ from edged.wire.codec import encode_request
 ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
-PATHS = ("in_process", "zmq_echo", "naive_server", "edged", "edged_spin")
-SPIN_CONFIG = "[classes.realtime]\nspin_us = 250\n[classes.standard]\n[classes.bulk]\n"
+PATHS = ("in_process", "zmq_echo", "naive_server", "edged", "edged_no_spin")
+NO_SPIN_CONFIG = "[classes.realtime]\nspin_us = 0\n[classes.standard]\n[classes.bulk]\n"
 WARMUP = 50
 
 
@@ -121,7 +122,7 @@ def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dic
             per_round[model].append(
                 {
                     f"{path}_{key}": value
-                    for path in ("edged", "edged_spin")
+                    for path in ("edged", "edged_no_spin")
                     for key, value in (
                         ("p50_vs_naive", round(this_round[path]["p50"] / naive["p50"], 3)),
                         ("p99_vs_naive", round(this_round[path]["p99"] / naive["p99"], 3)),
@@ -135,16 +136,45 @@ def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dic
     }
 
 
+def cpu_s(pid: int) -> float:
+    """The CPU seconds a process has used (utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def idle_cpu_percent(pid: int, seconds: float = 10.0) -> float:
     """The share of one core a process uses while nobody sends it anything."""
-
-    def cpu_s() -> float:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-    before, start = cpu_s(), time.monotonic()
+    before, start = cpu_s(pid), time.monotonic()
     time.sleep(seconds)
-    return round(100 * (cpu_s() - before) / (time.monotonic() - start), 2)
+    return round(100 * (cpu_s(pid) - before) / (time.monotonic() - start), 2)
+
+
+# Light requests at this rate, Poisson: most gaps longer than the 250 us spin, a fifth shorter.
+PACED_RPS = 1000.0
+
+
+def spin_cost(daemons: dict[str, tuple[str, int]], clients: dict[str, RoundTrips], runs: int, seconds: float) -> Any:
+    """What the loop's spin costs in CPU: each daemon's share of one core, and its CPU per
+    request, under closed-loop light requests and under PACED_RPS Poisson ones, the paths
+    in turn (the spin only runs while realtime's requests come within it of each other)."""
+    inputs = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
+    figures: dict[str, Any] = {}
+    for path, (endpoint, pid) in daemons.items():
+        for load in ("closed_loop", "paced"):
+            before, start = cpu_s(pid), time.monotonic()
+            if load == "closed_loop":
+                count = len(clients[path]("mlp-light", runs)) + WARMUP
+            else:
+                (summary,) = run_load(endpoint, [Stream("realtime", "mlp-light", PACED_RPS, None)], inputs, seconds)
+                count = summary["sent"]
+            used, wall = cpu_s(pid) - before, time.monotonic() - start
+            figures.setdefault(path, {})[load] = {
+                "cpu_percent": round(100 * used / wall, 1),
+                "cpu_us_per_request": round(1e6 * used / count, 1),
+                "requests": count,
+            }
+            sys.stderr.write(f"spin cost, {path}, {load}: {figures[path][load]}\n")
+    return figures
 
 
 def saturation_rps(endpoint: str, model: str, seconds: float = 3.0, window: int = 8) -> float:
@@ -291,23 +321,32 @@ def main() -> None:
     results: dict[str, Any] = {"machine": _machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder:
         endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in PATHS[1:]}
-        spin_config = Path(folder) / "spin.toml"
-        spin_config.write_text(SPIN_CONFIG)
+        no_spin_config = Path(folder) / "no-spin.toml"
+        no_spin_config.write_text(NO_SPIN_CONFIG)
         helpers = [_helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server")]
         clients: list[RoundTrips] = []
         try:
             with (
                 DaemonProcess([endpoints["edged"]]) as daemon,
-                DaemonProcess([endpoints["edged_spin"]], config=spin_config) as spinning,
+                DaemonProcess([endpoints["edged_no_spin"]], config=no_spin_config) as sleeping,
             ):
                 daemon.wait_serving()
-                spinning.wait_serving()
+                sleeping.wait_serving()
                 idle_s = 3.0 if args.quick else 10.0
                 results["edged_idle_cpu_percent"] = idle_cpu_percent(daemon.process.pid, idle_s)
-                results["edged_spin_idle_cpu_percent"] = idle_cpu_percent(spinning.process.pid, idle_s)
+                results["edged_no_spin_idle_cpu_percent"] = idle_cpu_percent(sleeping.process.pid, idle_s)
                 clients = [RoundTrips(endpoints[path]) for path in PATHS[1:]]
                 paths = {"in_process": InProcess(), **dict(zip(PATHS[1:], clients))}
                 results["unloaded"] = interleaved(paths, runs, args.rounds)
+                results["spin_cost"] = spin_cost(
+                    {
+                        "edged": (endpoints["edged"], daemon.process.pid),
+                        "edged_no_spin": (endpoints["edged_no_spin"], sleeping.process.pid),
+                    },
+                    dict(zip(PATHS[1:], clients)),
+                    runs["mlp-light"] // args.rounds,
+                    duration / 4,
+                )
                 results["at_naive_capacity"] = at_naive_capacity(endpoints, duration / 2, 2)
                 if not args.skip_overload:
                     heavy_ms = results["unloaded"]["cnn-heavy"]["pooled"]["in_process"]["p50"] / 1000
@@ -322,8 +361,8 @@ def main() -> None:
         for model, figures in results["triton"]["latency_us"].items():
             results["unloaded"][model]["pooled"]["pytriton"] = figures
     print(_unloaded_table(results["unloaded"]))
-    print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core, spinning: ", end="")
-    print(f"{results['edged_spin_idle_cpu_percent']}%")
+    print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core, without the spin: ", end="")
+    print(f"{results['edged_no_spin_idle_cpu_percent']}%")
     print(json.dumps(_verdicts(results), indent=2))
     if args.write_docs:
         results["verdicts"] = _verdicts(results)
@@ -344,7 +383,7 @@ def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
         pooled = row["pooled"]
         floor = pooled["in_process"]["p50"] + pooled["zmq_echo"]["p50"]
         verdicts[model] = {"naive_p50_beyond_floors_us": round(pooled["naive_server"]["p50"] - floor, 1)}
-        for path in ("edged", "edged_spin"):
+        for path in ("edged", "edged_no_spin"):
             verdicts[model] |= {
                 f"{path}_p50_vs_naive": round(pooled[path]["p50"] / pooled["naive_server"]["p50"], 3),
                 f"{path}_p99_vs_naive": round(pooled[path]["p99"] / pooled["naive_server"]["p99"], 3),

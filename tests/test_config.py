@@ -295,12 +295,11 @@ def test_on_six_cores_or_more_realtime_and_the_loop_get_cores_of_their_own() -> 
     assert resolve_cores(named, list(range(16))) == named  # a class that names its cores takes over
 
 
-def test_the_loop_spins_after_realtime_by_default_only_where_it_has_cores_of_its_own() -> None:
+def test_the_loop_spins_after_realtime_by_default_when_realtime_runs_on_the_loop() -> None:
     from edged.config.classes import resolve_spin
 
     unresolved = tuple(dataclasses.replace(c, spin_us=None) for c in parse("").classes)
-    assert [c.spin_us for c in resolve_spin(unresolved, [0, 1, 2, 3, 4])] == [0, 0, 0]  # a spin would cost a core
-    assert [c.spin_us for c in resolve_spin(unresolved, list(range(6)))] == [250, 0, 0]
+    assert [c.spin_us for c in resolve_spin(unresolved)] == [250, 0, 0]
     no_inline = (dataclasses.replace(unresolved[0], inline_max_us=0), *unresolved[1:])
-    assert resolve_spin(no_inline, list(range(16)))[0].spin_us == 0  # the loop runs none of its work
+    assert resolve_spin(no_inline)[0].spin_us == 0  # the loop runs none of its work
     assert parse(klass("realtime", "spin_us = 40")).classes[0].spin_us == 40  # as set, on any machine

@@ -26,9 +26,10 @@ class ClassConfig:
     # Run a job estimated this cheap on the socket loop when the lane is idle (0: never).
     # It delays every class's next request by about as long: meant for the most urgent class.
     inline_max_us: int = 0
-    # After a request of this class, the socket loop keeps polling (instead of sleeping
-    # in the kernel) this long while every lane is idle, so that the next request finds
-    # the loop, its core and its caches awake. None: derived (see resolve_spin).
+    # After a request of this class that came within spin_us of the class's previous one,
+    # the socket loop keeps polling (instead of sleeping in the kernel) this long while
+    # every lane is idle, so that the next request finds the loop, its core and its
+    # caches awake. None: derived (see resolve_spin).
     spin_us: int | None = None
     threads: int = 1  # ONNX Runtime intra-op threads of this lane's sessions
     cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
@@ -114,28 +115,26 @@ def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-# The spin a highest class with an inline path gets by default, from SPLIT_FROM_CORES
-# usable cores on: long enough to span a closed-loop client's turn-around and the
-# transport (the next request came 100-250 us after a reply on the test VM).
+# The spin a highest class with an inline path gets by default: long enough to span a
+# closed-loop client's turn-around and the transport (the next request came 100-250 us
+# after a reply on the test VM).
 SPIN_DEFAULT_US = 250
 
 
-def resolve_spin(classes: tuple[ClassConfig, ...], usable: list[int]) -> tuple[ClassConfig, ...]:
+def resolve_spin(classes: tuple[ClassConfig, ...]) -> tuple[ClassConfig, ...]:
     """Each spin_us left out made a number: SPIN_DEFAULT_US for the highest class when it
-    has an inline path and the machine has SPLIT_FROM_CORES usable cores or more (the
-    loop then has cores of its own, see resolve_cores), else 0. Below that a spin would
-    take a core the box does not have to spare."""
-    roomy = len(usable) >= SPLIT_FROM_CORES
+    has an inline path, else 0. The loop spins only while that class's requests come
+    within spin_us of each other (edged.serve.dispatch), that is while it would be woken
+    that often anyway, and never while a lane has work: so on any number of cores."""
     return tuple(
-        replace(c, spin_us=SPIN_DEFAULT_US if roomy and i == 0 and c.inline_max_us else 0) if c.spin_us is None else c
+        replace(c, spin_us=SPIN_DEFAULT_US if i == 0 and c.inline_max_us else 0) if c.spin_us is None else c
         for i, c in enumerate(classes)
     )
 
 
 def resolved(classes: list[ClassConfig]) -> tuple[ClassConfig, ...]:
     """The classes in order, with every derived setting made a number for this machine."""
-    usable = usable_cores()
-    return resolve_spin(resolve_cores(resolve_caps(classes), usable), usable)
+    return resolve_spin(resolve_cores(resolve_caps(classes), usable_cores()))
 
 
 DEFAULT_CLASSES = resolved(list(_BUILT_IN))
@@ -183,8 +182,8 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             spin is None or (isinstance(spin, int) and not isinstance(spin, bool) and 0 <= spin <= 10_000),
             prefix + "spin_us",
             spin,
-            f"microseconds from 0 (never) to 10000 (leave it out: {SPIN_DEFAULT_US} for the highest class on "
-            f"a machine of {SPLIT_FROM_CORES} cores or more, else 0)",
+            f"microseconds from 0 (never) to 10000 (leave it out: {SPIN_DEFAULT_US} for the highest class "
+            "when it has an inline path, else 0)",
         )
         values["spin_us"] = spin
         deadline = settings.get("deadline_ms", base.deadline_ms)

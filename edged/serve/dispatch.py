@@ -48,6 +48,7 @@ class Dispatcher:
         self._class_names = {c.name for c in config.classes}
         self._started_ns = time.monotonic_ns()
         self._spin_until_ns = 0  # see spin_deadline_ns
+        self._arrived_ns: dict[str, int] = {}  # by class with a spin: its latest request's arrival
 
     def serve(
         self,
@@ -94,9 +95,10 @@ class Dispatcher:
             self._reply(route, encode_reply(request_id, Status.INTERNAL, error=message))
 
     def spin_deadline_ns(self) -> int:
-        """Until when the loop should keep polling rather than sleep: a while after a
-        request of a class with spin_us, and only while every lane is idle, since a
-        spinning loop keeps the GIL from the workers (0: sleep now)."""
+        """Until when the loop should keep polling rather than sleep: spin_us after a
+        request of a class with one, when it came within spin_us of the class's previous
+        one, and only while every lane is idle, since the spin takes a core the workers
+        may need (0: sleep now)."""
         if not self._spin_until_ns or any(lane.backlog.depth for lane in self.lanes.values()):
             return 0
         return self._spin_until_ns
@@ -159,7 +161,12 @@ class Dispatcher:
             )
         lane = self.lanes[class_name]
         if lane.klass.spin_us:
-            self._spin_until_ns = received_ns + lane.klass.spin_us * 1000
+            # Only while the class's requests come within spin_us of each other: a spin that
+            # would not have caught the next request burns the core for nothing.
+            spin_ns = lane.klass.spin_us * 1000
+            if received_ns - self._arrived_ns.get(class_name, 0) <= spin_ns:
+                self._spin_until_ns = received_ns + spin_ns
+            self._arrived_ns[class_name] = received_ns
         model = self.models.get(request.model or "")
         if model is None:
             raise ProtocolError(
