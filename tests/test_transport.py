@@ -94,16 +94,21 @@ def test_replies_sent_by_other_threads_never_leave_a_request_waiting_for_the_tic
     assert server.unroutable == 0
 
 
-def test_a_send_off_the_loop_that_finds_a_request_waiting_wakes_the_loop(short_tmp: Path, context: zmq.Context) -> None:
-    """The race above, made certain: a request waits, and a send from another thread
-    is the socket's next use (which may take ZMQ_FD's edge): the loop must be woken."""
-    endpoint = f"ipc://{short_tmp}/edge.sock"
+def server_and_client(context: zmq.Context, endpoint: str) -> tuple[Server, zmq.Socket]:
+    """A Server on `endpoint` and a DEALER named b"client" connected to it."""
     server = Server((endpoint,), 1 << 20)
     client = context.socket(zmq.DEALER)
     client.linger = 0
     client.routing_id = b"client"
+    client.connect(endpoint)
+    return server, client
+
+
+def test_a_send_off_the_loop_that_finds_a_request_waiting_wakes_the_loop(short_tmp: Path, context: zmq.Context) -> None:
+    """The race above, made certain: a request waits, and a send from another thread
+    is the socket's next use (which may take ZMQ_FD's edge): the loop must be woken."""
+    server, client = server_and_client(context, f"ipc://{short_tmp}/edge.sock")
     try:
-        client.connect(endpoint)
         client.send(b"request")
         time.sleep(0.2)  # it reaches the server's socket
         sender = threading.Thread(target=server.reply, args=((0, [b"client"]), [b"reply"]))
@@ -120,13 +125,8 @@ def test_a_worker_that_finds_the_socket_taken_leaves_its_reply_to_the_loop(
     short_tmp: Path, context: zmq.Context
 ) -> None:
     """A worker never waits for the socket's lock (then for the GIL): the loop sends."""
-    endpoint = f"ipc://{short_tmp}/busy.sock"
-    server = Server((endpoint,), 1 << 20)
-    client = context.socket(zmq.DEALER)
-    client.linger = 0
-    client.routing_id = b"client"
+    server, client = server_and_client(context, f"ipc://{short_tmp}/busy.sock")
     try:
-        client.connect(endpoint)
         client.send(b"hello")  # the server learns the peer
         time.sleep(0.2)
         with server._locks[0]:  # the loop, reading

@@ -34,16 +34,11 @@ def _runtime() -> Any:
 
 
 def _check(call: str, result: tuple[Any, ...]) -> Any:
-    """Unpack a cuda-python result tuple (status, *values), raising on a failed status."""
+    """Unpack a cuda-python runtime result tuple (status, *values), raising on a failed status."""
     rt = _runtime()
-    status, *values = result
-    if status != rt.cudaError_t.cudaSuccess:
-        _, name = rt.cudaGetErrorName(status)
-        _, text = rt.cudaGetErrorString(status)
-        raise CudaError(f"{call} failed: {name.decode()}: {text.decode()}")
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
+    return _unpack(
+        call, result, rt.cudaError_t.cudaSuccess, lambda s: (rt.cudaGetErrorName(s), rt.cudaGetErrorString(s))
+    )
 
 
 def _driver() -> Any:
@@ -59,10 +54,17 @@ def _driver() -> Any:
 def _check_driver(call: str, result: tuple[Any, ...]) -> Any:
     """Unpack a driver API result tuple (status, *values) as `_check` does a runtime one."""
     driver = _driver()
+    return _unpack(
+        call, result, driver.CUresult.CUDA_SUCCESS, lambda s: (driver.cuGetErrorName(s), driver.cuGetErrorString(s))
+    )
+
+
+def _unpack(call: str, result: tuple[Any, ...], success: Any, explain: Callable[[Any], tuple[Any, Any]]) -> Any:
+    """The values of a (status, *values) result, or CudaError naming the call and CUDA's
+    error; `explain(status)` gives the error's name and text results, asked only on failure."""
     status, *values = result
-    if status != driver.CUresult.CUDA_SUCCESS:
-        _, name = driver.cuGetErrorName(status)
-        _, text = driver.cuGetErrorString(status)
+    if status != success:
+        (_, name), (_, text) = explain(status)
         raise CudaError(f"{call} failed: {_text(name, status)}: {_text(text, status)}")
     if not values:
         return None
