@@ -316,7 +316,7 @@ def main() -> None:
     if args.serve_naive:
         return serve_naive(args.serve_naive)
 
-    runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 900}
+    runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 2700}
     duration = 5.0 if args.quick else 20.0
     results: dict[str, Any] = {"machine": _machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder:
