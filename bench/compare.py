@@ -35,12 +35,14 @@ import numpy as np
 import zmq
 
 from edged.bench import Stream, format_table, progress_to_stderr, run_load
-from edged.launch import DaemonProcess
+from edged.launch import DaemonProcess, cpu_seconds
 from edged.wire.codec import encode_request
 
 ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
+# The same, as the load generator (edged.bench.run_load) takes them: each model's input specs.
+MODEL_INPUTS = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
 PATHS = ("in_process", "zmq_echo", "naive_server", "edged", "edged_no_spin")
 NO_SPIN_CONFIG = "[classes.realtime]\nspin_us = 0\n[classes.standard]\n[classes.bulk]\n"
 WARMUP = 50
@@ -136,17 +138,11 @@ def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dic
     }
 
 
-def cpu_s(pid: int) -> float:
-    """The CPU seconds a process has used (utime + stime)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def idle_cpu_percent(pid: int, seconds: float = 10.0) -> float:
     """The share of one core a process uses while nobody sends it anything."""
-    before, start = cpu_s(pid), time.monotonic()
+    before, start = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
-    return round(100 * (cpu_s(pid) - before) / (time.monotonic() - start), 2)
+    return round(100 * (cpu_seconds(pid) - before) / (time.monotonic() - start), 2)
 
 
 # Light requests at this rate, Poisson: most gaps longer than the 250 us spin, a fifth shorter.
@@ -157,17 +153,18 @@ def spin_cost(daemons: dict[str, tuple[str, int]], clients: dict[str, RoundTrips
     """What the loop's spin costs in CPU: each daemon's share of one core, and its CPU per
     request, under closed-loop light requests and under PACED_RPS Poisson ones, the paths
     in turn (the spin only runs while realtime's requests come within it of each other)."""
-    inputs = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
     figures: dict[str, Any] = {}
     for path, (endpoint, pid) in daemons.items():
         for load in ("closed_loop", "paced"):
-            before, start = cpu_s(pid), time.monotonic()
+            before, start = cpu_seconds(pid), time.monotonic()
             if load == "closed_loop":
                 count = len(clients[path]("mlp-light", runs)) + WARMUP
             else:
-                (summary,) = run_load(endpoint, [Stream("realtime", "mlp-light", PACED_RPS, None)], inputs, seconds)
+                (summary,) = run_load(
+                    endpoint, [Stream("realtime", "mlp-light", PACED_RPS, None)], MODEL_INPUTS, seconds
+                )
                 count = summary["sent"]
-            used, wall = cpu_s(pid) - before, time.monotonic() - start
+            used, wall = cpu_seconds(pid) - before, time.monotonic() - start
             figures.setdefault(path, {})[load] = {
                 "cpu_percent": round(100 * used / wall, 1),
                 "cpu_us_per_request": round(1e6 * used / count, 1),
@@ -209,7 +206,6 @@ def at_naive_capacity(endpoints: dict[str, str], duration: float, rounds: int) -
     naive server and to edged in turn (realtime class, its deadline). The heavy model
     only: the naive server completes about 20,000 light requests a second, more than
     one Python generator can offer on time (its send lag is in the figures)."""
-    inputs = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
     results: dict[str, Any] = {}
     for model in ("cnn-heavy",):
         capacity = saturation_rps(endpoints["naive_server"], model)
@@ -217,7 +213,7 @@ def at_naive_capacity(endpoints: dict[str, str], duration: float, rounds: int) -
         for r in range(rounds):
             for path in ("naive_server", "edged") if r % 2 == 0 else ("edged", "naive_server"):
                 stream = Stream("realtime", model, capacity, None)
-                (summary,) = run_load(endpoints[path], [stream], inputs, duration, seed=r)
+                (summary,) = run_load(endpoints[path], [stream], MODEL_INPUTS, duration, seed=r)
                 row.setdefault(path, []).append(summary)
                 lat = summary["latency_us"]
                 sys.stderr.write(
@@ -284,7 +280,6 @@ def triton(python: str, runs: int, duration: float) -> dict[str, Any]:
 
 def overload(endpoint: str, duration: float, heavy_ms: float) -> dict[str, Any]:
     """Realtime alone, bulk alone at saturation, then both with bulk at 3x capacity."""
-    model_inputs = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
     capacity = 1000 / heavy_ms
     realtime = Stream("realtime", "mlp-light", 50, 20.0)
     scenarios = {
@@ -294,7 +289,7 @@ def overload(endpoint: str, duration: float, heavy_ms: float) -> dict[str, Any]:
     }
     results: dict[str, Any] = {"heavy_capacity_rps": round(capacity, 1)}
     for name, streams in scenarios.items():
-        rows = run_load(endpoint, streams, model_inputs, duration, progress=progress_to_stderr)
+        rows = run_load(endpoint, streams, MODEL_INPUTS, duration, progress=progress_to_stderr)
         sys.stderr.write("\n")
         print(f"\n{name}:\n{format_table(rows)}")
         results[name] = rows

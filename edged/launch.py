@@ -72,6 +72,13 @@ class DaemonProcess:
         self.stop()
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time a process has used, user and system (/proc/PID/stat): what the spin's
+    cost is measured by."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def resident_kib(pid: int) -> int:
     """A process's resident memory (VmRSS), in KiB: what the soak, fuzz and leak checks watch."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

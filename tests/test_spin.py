@@ -19,6 +19,7 @@ from support import connect, exchange, random_input, short_dir
 from test_lanes import CountingBackend
 
 from edged.config.file import load_config
+from edged.launch import cpu_seconds
 from edged.models.repository import discover
 from edged.protocol import encode_request
 from edged.serve.dispatch import Dispatcher
@@ -32,19 +33,14 @@ COUNT = 60
 CLOSE_S, APART_S = 0.005, 0.025  # within the 10 ms spin, and past it
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100  # clock ticks
-
-
 def cpu_for(sock: zmq.Socket, pid: int, klass: str, gap_s: float) -> float:
     """The daemon's CPU seconds over COUNT light requests of `klass`, `gap_s` apart."""
-    before = cpu_s(pid)
+    before = cpu_seconds(pid)
     for i in range(COUNT):
         request = encode_request(i, model="mlp-light", klass=klass, inputs=random_input("mlp-light", 1, i))
         assert exchange(sock, request).status == "OK"
         time.sleep(gap_s)
-    return cpu_s(pid) - before
+    return cpu_seconds(pid) - before
 
 
 def test_the_loop_spins_while_its_class_comes_close_together_and_never_else(context: zmq.Context, own_daemon) -> None:
@@ -57,9 +53,9 @@ def test_the_loop_spins_while_its_class_comes_close_together_and_never_else(cont
     spun = cpu_for(sock, pid, "realtime", CLOSE_S)
     apart = cpu_for(sock, pid, "realtime", APART_S)
     plain = cpu_for(sock, pid, "standard", CLOSE_S)
-    before = cpu_s(pid)
+    before = cpu_seconds(pid)
     time.sleep(3)
-    idle = cpu_s(pid) - before
+    idle = cpu_seconds(pid) - before
     # Against the standard requests' CPU, the same work with no spin: the spin fills each
     # 5 ms gap (0.3 s in all), and a spin after every request would add 60 x 10 ms.
     assert spun - plain >= COUNT * CLOSE_S / 5, (spun, plain)
