@@ -81,16 +81,17 @@ def _start_lanes(
     lanes: dict[str, Lane] = {}
     # One per generation of lanes: a reload's lanes do not yield to the ones they replace.
     precedence = Precedence()
+    free = free_before
     try:
         for klass in config.classes:
-            free = backend.free_bytes() if reserving else 0
             lane = Lane(klass, models, backend, reply, stats.get(klass.name), precedence)
             lanes[klass.name] = lane
             lane.start()
             if reserving:
                 # One lane at a time, so the drop in free memory is this lane's (on a reload
                 # the serving lanes' arenas, grown at their own warm-up, rarely move).
-                measured = replace(reservations[klass.name], measured_bytes=free - backend.free_bytes())
+                before, free = free, backend.free_bytes()
+                measured = replace(reservations[klass.name], measured_bytes=before - free)
                 reservations[klass.name] = measured
                 log.info("%s", measured.describe())
         if reserving:
