@@ -8,12 +8,20 @@ box that slows down mid-run slows every path alike. The paths:
   in-process    the model run by onnxruntime in this process (the compute floor)
   zmq echo      a bare DEALER/ROUTER round trip of a request-sized message (the transport floor)
   naive server  one thread: recv, decode, run, reply (what edged must not be worse than)
+  naive again   a second naive server, the same code in its own process: the control.
+                Its ratios to the first are what two identical servers differ by in this
+                run, on this box; a ratio of edged's inside that band is not a difference
   edged         the daemon, same requests, same raw DEALER client, default configuration
                 (realtime's loop spin on: classes.realtime.spin_us = 250)
   edged_no_spin the same with classes.realtime.spin_us = 0: what the spin buys
   pytriton      a Triton server through PyTriton, given --triton-python: an interpreter
                 with nvidia-pytriton installed (see compare_triton.py)
-Round trips are closed-loop (one request at a time), timed in the client.
+Round trips are closed-loop (one request at a time), timed in the client, in many
+rounds (20 by default, 300 round trips per path and model in each), short enough that
+a burst of noise from the host lands on every path alike rather than on whichever ran
+during it, long enough that each server runs warm. A round's p50 is compared; p99 and
+p99.9 come from all the rounds pooled, beside the control's (a round's p99, from 300
+samples, is its third-slowest).
 Then an open-loop load at the naive server's own capacity, offered to the naive
 server and to edged in turn; then the overload scenario: bulk floods the heavy model
 at 3x its capacity while realtime sends to the light model.
@@ -43,9 +51,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
 # The same, as the load generator (edged.bench.run_load) takes them: each model's input specs.
 MODEL_INPUTS = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
-PATHS = ("in_process", "zmq_echo", "naive_server", "edged", "edged_no_spin")
+PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged", "edged_no_spin")
+# Each set beside the naive server, round by round and pooled; naive_again is the control.
+COMPARED = ("edged", "edged_no_spin", "naive_again")
 NO_SPIN_CONFIG = "[classes.realtime]\nspin_us = 0\n[classes.standard]\n[classes.bulk]\n"
-WARMUP = 50
+WARMUP = 50  # round trips before the first round's, per path and model, not counted
+WARMUP_BETWEEN = 20  # before each later round's: a path idles while the others run
 
 
 def percentiles(samples_us: list[float]) -> dict[str, float]:
@@ -63,15 +74,15 @@ class InProcess:
         options.intra_op_num_threads = 1
         self._sessions = {m: ort.InferenceSession(str(ROOT / "engines" / m / "model.onnx"), options) for m in MODELS}
 
-    def __call__(self, model: str, runs: int) -> list[float]:
+    def __call__(self, model: str, runs: int, warmup: int) -> list[float]:
         session = self._sessions[model]
         name, shape = MODELS[model]
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         samples = []
-        for i in range(runs + WARMUP):
+        for i in range(runs + warmup):
             start = time.perf_counter_ns()
             session.run(None, {name: x})
-            if i >= WARMUP:
+            if i >= warmup:
                 samples.append((time.perf_counter_ns() - start) / 1000)
         return samples
 
@@ -86,19 +97,19 @@ class RoundTrips:
         self._sock.connect(endpoint)
         self._endpoint = endpoint
 
-    def __call__(self, model: str, runs: int) -> list[float]:
+    def __call__(self, model: str, runs: int, warmup: int) -> list[float]:
         name, shape = MODELS[model]
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         # The realtime class: what a latency-bound client would use (the naive server has no classes).
         frames = [bytes(f) for f in encode_request(1, model=model, klass="realtime", inputs={name: x})]
         sock, samples = self._sock, []
-        for i in range(runs + WARMUP):
+        for i in range(runs + warmup):
             start = time.perf_counter_ns()
             sock.send_multipart(frames)
             if not sock.poll(10_000):
                 raise RuntimeError(f"no reply from {self._endpoint}")
             sock.recv_multipart()
-            if i >= WARMUP:  # the first replies warm the path
+            if i >= warmup:  # the first replies warm the path
                 samples.append((time.perf_counter_ns() - start) / 1000)
         return samples
 
@@ -108,7 +119,7 @@ class RoundTrips:
 
 def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dict[str, Any]:
     """Every path on every model, `rounds` times in rotated order; pooled percentiles
-    per path, and edged's ratios to the naive server in each round."""
+    per path, and the COMPARED paths' p50 ratios to the naive server in each round."""
     samples: dict[str, dict[str, list[float]]] = {m: {p: [] for p in paths} for m in MODELS}
     per_round: dict[str, list[dict[str, float]]] = {m: [] for m in MODELS}
     names = list(paths)
@@ -117,21 +128,13 @@ def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dic
         for model in MODELS:
             this_round = {}
             for path in order:
-                measured = paths[path](model, runs[model] // rounds)
+                measured = paths[path](model, runs[model] // rounds, WARMUP_BETWEEN if r else WARMUP)
                 samples[model][path].extend(measured)
-                this_round[path] = percentiles(measured)
+                this_round[path] = float(np.median(measured))
             naive = this_round["naive_server"]
-            per_round[model].append(
-                {
-                    f"{path}_{key}": value
-                    for path in ("edged", "edged_no_spin")
-                    for key, value in (
-                        ("p50_vs_naive", round(this_round[path]["p50"] / naive["p50"], 3)),
-                        ("p99_vs_naive", round(this_round[path]["p99"] / naive["p99"], 3)),
-                    )
-                }
-            )
-            sys.stderr.write(f"round {r + 1}/{rounds} {model}: {per_round[model][-1]}\n")
+            per_round[model].append({f"{path}_p50_vs_naive": round(this_round[path] / naive, 3) for path in COMPARED})
+            if (r + 1) % 10 == 0 or r + 1 == rounds:
+                sys.stderr.write(f"round {r + 1}/{rounds} {model}: {per_round[model][-1]}\n")
     return {
         model: {"pooled": {p: percentiles(s) for p, s in by_path.items()}, "rounds": per_round[model]}
         for model, by_path in samples.items()
@@ -147,6 +150,7 @@ def idle_cpu_percent(pid: int, seconds: float = 10.0) -> float:
 
 # Light requests at this rate, Poisson: most gaps longer than the 250 us spin, a fifth shorter.
 PACED_RPS = 1000.0
+SPIN_COST_RUNS = 2000  # closed-loop light round trips per daemon for the spin's cost
 
 
 def spin_cost(daemons: dict[str, tuple[str, int]], clients: dict[str, RoundTrips], runs: int, seconds: float) -> Any:
@@ -158,7 +162,7 @@ def spin_cost(daemons: dict[str, tuple[str, int]], clients: dict[str, RoundTrips
         for load in ("closed_loop", "paced"):
             before, start = cpu_seconds(pid), time.monotonic()
             if load == "closed_loop":
-                count = len(clients[path]("mlp-light", runs)) + WARMUP
+                count = len(clients[path]("mlp-light", runs, WARMUP)) + WARMUP
             else:
                 (summary,) = run_load(
                     endpoint, [Stream("realtime", "mlp-light", PACED_RPS, None)], MODEL_INPUTS, seconds
@@ -231,8 +235,9 @@ def serve_echo(endpoint: str) -> None:
         sock.send_multipart(sock.recv_multipart())
 
 
-def serve_naive(endpoint: str) -> None:
-    """The simplest correct server: everything on one thread, no queues."""
+def serve_naive(endpoint: str, timed: bool = False) -> None:
+    """The simplest correct server: everything on one thread, no queues. `timed`: its
+    replies carry timing_us as edged's do (for heavy_breakdown.py; compare.py's is not)."""
     import msgpack
     import onnxruntime as ort
 
@@ -243,9 +248,11 @@ def serve_naive(endpoint: str) -> None:
     sock.bind(endpoint)
     while True:
         identity, header_frame, *payloads = sock.recv_multipart()
+        received_ns = time.monotonic_ns()
         header = msgpack.unpackb(header_frame)
         spec = header["inputs"][0]
         x = np.frombuffer(payloads[0], dtype=spec["dtype"]).reshape(spec["shape"])
+        start_ns = time.monotonic_ns()
         (y,) = sessions[header["model"]].run(None, {spec["name"]: x})
         reply = {
             "v": 1,
@@ -253,13 +260,21 @@ def serve_naive(endpoint: str) -> None:
             "status": "OK",
             "outputs": [{"name": "out", "dtype": "float32", "shape": list(y.shape)}],
         }
+        if timed:
+            end_ns = time.monotonic_ns()
+            reply["timing_us"] = {
+                "queue": (start_ns - received_ns) // 1000,
+                "compute": (end_ns - start_ns) // 1000,
+                "total": (end_ns - received_ns) // 1000,
+            }
         sock.send_multipart([identity, msgpack.packb(reply), y.tobytes()])
 
 
-def _helper_server(path: str, endpoint: str) -> subprocess.Popen[bytes]:
-    mode = "naive" if path == "naive_server" else "echo"
+def helper_server(path: str, endpoint: str) -> subprocess.Popen[bytes]:
+    """The echo or a naive server (`path`, one of PATHS, or "naive_timed") in a process of its own."""
+    mode = {"zmq_echo": "echo", "naive_timed": "naive-timed"}.get(path, "naive")
     process = subprocess.Popen([sys.executable, __file__, f"--serve-{mode}", endpoint])
-    time.sleep(2.0 if mode == "naive" else 0.5)
+    time.sleep(0.5 if mode == "echo" else 2.0)
     return process
 
 
@@ -300,25 +315,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve-echo", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-naive", metavar="ENDPOINT", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-naive-timed", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="fewer requests, shorter load runs")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the unloaded paths (default 3)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds of the unloaded paths (default 20; 5 --quick)")
     parser.add_argument("--skip-overload", action="store_true", help="leave out the bulk-flood scenario")
     parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.json")
     parser.add_argument("--triton-python", help="a Python with nvidia-pytriton, to add Triton to the comparison")
     args = parser.parse_args()
     if args.serve_echo:
         return serve_echo(args.serve_echo)
-    if args.serve_naive:
-        return serve_naive(args.serve_naive)
+    if args.serve_naive or args.serve_naive_timed:
+        return serve_naive(args.serve_naive or args.serve_naive_timed, timed=bool(args.serve_naive_timed))
 
-    runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 2700}
+    runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 6000}
+    args.rounds = args.rounds or (5 if args.quick else 20)
     duration = 5.0 if args.quick else 20.0
     results: dict[str, Any] = {"machine": _machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder:
         endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in PATHS[1:]}
         no_spin_config = Path(folder) / "no-spin.toml"
         no_spin_config.write_text(NO_SPIN_CONFIG)
-        helpers = [_helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server")]
+        helpers = [helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server", "naive_again")]
         clients: list[RoundTrips] = []
         try:
             with (
@@ -339,7 +356,7 @@ def main() -> None:
                         "edged_no_spin": (endpoints["edged_no_spin"], sleeping.process.pid),
                     },
                     dict(zip(PATHS[1:], clients)),
-                    runs["mlp-light"] // args.rounds,
+                    SPIN_COST_RUNS // (10 if args.quick else 1),
                     duration / 4,
                 )
                 results["at_naive_capacity"] = at_naive_capacity(endpoints, duration / 2, 2)
@@ -378,14 +395,13 @@ def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
         pooled = row["pooled"]
         floor = pooled["in_process"]["p50"] + pooled["zmq_echo"]["p50"]
         verdicts[model] = {"naive_p50_beyond_floors_us": round(pooled["naive_server"]["p50"] - floor, 1)}
-        for path in ("edged", "edged_no_spin"):
+        for path in COMPARED:
             verdicts[model] |= {
                 f"{path}_p50_vs_naive": round(pooled[path]["p50"] / pooled["naive_server"]["p50"], 3),
                 f"{path}_p99_vs_naive": round(pooled[path]["p99"] / pooled["naive_server"]["p99"], 3),
                 f"{path}_p50_minus_naive_us": round(pooled[path]["p50"] - pooled["naive_server"]["p50"], 1),
                 f"{path}_p50_beyond_floors_us": round(pooled[path]["p50"] - floor, 1),
-                f"{path}_worst_round_p50_vs_naive": max(r[f"{path}_p50_vs_naive"] for r in row["rounds"]),
-                f"{path}_worst_round_p99_vs_naive": max(r[f"{path}_p99_vs_naive"] for r in row["rounds"]),
+                f"{path}_rounds_p50_vs_naive": _spread([r[f"{path}_p50_vs_naive"] for r in row["rounds"]]),
             }
     for model, row in results["at_naive_capacity"].items():
         worst_p99 = {path: max(s["latency_us"]["p99"] for s in row[path]) for path in ("naive_server", "edged")}
@@ -408,6 +424,11 @@ def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
             pooled = results["unloaded"][model]["pooled"]
             verdicts[model]["p99_triton_over_edged"] = round(pooled["pytriton"]["p99"] / pooled["edged"]["p99"], 1)
     return verdicts
+
+
+def _spread(ratios: list[float]) -> dict[str, float]:
+    """Per-round ratios as the reader needs them: the best, the median round, the worst."""
+    return {"min": min(ratios), "median": round(float(np.median(ratios)), 3), "max": max(ratios)}
 
 
 def _machine() -> dict[str, Any]:
