@@ -168,7 +168,7 @@ def test_a_shed_at_a_guessed_price_sets_no_remeasure_going_padder(padder_reposit
     try:
         x = np.zeros((1, 200_000), np.float32)
         request = Request(id=1, op="infer", model="padder", klass="realtime", deadline_ms=0.001)
-        shed = lane.offer(1, request, model, {"x": x}, time.monotonic_ns())
+        shed = lane.offer(1, request, model, {"x": x}, 1, time.monotonic_ns())
         assert isinstance(shed, Shed) and shed.beyond_one_run and "priced past the largest input" in shed.message
         time.sleep(0.5)  # a remeasure would have run within a few ms
     finally:

@@ -82,7 +82,9 @@ def make_lane(klass: ClassConfig, models: dict[str, ModelEntry]) -> tuple[Lane, 
 def job(model: ModelEntry, x: np.ndarray, route: int, deadline_ms: float = 1000.0) -> Job:
     now = time.monotonic_ns()
     name = model.signature.inputs[0].name
-    return Job(route, route, model, {name: x}, model.signature.output_names, now, now + int(deadline_ms * 1e6), 0)
+    inputs, deadline_ns = {name: x}, now + int(deadline_ms * 1e6)
+    rows = model.signature.rows(inputs)
+    return Job(route, route, model, inputs, model.signature.output_names, now, deadline_ns, 0, rows=rows)
 
 
 def collect(replies: queue.Queue, count: int) -> dict[int, object]:
@@ -273,7 +275,7 @@ def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_
         for route, value in ((1, POISON), (2, 0.5)):
             x = np.full((1, 64), value, np.float32)
             request = Request(id=route, op="infer", model="mlp-light", klass="realtime", deadline_ms=1000.0)
-            lane.offer(route, request, model, {"x": x}, time.monotonic_ns())
+            lane.offer(route, request, model, {"x": x}, len(x), time.monotonic_ns())
         got = collect(replies, 2)
     finally:
         lane.stop(2.0)

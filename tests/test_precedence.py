@@ -173,7 +173,7 @@ def sized_job(rows: int, row_ns: int) -> Job:
     signature = Signature((TensorSpec("x", "float32", (-1, -1)),), (TensorSpec("y", "float32", (-1, -1)),))
     model = ModelEntry("padder", "", signature, Variant("fp32", "onnxruntime", Path("unused.onnx")))
     x = np.zeros((rows, 8), np.float32)
-    return Job(None, 1, model, {"x": x}, ("y",), 0, 10**18, rows * row_ns, elements=8)
+    return Job(None, 1, model, {"x": x}, ("y",), 0, 10**18, rows * row_ns, rows=rows, elements=8)
 
 
 def test_a_size_priced_call_is_capped_by_its_own_price_not_the_lanes_average_of_every_size() -> None:

@@ -31,12 +31,9 @@ class Job:
     received_ns: int
     deadline_ns: int
     cost_ns: int  # estimated service time, charged to the backlog until answered
+    rows: int = 1  # its size along the batch dimension (Signature.rows), read at every step
     elements: int = 0  # its size, for a model priced by size (Signature.elements); else 0
     answered: bool = False  # written by edged.serve.answers only, under its claim
-
-    @property
-    def rows(self) -> int:
-        return self.model.signature.rows(self.inputs)
 
     def fits_with(self, other: Job) -> bool:
         """Whether the two can share one batched backend call."""

@@ -183,7 +183,7 @@ class Dispatcher:
                 "one call may carry on this backend: split the request or send it to a class with a larger max_batch",
                 request.id,
             )
-        outcome = lane.offer(route, request, model, inputs, received_ns)
+        outcome = lane.offer(route, request, model, inputs, rows, received_ns)
         if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.
             total_us = (time.monotonic_ns() - received_ns) // 1000

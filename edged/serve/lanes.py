@@ -141,12 +141,18 @@ class Lane:
     # --- admission (socket loop only) --------------------------------------
 
     def offer(
-        self, route: Any, request: Request, model: ModelEntry, inputs: dict[str, np.ndarray], received_ns: int
+        self,
+        route: Any,
+        request: Request,
+        model: ModelEntry,
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        received_ns: int,
     ) -> Job | Shed:
-        """Admit a valid request and queue it (or run it inline), or shed it at once."""
+        """Admit a valid request of `rows` rows and queue it (or run it inline), or shed it at once."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        rows, elements = model.signature.rows(inputs), model.signature.elements(inputs)
+        elements = model.signature.elements(inputs)
         cost_ns = self.service.charge_ns(model.name, rows, elements)
         now_ns = time.monotonic_ns()
         left_ns = budget_ns - (now_ns - received_ns)
@@ -176,6 +182,7 @@ class Lane:
             received_ns=received_ns,
             deadline_ns=received_ns + budget_ns,
             cost_ns=cost_ns,
+            rows=rows,
             elements=elements,
         )
         if self.precedence.flying:
