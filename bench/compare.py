@@ -4,7 +4,8 @@
 
 Unloaded round trips, interleaved: every server is started first, then each round
 measures every path on every model, in an order rotated from round to round, so a
-box that slows down mid-run slows every path alike. The paths:
+box that slows down mid-run slows every path alike. The paths (the floors, the naive
+server and the client in bench/paths.py):
   in-process    the model run by onnxruntime in this process (the compute floor)
   zmq echo      a bare DEALER/ROUTER round trip of a request-sized message (the transport floor)
   naive server  one thread: recv, decode, run, reply (what edged must not be worse than)
@@ -41,80 +42,22 @@ from typing import Any
 
 import numpy as np
 import zmq
+from paths import MODEL_INPUTS, MODELS, ROOT, WARMUP, InProcess, RoundTrips, helper_server
 
 from edged.bench import Stream, format_table, progress_to_stderr, run_load
 from edged.launch import DaemonProcess, cpu_seconds
 from edged.wire.codec import encode_request
 
-ROOT = Path(__file__).resolve().parents[1]
-
-MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
-# The same, as the load generator (edged.bench.run_load) takes them: each model's input specs.
-MODEL_INPUTS = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
 PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged", "edged_no_spin")
 # Each set beside the naive server, round by round and pooled; naive_again is the control.
 COMPARED = ("edged", "edged_no_spin", "naive_again")
 NO_SPIN_CONFIG = "[classes.realtime]\nspin_us = 0\n[classes.standard]\n[classes.bulk]\n"
-WARMUP = 50  # round trips before the first round's, per path and model, not counted
 WARMUP_BETWEEN = 20  # before each later round's: a path idles while the others run
 
 
 def percentiles(samples_us: list[float]) -> dict[str, float]:
     values = np.array(samples_us)
     return {k: round(float(np.percentile(values, q)), 1) for k, q in (("p50", 50), ("p99", 99), ("p999", 99.9))}
-
-
-class InProcess:
-    """The model run here, one call at a time: the compute floor."""
-
-    def __init__(self) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        self._sessions = {m: ort.InferenceSession(str(ROOT / "engines" / m / "model.onnx"), options) for m in MODELS}
-
-    def __call__(self, model: str, runs: int, warmup: int) -> list[float]:
-        session = self._sessions[model]
-        name, shape = MODELS[model]
-        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-        samples = []
-        for i in range(runs + warmup):
-            start = time.perf_counter_ns()
-            session.run(None, {name: x})
-            if i >= warmup:
-                samples.append((time.perf_counter_ns() - start) / 1000)
-        return samples
-
-
-class RoundTrips:
-    """Closed-loop round trips of one protocol request, raw frames, timed here: one
-    DEALER per server, so every server meets the same client."""
-
-    def __init__(self, endpoint: str) -> None:
-        self._sock = zmq.Context.instance().socket(zmq.DEALER)
-        self._sock.linger = 0
-        self._sock.connect(endpoint)
-        self._endpoint = endpoint
-
-    def __call__(self, model: str, runs: int, warmup: int) -> list[float]:
-        name, shape = MODELS[model]
-        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-        # The realtime class: what a latency-bound client would use (the naive server has no classes).
-        frames = [bytes(f) for f in encode_request(1, model=model, klass="realtime", inputs={name: x})]
-        sock, samples = self._sock, []
-        for i in range(runs + warmup):
-            start = time.perf_counter_ns()
-            sock.send_multipart(frames)
-            if not sock.poll(10_000):
-                raise RuntimeError(f"no reply from {self._endpoint}")
-            sock.recv_multipart()
-            if i >= warmup:  # the first replies warm the path
-                samples.append((time.perf_counter_ns() - start) / 1000)
-        return samples
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dict[str, Any]:
@@ -228,56 +171,6 @@ def at_naive_capacity(endpoints: dict[str, str], duration: float, rounds: int) -
     return results
 
 
-def serve_echo(endpoint: str) -> None:
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.bind(endpoint)
-    while True:
-        sock.send_multipart(sock.recv_multipart())
-
-
-def serve_naive(endpoint: str, timed: bool = False) -> None:
-    """The simplest correct server: everything on one thread, no queues. `timed`: its
-    replies carry timing_us as edged's do (for heavy_breakdown.py; compare.py's is not)."""
-    import msgpack
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    sessions = {m: ort.InferenceSession(str(ROOT / "engines" / m / "model.onnx"), options) for m in MODELS}
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.bind(endpoint)
-    while True:
-        identity, header_frame, *payloads = sock.recv_multipart()
-        received_ns = time.monotonic_ns()
-        header = msgpack.unpackb(header_frame)
-        spec = header["inputs"][0]
-        x = np.frombuffer(payloads[0], dtype=spec["dtype"]).reshape(spec["shape"])
-        start_ns = time.monotonic_ns()
-        (y,) = sessions[header["model"]].run(None, {spec["name"]: x})
-        reply = {
-            "v": 1,
-            "id": header["id"],
-            "status": "OK",
-            "outputs": [{"name": "out", "dtype": "float32", "shape": list(y.shape)}],
-        }
-        if timed:
-            end_ns = time.monotonic_ns()
-            reply["timing_us"] = {
-                "queue": (start_ns - received_ns) // 1000,
-                "compute": (end_ns - start_ns) // 1000,
-                "total": (end_ns - received_ns) // 1000,
-            }
-        sock.send_multipart([identity, msgpack.packb(reply), y.tobytes()])
-
-
-def helper_server(path: str, endpoint: str) -> subprocess.Popen[bytes]:
-    """The echo or a naive server (`path`, one of PATHS, or "naive_timed") in a process of its own."""
-    mode = {"zmq_echo": "echo", "naive_timed": "naive-timed"}.get(path, "naive")
-    process = subprocess.Popen([sys.executable, __file__, f"--serve-{mode}", endpoint])
-    time.sleep(0.5 if mode == "echo" else 2.0)
-    return process
-
-
 def triton(python: str, runs: int, duration: float) -> dict[str, Any]:
     import sysconfig
 
@@ -313,20 +206,12 @@ def overload(endpoint: str, duration: float, heavy_ms: float) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--serve-echo", metavar="ENDPOINT", help=argparse.SUPPRESS)
-    parser.add_argument("--serve-naive", metavar="ENDPOINT", help=argparse.SUPPRESS)
-    parser.add_argument("--serve-naive-timed", metavar="ENDPOINT", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="fewer requests, shorter load runs")
     parser.add_argument("--rounds", type=int, help="interleaved rounds of the unloaded paths (default 20; 5 --quick)")
     parser.add_argument("--skip-overload", action="store_true", help="leave out the bulk-flood scenario")
     parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.json")
     parser.add_argument("--triton-python", help="a Python with nvidia-pytriton, to add Triton to the comparison")
     args = parser.parse_args()
-    if args.serve_echo:
-        return serve_echo(args.serve_echo)
-    if args.serve_naive or args.serve_naive_timed:
-        return serve_naive(args.serve_naive or args.serve_naive_timed, timed=bool(args.serve_naive_timed))
-
     runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 6000}
     args.rounds = args.rounds or (5 if args.quick else 20)
     duration = 5.0 if args.quick else 20.0

@@ -1,0 +1,155 @@
+"""The paths bench/compare.py measures edged beside, and the client it measures with.
+
+The floors (the model run in-process; a bare ZeroMQ echo), the naive server (one
+thread: recv, decode, run, reply), and RoundTrips, the raw DEALER client that meets
+every server alike. Run as a script, it serves:
+
+    python bench/paths.py --serve-echo ENDPOINT
+    python bench/paths.py --serve-naive ENDPOINT [--timed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from edged.wire.codec import encode_request
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
+# The same, as the load generator (edged.bench.run_load) takes them: each model's input specs.
+MODEL_INPUTS = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
+WARMUP = 50  # round trips before the measured ones, not counted
+
+
+class InProcess:
+    """The model run here, one call at a time: the compute floor."""
+
+    def __init__(self) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self._sessions = {m: ort.InferenceSession(str(ROOT / "engines" / m / "model.onnx"), options) for m in MODELS}
+
+    def __call__(self, model: str, runs: int, warmup: int) -> list[float]:
+        session = self._sessions[model]
+        name, shape = MODELS[model]
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        samples = []
+        for i in range(runs + warmup):
+            start = time.perf_counter_ns()
+            session.run(None, {name: x})
+            if i >= warmup:
+                samples.append((time.perf_counter_ns() - start) / 1000)
+        return samples
+
+
+class RoundTrips:
+    """Closed-loop round trips of one protocol request, raw frames, timed here: one
+    DEALER per server, so every server meets the same client."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock.linger = 0
+        self._sock.connect(endpoint)
+        self._endpoint = endpoint
+
+    def __call__(self, model: str, runs: int, warmup: int) -> list[float]:
+        """`runs` round trips' times in microseconds, after `warmup` not counted."""
+        return [elapsed_us for elapsed_us, _ in self.with_headers(model, runs, warmup)]
+
+    def with_headers(self, model: str, runs: int, warmup: int) -> list[tuple[float, bytes]]:
+        """Each counted round trip's time (us) and its reply's header frame."""
+        name, shape = MODELS[model]
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        # The realtime class: what a latency-bound client would use (the naive server has no classes).
+        frames = [bytes(f) for f in encode_request(1, model=model, klass="realtime", inputs={name: x})]
+        sock, samples = self._sock, []
+        for i in range(runs + warmup):
+            start = time.perf_counter_ns()
+            sock.send_multipart(frames)
+            if not sock.poll(10_000):
+                raise RuntimeError(f"no reply from {self._endpoint}")
+            reply = sock.recv_multipart()
+            if i >= warmup:  # the first replies warm the path
+                samples.append(((time.perf_counter_ns() - start) / 1000, reply[0]))
+        return samples
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def serve_echo(endpoint: str) -> None:
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    while True:
+        sock.send_multipart(sock.recv_multipart())
+
+
+def serve_naive(endpoint: str, timed: bool = False) -> None:
+    """The simplest correct server: everything on one thread, no queues. `timed`: its
+    replies carry timing_us as edged's do (for heavy_breakdown.py; compare.py's is not)."""
+    import msgpack
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    sessions = {m: ort.InferenceSession(str(ROOT / "engines" / m / "model.onnx"), options) for m in MODELS}
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    while True:
+        identity, header_frame, *payloads = sock.recv_multipart()
+        received_ns = time.monotonic_ns()
+        header = msgpack.unpackb(header_frame)
+        spec = header["inputs"][0]
+        x = np.frombuffer(payloads[0], dtype=spec["dtype"]).reshape(spec["shape"])
+        start_ns = time.monotonic_ns()
+        (y,) = sessions[header["model"]].run(None, {spec["name"]: x})
+        reply = {
+            "v": 1,
+            "id": header["id"],
+            "status": "OK",
+            "outputs": [{"name": "out", "dtype": "float32", "shape": list(y.shape)}],
+        }
+        if timed:
+            end_ns = time.monotonic_ns()
+            reply["timing_us"] = {
+                "queue": (start_ns - received_ns) // 1000,
+                "compute": (end_ns - start_ns) // 1000,
+                "total": (end_ns - received_ns) // 1000,
+            }
+        sock.send_multipart([identity, msgpack.packb(reply), y.tobytes()])
+
+
+def helper_server(path: str, endpoint: str) -> subprocess.Popen[bytes]:
+    """The echo (`path` "zmq_echo") or a naive server (any other; "naive_timed": with
+    timing_us) in a process of its own, given time to load its models."""
+    args = ["--serve-echo", endpoint] if path == "zmq_echo" else ["--serve-naive", endpoint]
+    process = subprocess.Popen([sys.executable, __file__, *args, *(["--timed"] if path == "naive_timed" else [])])
+    time.sleep(0.5 if path == "zmq_echo" else 2.0)
+    return process
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve one of compare.py's paths.")
+    serve = parser.add_mutually_exclusive_group(required=True)
+    serve.add_argument("--serve-echo", metavar="ENDPOINT")
+    serve.add_argument("--serve-naive", metavar="ENDPOINT")
+    parser.add_argument("--timed", action="store_true", help="the naive server's replies carry timing_us")
+    args = parser.parse_args()
+    if args.serve_echo:
+        serve_echo(args.serve_echo)
+    else:
+        serve_naive(args.serve_naive, timed=args.timed)
+
+
+if __name__ == "__main__":
+    main()
