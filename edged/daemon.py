@@ -42,9 +42,9 @@ STATUS_EVERY_NS = 5_000_000_000
 
 
 class Daemon:
-    """The daemon's life. Its state is `lifecycle`, moved only here, on the socket
-    loop's thread (signal handlers run on it too); the loader thread writes nothing
-    but its result, in `_loaded`, which the loop takes."""
+    """The daemon's life. Its state is `lifecycle`, moved only here, by the socket loop
+    (whichever thread holds its role: edged.serve.transport); signal handlers and the
+    loader thread only leave news for it (`_stop_asked`, `_reload_asked`, `_loaded`)."""
 
     def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
         self.config = config
@@ -77,6 +77,7 @@ class Daemon:
         self._loading: threading.Thread | None = None
         self._loaded: Loaded | Exception | None = None  # the loader's result, until the loop takes it
         self._reload_asked = False  # by SIGHUP; started by the loop once it serves
+        self._stop_asked = 0  # the number of a stopping signal not yet acted on by the loop
         self._retiring: list[Lane] = []  # replaced by a reload (or never opened), finishing what they hold
         self._next_watchdog_ns = 0
         self._next_housekeeping_ns = 0
@@ -116,7 +117,7 @@ class Daemon:
     def _load(self, read_config: Callable[[], Config], stats: dict[str, ClassStats]) -> None:
         """The loader thread: build, then hand the result (or the failure) to the loop."""
         try:
-            self._loaded = load(read_config, stats, self.server.reply)
+            self._loaded = load(read_config, stats, self.server.reply, self.server.step_aside)
         except Exception as exc:
             self._loaded = exc
         self.server.wake()
@@ -153,8 +154,14 @@ class Daemon:
             result.seconds,
         )
         old = list(self.dispatcher.lanes.values())
-        for lane in result.lanes.values():
-            lane.warm_on_loop()
+
+        def warm() -> None:
+            for lane in result.lanes.values():
+                lane.warm_on_loop()
+
+        # A dear model's warm-up takes a while: the stand-in serves meanwhile, where there is one.
+        if not self.server.step_aside(warm):
+            warm()
         self.config = result.config
         self.dispatcher.serve(
             result.config, result.models, result.lanes, result.reservations, result.fixed_rows, result.failed
@@ -191,16 +198,22 @@ class Daemon:
         now = time.monotonic_ns()
         # The loop wakes for every request; housekeeping needs a cadence, not a per-request
         # cost. Signals and a finished load wake the loop with their news already set.
-        if now < self._next_housekeeping_ns and self._loaded is None and not self._reload_asked:
+        news = self._loaded is not None or self._reload_asked or self._stop_asked
+        if now < self._next_housekeeping_ns and not news:
             return
         self._next_housekeeping_ns = now + HOUSEKEEPING_EVERY_NS
+        if self._stop_asked:
+            signum, self._stop_asked = self._stop_asked, 0
+            self._stop(signum)
         # The workers' facts, counted at a cadence (and before any reader: see _figures).
         self.dispatcher.settle()
         if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
             # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
             self.notifier.notify(WATCHDOG="1")
             self._next_watchdog_ns = now + self.notifier.watchdog_interval_ns
-        if self._loaded is not None:
+        # Not from the stand-in, while the loop's thread is inside a call of a lane that
+        # the new lanes would retire: the next turn of the loop's thread takes them.
+        if self._loaded is not None and not self.server.stepped_aside:
             result, self._loaded = self._loaded, None
             self._take_loaded(result)
         if self._reload_asked and self.lifecycle.state is State.SERVING and not self._loading_busy():
@@ -230,6 +243,13 @@ class Daemon:
     # --- stopping ------------------------------------------------------------
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
+        # Handlers run on the main thread, which is not always the loop (it may be inside
+        # a call, a stand-in serving: edged.serve.transport): the loop's tick acts on it.
+        self._stop_asked = signum
+        self.server.wake()
+
+    def _stop(self, signum: int) -> None:
+        """Begin the drain, or the stop if inference never opened (the loop, on a signal)."""
         if self.lifecycle.stopping:
             return
         self._drain_deadline_ns = time.monotonic_ns() + self.config.drain_timeout_ms * 1_000_000
@@ -243,7 +263,6 @@ class Daemon:
         else:
             self.lifecycle.move(State.STOPPING)
             log.info("%s: stopping once start-up is over", signal.Signals(signum).name)
-        self.server.wake()
 
     def _keep_running(self) -> bool:
         if not self.lifecycle.stopping:

@@ -26,6 +26,9 @@ class ClassConfig:
     # Run a job estimated this cheap on the socket loop when the lane is idle (0: never).
     # It delays every class's next request by about as long: meant for the most urgent class.
     inline_max_us: int = 0
+    # With an inline path: a dearer job on an idle lane runs on the loop's thread as well,
+    # while a stand-in thread serves the sockets (edged.serve.inline); false: on a worker.
+    stand_in: bool = True
     # After a request of this class that came within spin_us of the class's previous one,
     # the socket loop keeps polling (instead of sleeping in the kernel) this long while
     # every lane is idle, so that the next request finds the loop, its core and its
@@ -165,7 +168,7 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             values[key] = read_int(settings, key, getattr(base, key), prefix, 0)
         values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
-        for key in ("cuda_graph", "yields", "preemptible"):
+        for key in ("cuda_graph", "yields", "preemptible", "stand_in"):
             flag = settings.get(key, getattr(base, key))
             expect(isinstance(flag, bool), prefix + key, flag, "true or false")
             values[key] = flag

@@ -1,4 +1,5 @@
-"""The inline path: a job estimated as tiny runs on the socket loop itself.
+"""The inline path: a job estimated as tiny runs on the socket loop itself; on an idle
+lane, a dearer one runs on the loop's thread too, with a stand-in on the sockets.
 
 Two thread hand-offs (to a worker and back) cost more than a model of a few tens of
 microseconds takes to run, so a class with `inline_max_us` set runs such jobs at
@@ -8,11 +9,18 @@ values it is given, say) is taken off the loop. One slow run is not enough: a fi
 call on a fresh thread, a page fault or a preemption can cost milliseconds once.
 A request of a size-priced model larger than any size measured on the lane has a
 guessed price: it runs on the lane, which measures it, and never here until then.
+
+A job over the limit, on an idle lane, is handed to no worker: the loop's thread runs
+it after stepping aside (edged.serve.transport), as a worker would run it (deadline,
+watchdog, precedence), while the stand-in serves whatever arrives meanwhile. The hand-off
+to a sleeping worker costs more than the heavy model's whole overhead target
+(docs/benchmarks.md); `classes.NAME.stand_in = false` keeps such jobs on the workers.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -55,10 +63,19 @@ class InlinePath:
         self._worker = worker
         self._limit_ns = klass.inline_max_us * 1000
         self._standing: dict[str, _Standing] = {model.name: _Standing() for model in worker.models}
+        self._thread: int | None = None  # the loop's, which warmed the runners: the only one to call them
+
+    @property
+    def here(self) -> bool:
+        """Whether the calling thread is the one whose runners these are: the loop's, not
+        the stand-in (any thread, for a lane no loop has warmed: one driven by hand)."""
+        return self._thread is None or threading.get_ident() == self._thread
 
     def qualifies(self, job: Job) -> bool:
         """Whether `job` may run here (its lane must be idle too); counts towards a
         barred model's return."""
+        if not self.here:
+            return False
         standing = self._standing[job.model.name]
         # A size past those measured is priced by extrapolation: it runs on the lane, and is measured there.
         cheap = job.cost_ns <= self._limit_ns and self._worker.service.measured(job.model.name, job.rows, job.elements)
@@ -100,6 +117,11 @@ class InlinePath:
         if cpu_ns > OVERSHOOT * self._limit_ns:
             self._overran(job, standing, cpu_ns)
 
+    def run_aside(self, job: Job) -> None:
+        """Run a job too dear to run inline, on this thread, as a worker would (the
+        loop has stepped aside: edged.serve.transport), and answer it."""
+        self._worker.run([job])
+
     def _overran(self, job: Job, standing: _Standing, elapsed_ns: int) -> None:
         standing.overruns.append(standing.runs)
         if len(standing.overruns) < STRIKES or standing.runs - standing.overruns[0] >= WITHIN_RUNS:
@@ -120,9 +142,11 @@ class InlinePath:
 
     def warm(self) -> None:
         """Call each model that may run here a few times, on the calling thread (the
-        loop's, before it serves); a model priced over the limit is left cold."""
+        loop's, before it serves), which becomes the only one to call them; a model priced
+        over the limit is left cold unless it may run here aside (`stand_in`)."""
+        self._thread = threading.get_ident()
         for model in self._worker.models:
-            if self._worker.service.estimate_ns(model.name) > self._limit_ns:
+            if not self._klass.stand_in and self._worker.service.estimate_ns(model.name) > self._limit_ns:
                 continue
             inputs = model.samples[0].inputs()
             for _ in range(WARMUP_RUNS):

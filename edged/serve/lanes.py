@@ -1,8 +1,9 @@
 """Lanes: one per priority class, reserved at start-up, each with its own queue,
 worker threads and backend runners, and its own admission state.
 
-`offer` admits a request or sheds it at once; an admitted job runs inline on the
-socket loop when it is cheap and the lane idle, else on a worker (edged.serve.worker).
+`offer` admits a request or sheds it at once; an admitted job runs on the socket
+loop's thread when the lane is idle (inline when it is cheap, else with a stand-in
+on the sockets: edged.serve.inline), else on a worker (edged.serve.worker).
 Replies go to the `reply` callback the lane was given: a lane never touches a socket.
 """
 
@@ -12,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -31,6 +33,10 @@ from edged.serve.worker import STOP, Remeasure, Worker
 from edged.wire.codec import Request, Status
 
 log = logging.getLogger("edged.lanes")
+
+# Runs a call on the loop's thread while a stand-in serves the sockets; False when the
+# caller is not the loop's thread (edged.serve.transport.Server.step_aside).
+StepAside = Callable[[Callable[[], None]], bool]
 
 REMEASURE_EVERY_NS = 1_000_000_000
 PRICED_PAST_MEASURED = (
@@ -54,6 +60,7 @@ class Lane:
         reply: ReplyFn,
         stats: ClassStats | None = None,
         precedence: Precedence | None = None,
+        step_aside: StepAside | None = None,
     ) -> None:
         self.klass = klass
         self.models = models
@@ -67,6 +74,7 @@ class Lane:
         self._threads: list[threading.Thread] = []
         self._ready = threading.Barrier(klass.workers + 1)
         self._inline: InlinePath | None = None
+        self._step_aside = step_aside if klass.stand_in else None
         self._last_remeasure_ns = 0
         self._calls = OpenCalls()
         self._answers = Answers(reply, self.stats, self.backlog)
@@ -188,13 +196,23 @@ class Lane:
         if self.precedence.flying:
             slack_ns = left_ns - cost_ns - self.backlog.work_ns // self.klass.workers
             self.precedence.make_room(self.klass.order, slack_ns, now_ns)
-        # An idle lane's cheap job runs on the loop, now: two thread hand-offs would cost more.
-        if self._inline is not None and not self.backlog.depth and self._inline.qualifies(job):
-            self.backlog.add(job.cost_ns)
-            self.stats.inline += 1
-            self._inline.run(job)
-        else:
-            self.submit(job)
+        # An idle lane's job runs on the loop's thread, now: the hand-off to a sleeping
+        # worker costs more than a cheap job takes, and most of a dear one's overhead.
+        inline = self._inline
+        if inline is not None and not self.backlog.depth:
+            if inline.qualifies(job):
+                self.backlog.add(job.cost_ns)
+                self.stats.inline += 1
+                inline.run(job)
+                return job
+            if self._step_aside is not None and inline.here:
+                self.backlog.add(job.cost_ns)  # before the stand-in may admit anything behind it
+                if self._step_aside(lambda: inline.run_aside(job)):
+                    self.stats.aside += 1
+                else:
+                    self._queue.put(job)
+                return job
+        self.submit(job)
         return job
 
     def submit(self, job: Job) -> None:

@@ -18,7 +18,7 @@ from edged.config import Config
 from edged.models.repository import ModelEntry, RepositoryError, discover
 from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.answers import ReplyFn
-from edged.serve.lanes import Lane
+from edged.serve.lanes import Lane, StepAside
 from edged.serve.precedence import Precedence
 from edged.serve.stats import ClassStats
 
@@ -38,9 +38,15 @@ class Loaded:
     failed: dict[str, str]  # by model: why it failed to load or warm up (server.on_model_failure = "skip")
 
 
-def load(read_config: Callable[[], Config], stats: dict[str, ClassStats], reply: ReplyFn) -> Loaded:
+def load(
+    read_config: Callable[[], Config],
+    stats: dict[str, ClassStats],
+    reply: ReplyFn,
+    step_aside: StepAside | None = None,
+) -> Loaded:
     """Build warm lanes for the configuration `read_config` gives; raises what stops them.
-    A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero."""
+    A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero.
+    `reply` and `step_aside` are the transport's (edged.serve.transport.Server)."""
     started = time.monotonic()
     config = read_config()
     variants = VARIANTS_OF.get(config.backend, config.backend)
@@ -52,7 +58,7 @@ def load(read_config: Callable[[], Config], stats: dict[str, ClassStats], reply:
     failed: dict[str, str] = {}
     while True:
         try:
-            reservations, lanes = _start_lanes(config, models, backend, stats, reply)
+            reservations, lanes = _start_lanes(config, models, backend, stats, reply, step_aside)
             break
         except ModelFailure as exc:
             if config.on_model_failure == "stop":
@@ -69,7 +75,12 @@ def load(read_config: Callable[[], Config], stats: dict[str, ClassStats], reply:
 
 
 def _start_lanes(
-    config: Config, models: list[ModelEntry], backend: Backend, stats: dict[str, ClassStats], reply: ReplyFn
+    config: Config,
+    models: list[ModelEntry],
+    backend: Backend,
+    stats: dict[str, ClassStats],
+    reply: ReplyFn,
+    step_aside: StepAside | None,
 ) -> tuple[dict[str, LaneReservation], dict[str, Lane]]:
     """Plan, start and measure a lane per class, each loaded and warm; all or none."""
     reserving = isinstance(backend, Reserving)
@@ -84,7 +95,7 @@ def _start_lanes(
     free = free_before
     try:
         for klass in config.classes:
-            lane = Lane(klass, models, backend, reply, stats.get(klass.name), precedence)
+            lane = Lane(klass, models, backend, reply, stats.get(klass.name), precedence, step_aside)
             lanes[klass.name] = lane
             lane.start()
             if reserving:

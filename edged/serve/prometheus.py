@@ -29,6 +29,7 @@ CLASS_COUNTERS = (
     ("backend_calls", "edged_backend_calls", "Backend calls (one call may carry a batch of requests)."),
     ("backend_rows", "edged_backend_rows", "Rows handed to the backend."),
     ("inline", "edged_requests_inline", "Requests run on the socket loop itself (the inline path)."),
+    ("aside", "edged_requests_aside", "Requests run on the socket loop's thread while a stand-in served the sockets."),
     ("late_completed", "edged_requests_late", "Requests answered OK after their deadline had passed."),
 )
 # (stats key under "preempted", metric name, help, scale): work a higher class took the device from

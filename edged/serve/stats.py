@@ -94,6 +94,7 @@ class ClassStats:
     backend_rows: int = 0  # rows handed to the backend: shed or expired work never adds here
     late_dropped: int = 0  # results of calls the watchdog had given up on, never sent
     inline: int = 0  # requests run on the socket loop itself (edged.serve.inline)
+    aside: int = 0  # requests run on the loop's thread with a stand-in on the sockets (the same)
     preempted: int = 0  # calls cancelled for a higher class; their jobs ran again
     preempted_rows: int = 0
     preempted_work_us: int = 0  # compute thrown away by those calls
@@ -177,6 +178,7 @@ class ClassStats:
             "backend_rows": self.backend_rows,
             "late_dropped": self.late_dropped,
             "inline": self.inline,
+            "aside": self.aside,
             "preempted": {"calls": self.preempted, "rows": self.preempted_rows, "work_us": self.preempted_work_us},
             "queue_depth": queue_depth,
             "latency_us": {

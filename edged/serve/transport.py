@@ -18,6 +18,9 @@ so the loop reads each socket's EVENTS, under its lock, before it sleeps, and a
 worker that finds a message waiting after its send wakes the loop. A worker never
 waits for the lock: one that finds it taken (the loop is reading) hands the reply
 to the loop through an outbox, as every reply went before.
+Being the loop is a role, held as a lock: by the thread that called `run`, except
+while that thread runs a backend call itself (`step_aside`), when a stand-in thread
+(edged.serve.stand_in) may take it to serve what arrives meanwhile.
 With CURVE configured, a ZAP thread (edged.serve.curve) checks each tcp handshake;
 it never sees the messages that follow.
 """
@@ -40,6 +43,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from edged.config import SecurityConfig
 from edged.serve.binding import SocketOptions, bind
 from edged.serve.curve import server_keys, start_authenticator
+from edged.serve.stand_in import StandIn
 from edged.wire.codec import Buffer
 
 log = logging.getLogger("edged.server")
@@ -83,7 +87,13 @@ class Server:
         self._outbox: deque[tuple[Route, list[Buffer]]] = deque()
         self._asks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._loop_thread: int | None = None
+        self._role = threading.Lock()  # held by the thread that is the loop (see step_aside)
+        self._loop_thread: int | None = None  # the role's holder, written by it: None while nobody holds it
+        self._main_thread: int | None = None  # the thread that called run
+        self._stand_in: StandIn | None = None
+        # True while the loop's own thread runs a call and a stand-in may serve: what
+        # must not change under that call (a reload of its lane) waits.
+        self.stepped_aside = False
         # Set while the daemon drains: its loop learns at once that a worker answered.
         self.wake_on_reply = False
         self.endpoints = endpoints
@@ -147,6 +157,28 @@ class Server:
         """Make the loop look at its stop condition now (safe from signal handlers)."""
         os.eventfd_write(self._wake_fd, 1)
 
+    def step_aside(self, call: Callable[[], None]) -> bool:
+        """Run `call` here, on the loop's own thread, with the stand-in watching the
+        sockets meanwhile; False (and `call` not run) on any other thread, or before `run`."""
+        stand_in = self._stand_in
+        if stand_in is None or threading.get_ident() != self._main_thread or self._loop_thread is None:
+            return False
+        stand_in.arm()
+        self.stepped_aside = True
+        self._loop_thread = None
+        self._role.release()
+        try:
+            # Armed after the loop last read them, the sockets' signals may already be spent.
+            if self._readable():
+                stand_in.poke()
+            call()
+        finally:
+            stand_in.disarm()
+            self._role.acquire()
+            self._loop_thread = self._main_thread
+            self.stepped_aside = False
+        return True
+
     def run(
         self,
         handle: Handler,
@@ -157,7 +189,25 @@ class Server:
     ) -> None:
         """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`.
         Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come."""
-        self._loop_thread = threading.get_ident()
+        self._role.acquire()
+        self._main_thread = self._loop_thread = threading.get_ident()
+        try:
+            self._serve(handle, keep_running, tick, tick_ms, spin_deadline_ns)
+        finally:
+            self._loop_thread = None
+            self._role.release()
+            if self._stand_in is not None:
+                self._stand_in.stop()
+                self._stand_in = None
+
+    def _serve(
+        self,
+        handle: Handler,
+        keep_running: Callable[[], bool],
+        tick: Callable[[], None],
+        tick_ms: int,
+        spin_deadline_ns: Callable[[], int],
+    ) -> None:
         poller = select.poll()
         by_fd = {}  # each socket's ZMQ_FD: its index
         for index, sock in enumerate(self._sockets):
@@ -167,6 +217,7 @@ class Server:
             poller.register(fd, select.POLLIN)
         wake_fd = self._wake_fd
         poller.register(wake_fd, select.POLLIN)
+        self._stand_in = StandIn([*by_fd, wake_fd], lambda: self._stand_in_turn(handle, tick), tick_ms / 1000)
         while keep_running():
             # Level, not edge: a socket that holds a message is read before any sleep.
             ready = self._readable()
@@ -184,18 +235,41 @@ class Server:
                 # zmq.Again). The wake eventfd may stand for a signal a worker's send took.
                 ready = [by_fd[fd] for fd, _ in events if fd != wake_fd]
                 if len(ready) < len(events):
-                    os.eventfd_read(wake_fd)
+                    self._drain_wake()
                     ready = self._readable()
-            for index in ready:
-                self._receive(index, handle)
-            self.flush()
-            while self._asks:
-                question, answer = self._asks.popleft()
-                try:
-                    answer.set_result(question())
-                except Exception as exc:
-                    answer.set_exception(exc)
-            tick()
+            self._turn(ready, handle, tick)
+
+    def _turn(self, ready: list[int], handle: Handler, tick: Callable[[], None]) -> None:
+        """What the loop does when it wakes (holding the role): read the sockets in
+        `ready`, send the outbox, answer the questions, then `tick`."""
+        for index in ready:
+            self._receive(index, handle)
+        self.flush()
+        while self._asks:
+            question, answer = self._asks.popleft()
+            try:
+                answer.set_result(question())
+            except Exception as exc:
+                answer.set_exception(exc)
+        tick()
+
+    def _stand_in_turn(self, handle: Handler, tick: Callable[[], None]) -> None:
+        """The stand-in's turn, if the role is free (its thread is back from its call otherwise)."""
+        if not self._role.acquire(blocking=False):
+            return
+        self._loop_thread = threading.get_ident()
+        try:
+            self._drain_wake()
+            self._turn(self._readable(), handle, tick)
+        finally:
+            self._loop_thread = None
+            self._role.release()
+
+    def _drain_wake(self) -> None:
+        try:
+            os.eventfd_read(self._wake_fd)
+        except BlockingIOError:  # already read by the other thread
+            pass
 
     def _readable(self) -> list[int]:
         """The sockets that hold a message (by index)."""
