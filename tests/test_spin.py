@@ -1,6 +1,7 @@
-"""The socket loop's spin (classes.NAME.spin_us): after a request of a class that has
-one, when it came within spin_us of the class's previous request, the loop polls
-instead of sleeping for that long, only while every lane is idle.
+"""The socket loop's spin (classes.NAME.spin_us): once done with a request of a class
+that has one, when it came within spin_us of the loop being done with the class's
+previous request, the loop polls instead of sleeping for that long, only while every
+lane is idle.
 
 What a user checks is what it costs and when: CPU burnt while requests of that class
 come close together, and not when they come further apart, nor for other classes, nor

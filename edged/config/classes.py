@@ -29,8 +29,8 @@ class ClassConfig:
     # With an inline path: a dearer job on an idle lane runs on the loop's thread as well,
     # while a stand-in thread serves the sockets (edged.serve.inline); false: on a worker.
     stand_in: bool = True
-    # After a request of this class that came within spin_us of the class's previous one,
-    # the socket loop keeps polling (instead of sleeping in the kernel) this long while
+    # Once done with a request of this class that came within spin_us of it being done with
+    # the class's previous one, the socket loop keeps polling (not sleeping) this long while
     # every lane is idle, so that the next request finds the loop, its core and its
     # caches awake. None: derived (see resolve_spin).
     spin_us: int | None = None
@@ -127,8 +127,8 @@ SPIN_DEFAULT_US = 250
 def resolve_spin(classes: tuple[ClassConfig, ...]) -> tuple[ClassConfig, ...]:
     """Each spin_us left out made a number: SPIN_DEFAULT_US for the highest class when it
     has an inline path, else 0. The loop spins only while that class's requests come
-    within spin_us of each other (edged.serve.dispatch), that is while it would be woken
-    that often anyway, and never while a lane has work: so on any number of cores."""
+    within spin_us of its last answer (edged.serve.dispatch), that is while it would be
+    woken that often anyway, and never while a lane has work: so on any number of cores."""
     return tuple(
         replace(c, spin_us=SPIN_DEFAULT_US if i == 0 and c.inline_max_us else 0) if c.spin_us is None else c
         for i, c in enumerate(classes)

@@ -48,7 +48,7 @@ class Dispatcher:
         self._class_names = {c.name for c in config.classes}
         self._started_ns = time.monotonic_ns()
         self._spin_until_ns = 0  # see spin_deadline_ns
-        self._arrived_ns: dict[str, int] = {}  # by class with a spin: its latest request's arrival
+        self._handled_ns: dict[str, int] = {}  # by class with a spin: when the loop was done with its latest request
 
     def serve(
         self,
@@ -95,10 +95,10 @@ class Dispatcher:
             self._reply(route, encode_reply(request_id, Status.INTERNAL, error=message))
 
     def spin_deadline_ns(self) -> int:
-        """Until when the loop should keep polling rather than sleep: spin_us after a
-        request of a class with one, when it came within spin_us of the class's previous
-        one, and only while every lane is idle, since the spin takes a core the workers
-        may need (0: sleep now)."""
+        """Until when the loop should keep polling rather than sleep: spin_us after the
+        loop is done with a request of a class with one, when that request came within
+        spin_us of the loop being done with the class's previous one, and only while every
+        lane is idle, since the spin takes a core the workers may need (0: sleep now)."""
         if not self._spin_until_ns or any(lane.backlog.depth for lane in self.lanes.values()):
             return 0
         return self._spin_until_ns
@@ -160,13 +160,6 @@ class Dispatcher:
                 Status.UNAVAILABLE, f"the daemon is {self._lifecycle.reported}; retry later", request.id
             )
         lane = self.lanes[class_name]
-        if lane.klass.spin_us:
-            # Only while the class's requests come within spin_us of each other: a spin that
-            # would not have caught the next request burns the core for nothing.
-            spin_ns = lane.klass.spin_us * 1000
-            if received_ns - self._arrived_ns.get(class_name, 0) <= spin_ns:
-                self._spin_until_ns = received_ns + spin_ns
-            self._arrived_ns[class_name] = received_ns
         model = self.models.get(request.model or "")
         if model is None:
             raise ProtocolError(
@@ -196,3 +189,16 @@ class Dispatcher:
                 timing_us=timing,
             )
             self._reply(route, reply)
+        if lane.klass.spin_us:
+            self._note_for_spin(class_name, lane.klass.spin_us * 1000, received_ns)
+
+    def _note_for_spin(self, class_name: str, spin_ns: int, received_ns: int) -> None:
+        """Arm the spin when this request came within spin_ns of the loop being done with
+        the class's previous one: a spin that would not have caught it burns the core for
+        nothing. Both ends are the loop's idle gap, which is what a spin must span: from
+        arrival to arrival, a closed-loop client's gap also holds the daemon's own time,
+        and a spin counted from arrival ended before the client's next request came."""
+        done_ns = time.monotonic_ns()
+        if received_ns - self._handled_ns.get(class_name, 0) <= spin_ns:
+            self._spin_until_ns = done_ns + spin_ns
+        self._handled_ns[class_name] = done_ns
