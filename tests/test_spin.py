@@ -10,14 +10,16 @@ at idle, nor while a lane has work.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import zmq
-from support import connect, exchange, random_input, short_dir
+from support import connect, exchange, header, random_input, short_dir
 from test_lanes import CountingBackend
+from test_scheduling import save_sleeper, sleep_for
 
 from edged.config.file import load_config
 from edged.launch import cpu_seconds
@@ -96,3 +98,35 @@ def test_no_spin_while_a_lane_has_work() -> None:
     finally:
         for lane in lanes.values():
             lane.stop(2.0)
+
+
+def test_the_spin_spans_the_loops_idle_gap_not_the_gap_between_arrivals(context: zmq.Context, own_daemon) -> None:
+    """Requests that keep the loop busy 7-10 ms each (a sleeper run inline), the next sent
+    5 ms after each answer: 12-15 ms from arrival to arrival, past the 10 ms spin, but
+    the loop idles 5 ms between them, within it. The spin must fill those 5 ms gaps
+    (0.2 s over 40 requests) against as many standard requests (no spin)."""
+    repository = short_dir()
+    save_sleeper(repository)
+    running = own_daemon(
+        f'[server]\nmodel_repository = "{repository}"\n'
+        f"[classes.realtime]\nspin_us = {SPIN_MS * 1000}\ninline_max_us = 50000\ndeadline_ms = 60000\n"
+        "[classes.standard]\ninline_max_us = 50000\ndeadline_ms = 60000\n[classes.bulk]\n"
+    )
+    sock = connect(context, running.ipc)
+    pid = running.process.process.pid
+    count, gap_s = 40, 0.005
+
+    def cpu(klass: str) -> float:
+        before = cpu_seconds(pid)
+        for i in range(count):
+            request = encode_request(i, model="sleeper", klass=klass, inputs=sleep_for(100))
+            assert exchange(sock, request).status == "OK"
+            time.sleep(gap_s)
+        return cpu_seconds(pid) - before
+
+    cpu("realtime")  # warm: the first runs price the sleeper and settle the inline path
+    spun, plain = cpu("realtime"), cpu("standard")
+    stats = exchange(sock, [header(id="s", op="stats")]).header["classes"]
+    assert stats["realtime"]["inline"] >= 2 * count and stats["standard"]["inline"] == count, stats
+    assert spun - plain >= count * gap_s / 5, (spun, plain)
+    shutil.rmtree(repository, ignore_errors=True)
