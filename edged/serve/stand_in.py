@@ -9,8 +9,8 @@ call's length. So the stand-in sleeps in epoll_wait on a set that holds only its
 eventfd, and while the loop's thread is in a call the sockets' ZMQ_FDs and the
 loop's wake eventfd join that set: the kernel wakes the stand-in only if a request,
 a reply left in the outbox, a question or a signal's news arrives meanwhile. Then it
-takes the loop's role (`Server.take_turn`) and serves. When nothing arrives, nothing
-runs beside the call.
+takes the loop's role (LoopRole) and serves. When nothing arrives, nothing runs beside
+the call.
 """
 
 from __future__ import annotations
@@ -19,6 +19,77 @@ import os
 import select
 import threading
 from collections.abc import Callable
+
+
+class LoopRole:
+    """Who is the socket loop: a lock, held by the thread that called `Server.run`
+    except while that thread runs a call itself (`step_aside`), when the stand-in may
+    take it for a turn. Whoever holds it owns the loop's state; `holder` is written only
+    by the holder (None while nobody holds it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.holder: int | None = None
+        self._main: int | None = None
+        self._stand_in: StandIn | None = None
+        # True while the loop's own thread runs a call and the stand-in may serve: what
+        # must not change under that call (a reload of its lane) waits.
+        self.stepped_aside = False
+
+    @property
+    def here(self) -> bool:
+        """Whether the calling thread holds the role."""
+        return threading.get_ident() == self.holder
+
+    def take(self) -> None:
+        """Become the loop (the thread that runs it, once)."""
+        self._lock.acquire()
+        self._main = self.holder = threading.get_ident()
+
+    def serve_with(self, fds: list[int], turn: Callable[[], None], tick_s: float) -> None:
+        """Start the stand-in: `turn` is what it does with the role when `fds` wake it."""
+        self._stand_in = StandIn(fds, lambda: self._stand_in_turn(turn), tick_s)
+
+    def give_up(self) -> None:
+        """Stop being the loop, and stop the stand-in (the loop's thread, at the end)."""
+        self.holder = None
+        self._lock.release()
+        if self._stand_in is not None:
+            self._stand_in.stop()
+            self._stand_in = None
+
+    def step_aside(self, call: Callable[[], None], pending: Callable[[], bool]) -> bool:
+        """Run `call` on the loop's own thread with the stand-in watching meanwhile; False
+        (and `call` not run) on any other thread or before the stand-in started.
+        `pending`: whether something already waits that the file descriptors will not signal."""
+        stand_in = self._stand_in
+        if stand_in is None or threading.get_ident() != self._main or self.holder is None:
+            return False
+        stand_in.arm()
+        self.stepped_aside = True
+        self.holder = None
+        self._lock.release()
+        try:
+            if pending():
+                stand_in.poke()
+            call()
+        finally:
+            stand_in.disarm()
+            self._lock.acquire()
+            self.holder = self._main
+            self.stepped_aside = False
+        return True
+
+    def _stand_in_turn(self, turn: Callable[[], None]) -> None:
+        """The stand-in's turn, if the role is free (its thread is back from its call otherwise)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        self.holder = threading.get_ident()
+        try:
+            turn()
+        finally:
+            self.holder = None
+            self._lock.release()
 
 
 class StandIn:

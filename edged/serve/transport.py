@@ -43,7 +43,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from edged.config import SecurityConfig
 from edged.serve.binding import SocketOptions, bind
 from edged.serve.curve import server_keys, start_authenticator
-from edged.serve.stand_in import StandIn
+from edged.serve.stand_in import LoopRole
 from edged.wire.codec import Buffer
 
 log = logging.getLogger("edged.server")
@@ -87,13 +87,7 @@ class Server:
         self._outbox: deque[tuple[Route, list[Buffer]]] = deque()
         self._asks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._role = threading.Lock()  # held by the thread that is the loop (see step_aside)
-        self._loop_thread: int | None = None  # the role's holder, written by it: None while nobody holds it
-        self._main_thread: int | None = None  # the thread that called run
-        self._stand_in: StandIn | None = None
-        # True while the loop's own thread runs a call and a stand-in may serve: what
-        # must not change under that call (a reload of its lane) waits.
-        self.stepped_aside = False
+        self._role = LoopRole()
         # Set while the daemon drains: its loop learns at once that a worker answered.
         self.wake_on_reply = False
         self.endpoints = endpoints
@@ -123,7 +117,7 @@ class Server:
         loop holds; the reply goes through the outbox instead, which the loop, awake, sends."""
         index = route[0]
         lock = self._locks[index]
-        on_loop = threading.get_ident() == self._loop_thread
+        on_loop = self._role.here
         if not lock.acquire(blocking=on_loop):
             self._outbox.append((route, frames))
             os.eventfd_write(self._wake_fd, 1)
@@ -157,27 +151,16 @@ class Server:
         """Make the loop look at its stop condition now (safe from signal handlers)."""
         os.eventfd_write(self._wake_fd, 1)
 
+    @property
+    def stepped_aside(self) -> bool:
+        """Whether the loop's own thread is inside a call, the stand-in serving (see step_aside)."""
+        return self._role.stepped_aside
+
     def step_aside(self, call: Callable[[], None]) -> bool:
         """Run `call` here, on the loop's own thread, with the stand-in watching the
         sockets meanwhile; False (and `call` not run) on any other thread, or before `run`."""
-        stand_in = self._stand_in
-        if stand_in is None or threading.get_ident() != self._main_thread or self._loop_thread is None:
-            return False
-        stand_in.arm()
-        self.stepped_aside = True
-        self._loop_thread = None
-        self._role.release()
-        try:
-            # Armed after the loop last read them, the sockets' signals may already be spent.
-            if self._readable():
-                stand_in.poke()
-            call()
-        finally:
-            stand_in.disarm()
-            self._role.acquire()
-            self._loop_thread = self._main_thread
-            self.stepped_aside = False
-        return True
+        # Armed after the loop last read them, the sockets' signals may already be spent.
+        return self._role.step_aside(call, lambda: bool(self._readable()))
 
     def run(
         self,
@@ -189,16 +172,11 @@ class Server:
     ) -> None:
         """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`.
         Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come."""
-        self._role.acquire()
-        self._main_thread = self._loop_thread = threading.get_ident()
+        self._role.take()
         try:
             self._serve(handle, keep_running, tick, tick_ms, spin_deadline_ns)
         finally:
-            self._loop_thread = None
-            self._role.release()
-            if self._stand_in is not None:
-                self._stand_in.stop()
-                self._stand_in = None
+            self._role.give_up()
 
     def _serve(
         self,
@@ -217,7 +195,7 @@ class Server:
             poller.register(fd, select.POLLIN)
         wake_fd = self._wake_fd
         poller.register(wake_fd, select.POLLIN)
-        self._stand_in = StandIn([*by_fd, wake_fd], lambda: self._stand_in_turn(handle, tick), tick_ms / 1000)
+        self._role.serve_with([*by_fd, wake_fd], lambda: self._stand_in_turn(handle, tick), tick_ms / 1000)
         while keep_running():
             # Level, not edge: a socket that holds a message is read before any sleep.
             ready = self._readable()
@@ -259,16 +237,9 @@ class Server:
         tick()
 
     def _stand_in_turn(self, handle: Handler, tick: Callable[[], None]) -> None:
-        """The stand-in's turn, if the role is free (its thread is back from its call otherwise)."""
-        if not self._role.acquire(blocking=False):
-            return
-        self._loop_thread = threading.get_ident()
-        try:
-            self._drain_wake()
-            self._turn(self._readable(), handle, tick)
-        finally:
-            self._loop_thread = None
-            self._role.release()
+        """The stand-in's turn, holding the role: whatever woke it, read everything."""
+        self._drain_wake()
+        self._turn(self._readable(), handle, tick)
 
     def _drain_wake(self) -> None:
         try:
