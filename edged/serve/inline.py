@@ -72,10 +72,8 @@ class InlinePath:
         return self._thread is None or threading.get_ident() == self._thread
 
     def qualifies(self, job: Job) -> bool:
-        """Whether `job` may run here (its lane must be idle too); counts towards a
-        barred model's return."""
-        if not self.here:
-            return False
+        """Whether `job` may run here (its lane must be idle too, and the caller on the
+        thread `here` names); counts towards a barred model's return."""
         standing = self._standing[job.model.name]
         # A size past those measured is priced by extrapolation: it runs on the lane, and is measured there.
         cheap = job.cost_ns <= self._limit_ns and self._worker.service.measured(job.model.name, job.rows, job.elements)

@@ -198,14 +198,15 @@ class Lane:
             self.precedence.make_room(self.klass.order, slack_ns, now_ns)
         # An idle lane's job runs on the loop's thread, now: the hand-off to a sleeping
         # worker costs more than a cheap job takes, and most of a dear one's overhead.
+        # Never on the stand-in's thread: the inline path's runners belong to the loop's.
         inline = self._inline
-        if inline is not None and not self.backlog.depth:
+        if inline is not None and not self.backlog.depth and inline.here:
             if inline.qualifies(job):
                 self.backlog.add(job.cost_ns)
                 self.stats.inline += 1
                 inline.run(job)
                 return job
-            if self._step_aside is not None and inline.here:
+            if self._step_aside is not None:
                 self.backlog.add(job.cost_ns)  # before the stand-in may admit anything behind it
                 if self._step_aside(lambda: inline.run_aside(job)):
                     self.stats.aside += 1

@@ -172,20 +172,6 @@ class Server:
     ) -> None:
         """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`.
         Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come."""
-        self._role.take()
-        try:
-            self._serve(handle, keep_running, tick, tick_ms, spin_deadline_ns)
-        finally:
-            self._role.give_up()
-
-    def _serve(
-        self,
-        handle: Handler,
-        keep_running: Callable[[], bool],
-        tick: Callable[[], None],
-        tick_ms: int,
-        spin_deadline_ns: Callable[[], int],
-    ) -> None:
         poller = select.poll()
         by_fd = {}  # each socket's ZMQ_FD: its index
         for index, sock in enumerate(self._sockets):
@@ -193,34 +179,40 @@ class Server:
                 fd = sock.getsockopt(zmq.FD)
             by_fd[fd] = index
             poller.register(fd, select.POLLIN)
-        wake_fd = self._wake_fd
-        poller.register(wake_fd, select.POLLIN)
-        self._role.serve_with([*by_fd, wake_fd], lambda: self._stand_in_turn(handle, tick), tick_ms / 1000)
-        while keep_running():
-            # Level, not edge: a socket that holds a message is read before any sleep.
+        poller.register(self._wake_fd, select.POLLIN)
+        self._role.take()
+        try:
+            self._role.serve_with([*by_fd, self._wake_fd], lambda: self._stand_in_turn(handle, tick), tick_ms / 1000)
+            while keep_running():
+                # Level, not edge: a socket that holds a message is read before any sleep.
+                ready = self._readable() or self._sleep(poller, by_fd, spin_deadline_ns(), tick_ms)
+                self._turn(ready, handle, tick)
+        finally:
+            self._role.give_up()
+
+    def _sleep(self, poller: select.poll, by_fd: dict[int, int], deadline_ns: int, tick_ms: int) -> list[int]:
+        """Wait for a socket's signal, the wake eventfd or `tick_ms`, polling without
+        sleeping until `deadline_ns` first; the sockets to read (by index)."""
+        # A request that finds the loop awake skips the kernel's wake-up of an idle core
+        # and runs on warm caches: 116.5 us at p50 against 217 us for a light request on
+        # the test VM (docs/benchmarks.md). Only while lanes are idle: it costs their CPU.
+        events = []
+        while deadline_ns and not events and time.monotonic_ns() < deadline_ns:
+            events = poller.poll(0)
+            if not events:
+                # The request comes through ZeroMQ's I/O thread: queued behind the spin
+                # on this core, it waited out the spin (a light p99 of 410-430 us against
+                # 250-290 with the yield, three probe runs on the test VM).
+                os.sched_yield()
+        if not events:
+            events = poller.poll(tick_ms)
+        # A socket's own signal: read it at once (a signal with no message costs one
+        # zmq.Again). The wake eventfd may stand for a signal a worker's send took.
+        ready = [by_fd[fd] for fd, _ in events if fd != self._wake_fd]
+        if len(ready) < len(events):
+            self._drain_wake()
             ready = self._readable()
-            if not ready:
-                deadline_ns = spin_deadline_ns()
-                # A request that finds the loop awake skips the kernel's wake-up of an idle core
-                # and runs on warm caches: 116.5 us at p50 against 217 us for a light request on
-                # the test VM (docs/benchmarks.md). Only while lanes are idle: it costs their CPU.
-                events = []
-                while deadline_ns and not events and time.monotonic_ns() < deadline_ns:
-                    events = poller.poll(0)
-                    if not events:
-                        # The request comes through ZeroMQ's I/O thread: queued behind the spin
-                        # on this core, it waited out the spin (a light p99 of 410-430 us against
-                        # 250-290 with the yield, three probe runs on the test VM).
-                        os.sched_yield()
-                if not events:
-                    events = poller.poll(tick_ms)
-                # A socket's own signal: read it at once (a signal with no message costs one
-                # zmq.Again). The wake eventfd may stand for a signal a worker's send took.
-                ready = [by_fd[fd] for fd, _ in events if fd != wake_fd]
-                if len(ready) < len(events):
-                    self._drain_wake()
-                    ready = self._readable()
-            self._turn(ready, handle, tick)
+        return ready
 
     def _turn(self, ready: list[int], handle: Handler, tick: Callable[[], None]) -> None:
         """What the loop does when it wakes (holding the role): read the sockets in
