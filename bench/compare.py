@@ -41,8 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zmq
-from paths import MODEL_INPUTS, MODELS, ROOT, WARMUP, InProcess, RoundTrips, helper_server
+from paths import MODEL_INPUTS, MODELS, ROOT, WARMUP, InProcess, RoundTrips, dealer, helper_server
 
 from edged.bench import Stream, format_table, progress_to_stderr, run_load
 from edged.launch import DaemonProcess, cpu_seconds
@@ -126,9 +125,7 @@ def saturation_rps(endpoint: str, model: str, seconds: float = 3.0, window: int 
     name, shape = MODELS[model]
     x = np.zeros(shape, np.float32)
     frames = [bytes(f) for f in encode_request(1, model=model, klass="realtime", inputs={name: x})]
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(endpoint)
+    sock = dealer(endpoint)
     try:
         for _ in range(window):
             sock.send_multipart(frames)
@@ -141,7 +138,8 @@ def saturation_rps(endpoint: str, model: str, seconds: float = 3.0, window: int 
             sock.send_multipart(frames)
         rate = done / (time.perf_counter() - start)
         for _ in range(window):  # drain, so the next measurement starts from an idle server
-            sock.poll(10_000)
+            if not sock.poll(10_000):
+                raise RuntimeError(f"no reply from {endpoint} while draining")
             sock.recv_multipart()
         return rate
     finally:

@@ -27,6 +27,9 @@ MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
 # The same, as the load generator (edged.bench.run_load) takes them: each model's input specs.
 MODEL_INPUTS = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
 WARMUP = 50  # round trips before the measured ones, not counted
+# A server that takes no request for this long is stuck, not slow: a send blocked with no
+# peer or at the high-water mark raises zmq.Again then, rather than wait for ever.
+STUCK_MS = 60_000
 
 
 class InProcess:
@@ -52,14 +55,21 @@ class InProcess:
         return samples
 
 
+def dealer(endpoint: str) -> zmq.Socket:
+    """A DEALER connected to `endpoint`, whose send and receive give up after STUCK_MS."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.sndtimeo = sock.rcvtimeo = STUCK_MS
+    sock.connect(endpoint)
+    return sock
+
+
 class RoundTrips:
     """Closed-loop round trips of one protocol request, raw frames, timed here: one
     DEALER per server, so every server meets the same client."""
 
     def __init__(self, endpoint: str) -> None:
-        self._sock = zmq.Context.instance().socket(zmq.DEALER)
-        self._sock.linger = 0
-        self._sock.connect(endpoint)
+        self._sock = dealer(endpoint)
         self._endpoint = endpoint
 
     def __call__(self, model: str, runs: int, warmup: int) -> list[float]:

@@ -72,8 +72,11 @@ class RunningDaemon:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start_daemon(config_text: str | None = None, *, tcp: bool = False, wait: bool = True) -> RunningDaemon:
-    """Start a daemon on an ipc socket (and a tcp port if asked), by default waiting until it serves."""
+def start_daemon(
+    config_text: str | None = None, *, tcp: bool = False, wait: bool = True, program: list[str] | None = None
+) -> RunningDaemon:
+    """Start a daemon on an ipc socket (and a tcp port if asked), by default waiting until it
+    serves; `program` replaces `python -m edged` (edged.launch.DaemonProcess)."""
     folder = short_dir()
     ipc = f"ipc://{folder}/d.sock"
     endpoints = [ipc]
@@ -86,7 +89,11 @@ def start_daemon(config_text: str | None = None, *, tcp: bool = False, wait: boo
         config.write_text(config_text)
     log_path = folder / "daemon.log"
     running = RunningDaemon(
-        DaemonProcess(endpoints, config=config, log_path=log_path), ipc, tcp_endpoint, folder, log_path
+        DaemonProcess(endpoints, config=config, log_path=log_path, program=program),
+        ipc,
+        tcp_endpoint,
+        folder,
+        log_path,
     )
     if wait:
         try:
@@ -121,8 +128,16 @@ def header(**fields: Any) -> bytes:
     return msgpack.packb({"v": 1, **fields})
 
 
+def bounded(sock: zmq.Socket, timeout_ms: int = REPLY_TIMEOUT_MS) -> zmq.Socket:
+    """`sock`, whose blocking calls raise zmq.Again after `timeout_ms`: a send with no peer
+    (a connection refused in its handshake) or at the high-water mark, or a receive with
+    nothing coming, would otherwise hang the whole run rather than fail one test."""
+    sock.sndtimeo = sock.rcvtimeo = timeout_ms
+    return sock
+
+
 def connect(context: zmq.Context, endpoint: str, kind: int = zmq.DEALER) -> zmq.Socket:
-    sock = context.socket(kind)
+    sock = bounded(context.socket(kind))
     sock.linger = 0
     sock.connect(endpoint)
     return sock

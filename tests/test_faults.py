@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import zmq
-from support import RunningDaemon, connect, exchange, header, start_daemon, wait_for
+from support import RunningDaemon, bounded, connect, exchange, header, start_daemon, wait_for
 
 from edged.launch import resident_kib
 from edged.wire.codec import encode_request
@@ -92,7 +92,7 @@ def test_a_client_that_stops_reading_slows_no_one_and_its_drops_are_counted(
     other = connect(context, running.ipc)
     round_trip_ms(other, 0)
     before = stats(watcher)["unroutable"]
-    slow = context.socket(zmq.DEALER)
+    slow = bounded(context.socket(zmq.DEALER))  # its high-water marks must be set before it connects
     slow.linger = 0
     slow.rcvhwm = 100  # it stops reading: ZeroMQ holds its replies up to the high-water marks, then refuses
     slow.sndhwm = 0

@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,18 +64,30 @@ def warm(client: Client) -> None:
     raise AssertionError(f"the client did not reach both daemons: {client.counters()}")
 
 
-def first_copy_to(client: Client, endpoint: str, call: Callable[[], T]) -> tuple[T, float, dict[str, EndpointCounters]]:
-    """Repeat `call` until its first copy goes to `endpoint` (the client picks a daemon by
-    its load and round trips, so which one is not fixed); that call's result, its time
-    in seconds, and the counters from just before it."""
-    end = time.monotonic() + 10
+def tries(client: Client | AsyncClient, within_s: float = 10.0) -> Iterator[dict[str, EndpointCounters]]:
+    """The counters before each try of a call, for `within_s`. Bounded in time, not in
+    calls: the client picks a daemon by its load and a decaying average of its round trips
+    (edged.fleet.LATENCY_DECAY_MS), so one whose first round trip was slow, as on a busy
+    box, goes unpicked for seconds, however many calls are made meanwhile."""
+    end = time.monotonic() + within_s
     while time.monotonic() < end:
-        before = client.counters()
+        yield client.counters()
+
+
+def went_first_to(client: Client | AsyncClient, endpoint: str, before: dict[str, EndpointCounters]) -> bool:
+    """Whether the call made since `before` sent its first copy to `endpoint`: a copy, not a hedge."""
+    now, then = client.counters()[endpoint], before[endpoint]
+    return now.sent > then.sent and now.hedged == then.hedged
+
+
+def first_copy_to(client: Client, endpoint: str, call: Callable[[], T]) -> tuple[T, float, dict[str, EndpointCounters]]:
+    """Repeat `call` until its first copy goes to `endpoint` (which daemon the client picks
+    is not fixed); that call's result, its time in seconds, and the counters from just before it."""
+    for before in tries(client):
         started = time.monotonic()
         result = call()
         took_s = time.monotonic() - started
-        now, then = client.counters()[endpoint], before[endpoint]
-        if now.sent > then.sent and now.hedged == then.hedged:
+        if went_first_to(client, endpoint, before):
             return result, took_s, before
     raise AssertionError(f"no call went to {endpoint}: {client.counters()}")
 
@@ -254,12 +266,11 @@ def test_the_async_client_hedges_too_and_counts_the_late_reply(
                 await client.infer("mlp-light", first)
             os.kill(slow.pid, signal.SIGSTOP)
             try:
-                for _ in range(50):  # until a call's first copy goes to the stopped daemon
-                    before = client.counters()
+                for before in tries(client):  # until a call's first copy goes to the stopped daemon
                     started = time.monotonic()
                     result = await client.infer("mlp-light", first)
                     took_s = time.monotonic() - started
-                    if client.counters()[slow.ipc].sent > before[slow.ipc].sent:
+                    if went_first_to(client, slow.ipc, before):
                         break
                 else:
                     raise AssertionError(f"no call went to the stopped daemon: {client.counters()}")

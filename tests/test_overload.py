@@ -11,6 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from support import connect
 
 from edged.bench import Stream, run_load
 from edged.client import Client
@@ -56,9 +57,7 @@ def endpoint() -> Iterator[str]:
 
 def send_all(endpoint: str, requests: list[list]) -> dict[int, dict]:
     """Send every request at once on one DEALER socket; return each id's one reply header."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(endpoint)
+    sock = connect(zmq.Context.instance(), endpoint)
     try:
         for frames in requests:
             sock.send_multipart(frames, copy=False)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import zmq
+from support import bounded
 
 from edged.serve.transport import Server
 
@@ -67,7 +68,7 @@ def test_replies_sent_by_other_threads_never_leave_a_request_waiting_for_the_tic
     failures: list[str] = []
 
     def client(number: int) -> None:
-        sock = context.socket(zmq.DEALER)
+        sock = bounded(context.socket(zmq.DEALER), REPLY_TIMEOUT_MS)
         sock.linger = 0
         sock.connect(endpoint)
         try:
@@ -97,7 +98,7 @@ def test_replies_sent_by_other_threads_never_leave_a_request_waiting_for_the_tic
 def server_and_client(context: zmq.Context, endpoint: str) -> tuple[Server, zmq.Socket]:
     """A Server on `endpoint` and a DEALER named b"client" connected to it."""
     server = Server((endpoint,), 1 << 20)
-    client = context.socket(zmq.DEALER)
+    client = bounded(context.socket(zmq.DEALER), REPLY_TIMEOUT_MS)
     client.linger = 0
     client.routing_id = b"client"
     client.connect(endpoint)

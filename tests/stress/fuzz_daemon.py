@@ -45,6 +45,9 @@ CLASSES = ("realtime", "standard", "bulk")
 # A daemon of its own for the CLI: a small frame limit makes the over-the-limit case cheap to send.
 OWN_CONFIG = "[server]\nmax_message_bytes = 1048576\n"
 OWN_FRAME_LIMIT = 1048576
+# A send or receive blocked this long raises zmq.Again: the daemon is stuck, not slow, and
+# the run fails rather than hangs.
+STUCK_MS = 60_000
 
 
 @dataclass
@@ -236,6 +239,7 @@ def fuzz(
     for _ in range(sockets):
         sock = context.socket(zmq.DEALER)
         sock.linger = 0
+        sock.sndtimeo = sock.rcvtimeo = STUCK_MS
         sock.connect(endpoint)
         peers.append(_Peer(sock))
     poller = zmq.Poller()
@@ -310,6 +314,7 @@ def _send_oversized(context: zmq.Context, endpoint: str, frame_limit: int) -> in
     returns how many replies came (the promise: none)."""
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
+    sock.sndtimeo = sock.rcvtimeo = STUCK_MS
     sock.connect(endpoint)
     try:
         sock.send_multipart([msgpack.packb({"v": 1, "id": "oversized", "op": "health"}), bytes(frame_limit + 1)])

@@ -105,6 +105,8 @@ def many_clients(endpoint: str, clients: int, requests_each: int, timeout_s: flo
         for _ in range(clients):
             sock = context.socket(zmq.DEALER)
             sock.linger = 0
+            # A daemon that stops reading fails the run (zmq.Again) instead of hanging it.
+            sock.sndtimeo = sock.rcvtimeo = int(timeout_s * 1000)
             sock.connect(endpoint)
             sockets.append(sock)
         for sock in sockets:
