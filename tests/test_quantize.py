@@ -10,16 +10,16 @@ import numpy as np
 import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
-from support import ENGINES, Reference, random_input, run_edged, start_daemon
+from support import ENGINES, Reference, random_input, run_edged
 
-from edged.backends.onnxruntime_cpu import OnnxRuntimeCpuRunner
-from edged.client import Client
+from edged.backends.onnxruntime_cpu import OnnxRuntimeCpuRunner, cpu_session
 from edged.config.classes import ClassConfig
+from edged.models.accuracy import compare
 from edged.models.manifest import ModelFolder
 from edged.models.repository import discover
 from edged.toolchain.calibration import CalibrationError, held_out
 from edged.toolchain.convert import convert
-from edged.toolchain.quantize import Quantized, QuantizeError, compare, quantize, session
+from edged.toolchain.quantize import Quantized, QuantizeError, quantize
 
 # The bounds the docs report (docs/engines.md), on seeded N(0, 1) held-out inputs. The
 # demo models are random networks whose logits sit close together, so top-1 is the
@@ -96,23 +96,6 @@ def test_fp8_variant_loads_in_the_cpu_backend_at_the_basic_level(quantized: dict
     runner.close()
 
 
-def test_daemon_serves_the_int8_variant_beside_fp32(quantized: dict, repository: Path) -> None:
-    daemon = start_daemon(f'[server]\nmodel_repository = "{repository}"\nmodels = ["mlp-light", "mlp-light:int8"]\n')
-    try:
-        with Client(daemon.ipc) as client:
-            models = {m["name"]: m for m in client.models()}
-            assert models["mlp-light:int8"]["precision"] == "int8"
-            assert models["mlp-light"]["precision"] == "fp32"
-            x = random_input("mlp-light", 16, seed=9)
-            fp32 = client.infer("mlp-light", x)["scores"]
-            int8 = client.infer("mlp-light:int8", x)["scores"]
-    finally:
-        daemon.close()
-    accuracy = compare(fp32, int8)
-    cosine, _, max_abs = BOUNDS["mlp-light", "int8"]  # 16 rows: too few to bound top-1 agreement
-    assert accuracy.cosine_min >= cosine and accuracy.max_abs_error <= max_abs
-
-
 def test_calibration_from_a_folder(repository: Path, tmp_path: Path) -> None:
     samples = held_out(ModelFolder(repository, "mlp-light").inputs, 24)["x"]
     np.save(tmp_path / "a.npy", samples[:12])
@@ -149,7 +132,7 @@ def test_cli_quantize_prints_the_accuracy_report(tmp_path: Path) -> None:
 def test_fp16_runs_in_onnxruntime_close_to_fp32(repository: Path, model: str) -> None:
     path = convert(ModelFolder(repository, model), "fp16")
     x = random_input(model, 4, seed=3)
-    out = session(path, "fp16").run(None, x)[0]
+    out = cpu_session(path, "fp16").run(None, x)[0]
     assert out.dtype == np.float32  # inputs and outputs stay FP32
     np.testing.assert_allclose(out, Reference().run(model, x), atol=5e-3)
     assert f"{model}:fp16" in {e.name for e in discover(repository, "onnxruntime")}

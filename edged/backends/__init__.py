@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -101,6 +101,16 @@ class Reserving(Protocol):
         self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig], free_bytes: int
     ) -> dict[str, LaneReservation]:
         """Every class's plan; refused whole when together they exceed `free_bytes`."""
+        ...
+
+
+@runtime_checkable
+class Describing(Protocol):
+    """A backend that says how it runs a model beyond its variant (optional): what it
+    decided at load, shown with the model in the `models` op's reply."""
+
+    def describe(self, model: ModelEntry) -> dict[str, Any]:
+        """Fields to add to `model`'s entry in `models` (none: {}); called after its lanes load."""
         ...
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ class ModelEntry:
     variant: Variant
     warmup: tuple[WarmupSample, ...] = ()  # the manifest's "warmup" samples (or the default one)
     manifest: Path | None = None  # where it was read: named by every error about the model
+    # What the backend decided at load (edged.backends.Describing), shown in `models`.
+    served: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def samples(self) -> tuple[WarmupSample, ...]:
@@ -59,6 +61,7 @@ class ModelEntry:
             "backend": self.variant.backend,
             "precision": self.variant.precision,
             **self.signature.to_wire(),
+            **self.served,
         }
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from edged.backends import VARIANTS_OF, Backend, Reserving, backend_named, fixed_rows
+from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, backend_named, fixed_rows
 from edged.backends.gpu_memory import MIB, LaneReservation, check_measured
 from edged.config import Config
 from edged.models.repository import ModelEntry, RepositoryError, discover
@@ -70,6 +70,8 @@ def load(
             models = [model for model in models if model.name != exc.model]
             if not models:
                 raise RepositoryError(f"every model failed to load or warm up: {failed}") from None
+    if isinstance(backend, Describing):
+        models = [replace(model, served=backend.describe(model)) for model in models]
     seconds = time.monotonic() - started
     return Loaded(config, models, lanes, reservations, fixed_rows(backend), seconds, failed)
 

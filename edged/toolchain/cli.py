@@ -78,9 +78,14 @@ def _quantize(args: argparse.Namespace) -> int:
         progress=_progress,
     )
     print(f"wrote {done.path} (served as {args.model}:{args.precision})")
-    print(f"accuracy against FP32 ({args.precision}, {args.quantizer}):")
+    print(f"accuracy against FP32 ({args.precision}, {args.quantizer}; the Q/DQ graph's math, as TensorRT runs it):")
     for line in done.accuracy.lines():
         print(f"  {line}")
+    if done.cpu_differs():
+        print("this CPU's fused integer kernels differ (no VNNI: their 16-bit sums saturate); the CPU daemon")
+        print("serves the graph unfused here. What the fused kernels give, against FP32:")
+        for line in done.cpu_accuracy.lines():
+            print(f"  {line}")
     return 0
 
 

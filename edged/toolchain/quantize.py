@@ -5,6 +5,11 @@ lives in the graph, which is what TensorRT's strongly typed networks build from
 (TensorRT 10.1 deprecated calibrators and 11 removed them). ONNX Runtime's CPU
 provider runs the same file, so accuracy is checked here before any GPU sees it.
 
+The check runs the Q/DQ graph unfused (`session.disable_quant_qdq`): each DequantizeLinear,
+then the float op, which is the graph's own math and what TensorRT computes from it. ONNX
+Runtime's default fuses Q/DQ into this CPU's integer kernels, which saturate on x86
+without VNNI (edged.backends.int8_kernels): their figure is reported beside, never judged.
+
 Two quantizers:
 - "onnxruntime" (default): `onnxruntime.quantization.quantize_static`, already installed.
   INT8: symmetric activations and per-channel symmetric weights, because TensorRT
@@ -25,6 +30,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from edged.backends.onnxruntime_cpu import cpu_session
+from edged.models.accuracy import Accuracy, compare
 from edged.models.manifest import ModelFolder
 from edged.models.repository import sha256_of
 from edged.toolchain import Progress
@@ -42,72 +49,34 @@ class QuantizeError(RuntimeError):
     """A quantization that cannot be done here; the message says why and what to do."""
 
 
-@dataclass(frozen=True, slots=True)
-class Accuracy:
-    """How far a quantized model's outputs are from FP32's on the same held-out samples."""
-
-    samples: int
-    max_abs_error: float
-    mean_abs_error: float
-    cosine_min: float
-    cosine_mean: float
-    top1_agreement: float
-
-    def lines(self) -> list[str]:
-        return [
-            f"held-out samples    {self.samples}",
-            f"max abs error       {self.max_abs_error:.4f}",
-            f"mean abs error      {self.mean_abs_error:.4f}",
-            f"cosine (min, mean)  {self.cosine_min:.4f}, {self.cosine_mean:.5f}",
-            f"top-1 agreement     {self.top1_agreement:.3f}",
-        ]
-
-
-def compare(reference: np.ndarray, candidate: np.ndarray) -> Accuracy:
-    """Accuracy of `candidate` against `reference`, both [N, classes] scores."""
-    ref = reference.reshape(len(reference), -1).astype(np.float64)
-    out = candidate.reshape(len(candidate), -1).astype(np.float64)
-    error = np.abs(out - ref)
-    # A zero vector has no direction: count it as agreeing only with another zero vector.
-    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(out, axis=1)
-    cosine = np.where(norms > 0, (ref * out).sum(axis=1) / np.maximum(norms, 1e-30), 1.0)
-    return Accuracy(
-        samples=len(ref),
-        max_abs_error=float(error.max()),
-        mean_abs_error=float(error.mean()),
-        cosine_min=float(cosine.min()),
-        cosine_mean=float(cosine.mean()),
-        top1_agreement=float((ref.argmax(axis=1) == out.argmax(axis=1)).mean()),
-    )
-
-
-def session(path: Path, precision: str) -> ort.InferenceSession:
-    """A CPU session; FP8 Q/DQ models load only at the basic optimization level there."""
-    options = ort.SessionOptions()
-    if precision == "fp8":
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def check_accuracy(folder: ModelFolder, path: Path, precision: str, samples: Samples, rows: int = 8) -> Accuracy:
-    """Run FP32 and `path` on the same samples, `rows` at a time, and compare the first output."""
-    reference, candidate = session(folder.source(), "fp32"), session(path, precision)
+def check_accuracy(
+    folder: ModelFolder, path: Path, precision: str, samples: Samples, rows: int = 8
+) -> tuple[Accuracy, Accuracy]:
+    """FP32 against `path` on the same samples, `rows` at a time, on the first output: the
+    Q/DQ graph's own math (unfused, as TensorRT computes it: what the bounds judge), then
+    this CPU's fused integer kernels (ONNX Runtime's default, which may saturate)."""
     output = folder.outputs[0].name
-    count = len(next(iter(samples.values())))
-    ref_parts, out_parts = [], []
-    for start in range(0, count, rows):
-        batch = {name: array[start : start + rows] for name, array in samples.items()}
-        ref_parts.append(reference.run([output], batch)[0])
-        out_parts.append(candidate.run([output], batch)[0])
-    return compare(np.concatenate(ref_parts), np.concatenate(out_parts))
+    reference = _outputs(cpu_session(folder.source(), "fp32"), output, samples, rows)
+    graph = compare(reference, _outputs(cpu_session(path, precision, fused=False), output, samples, rows))
+    if precision == "fp8":  # no fused float8 kernels on the CPU: the same math either way
+        return graph, graph
+    return graph, compare(reference, _outputs(cpu_session(path, precision), output, samples, rows))
+
+
+def _outputs(session: ort.InferenceSession, output: str, samples: Samples, rows: int) -> np.ndarray:
+    return np.concatenate([session.run([output], batch)[0] for batch in _batches(samples, rows)])
 
 
 @dataclass(frozen=True, slots=True)
 class Quantized:
     path: Path
-    accuracy: Accuracy
+    accuracy: Accuracy  # the Q/DQ graph's own math against FP32
+    cpu_accuracy: Accuracy  # this CPU's fused integer kernels against FP32
     entry: dict[str, str]
+
+    def cpu_differs(self) -> bool:
+        """Whether this CPU's fused kernels answer otherwise than the graph (saturation)."""
+        return abs(self.cpu_accuracy.cosine_min - self.accuracy.cosine_min) > 1e-4
 
 
 def quantize(
@@ -139,7 +108,7 @@ def quantize(
     else:
         _modelopt(source, target, precision, samples)
     progress(f"checking {target.name} against FP32 on {held_out_count} held-out samples")
-    accuracy = check_accuracy(folder, target, precision, held_out(folder.inputs, held_out_count))
+    accuracy, cpu_accuracy = check_accuracy(folder, target, precision, held_out(folder.inputs, held_out_count))
     entry = {
         "precision": precision,
         "backend": "onnxruntime",
@@ -149,7 +118,7 @@ def quantize(
         "quantizer": quantizer,
     }
     folder.put_variant(entry)
-    return Quantized(target, accuracy, entry)
+    return Quantized(target, accuracy, cpu_accuracy, entry)
 
 
 def _batches(samples: Samples, rows: int = 8) -> Iterator[dict[str, np.ndarray]]:
