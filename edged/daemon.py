@@ -100,7 +100,12 @@ class Daemon:
             tick_ms = min(TICK_MS, self.notifier.watchdog_interval_ns // 4_000_000 or 1)
         try:
             self.server.run(
-                self.dispatcher.handle, self._keep_running, self._tick, tick_ms, self.dispatcher.spin_deadline_ns
+                self.dispatcher.handle,
+                self._keep_running,
+                self._tick,
+                tick_ms,
+                self.dispatcher.spin_deadline_ns,
+                self._serve_tick,
             )
         finally:
             self._shut_down()
@@ -146,11 +151,11 @@ class Daemon:
             self._retiring.extend(result.lanes.values())
             return
         first = state is State.STARTING
+        served = f"{', '.join(m.name for m in result.models)} with classes {', '.join(result.lanes)}"
         log.info(
-            "%s %s with classes %s (%.1f s)",
-            "loaded and warmed" if first else "reloaded:",
-            ", ".join(m.name for m in result.models),
-            ", ".join(result.lanes),
+            "%s %s (%.1f s); warming the loop's own runners",
+            "loaded" if first else "reload loaded",
+            served,
             result.seconds,
         )
         old = list(self.dispatcher.lanes.values())
@@ -176,6 +181,8 @@ class Daemon:
         self.notifier.notify(READY="1", STATUS=self._status_line())
         if first:
             log.info("ready on %s", ", ".join(self.config.endpoints))
+        else:
+            log.info("reloaded: now serving %s", served)
 
     def _on_reload_signal(self, _signum: int, _frame: object) -> None:
         self._reload_asked = True
@@ -195,25 +202,17 @@ class Daemon:
         return self.server.ask(figures, FIGURES_WAIT_S)
 
     def _tick(self) -> None:
-        now = time.monotonic_ns()
-        # The loop wakes for every request; housekeeping needs a cadence, not a per-request
-        # cost. Signals and a finished load wake the loop with their news already set.
+        """The steering thread's turn: serve's housekeeping, then act on the news left
+        for it (a stop, a finished load, a reload asked). Only this thread moves the
+        daemon's life; the stand-in's turns run `_serve_tick` alone."""
         news = self._loaded is not None or self._reload_asked or self._stop_asked
-        if now < self._next_housekeeping_ns and not news:
+        if not self._serve_tick() and not news:
             return
-        self._next_housekeeping_ns = now + HOUSEKEEPING_EVERY_NS
+        self.lifecycle.check_owner()
         if self._stop_asked:
             signum, self._stop_asked = self._stop_asked, 0
             self._stop(signum)
-        # The workers' facts, counted at a cadence (and before any reader: see _figures).
-        self.dispatcher.settle()
-        if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
-            # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
-            self.notifier.notify(WATCHDOG="1")
-            self._next_watchdog_ns = now + self.notifier.watchdog_interval_ns
-        # Not from the stand-in, while the loop's thread is inside a call of a lane that
-        # the new lanes would retire: the next turn of the loop's thread takes them.
-        if self._loaded is not None and not self.server.stepped_aside:
+        if self._loaded is not None:
             result, self._loaded = self._loaded, None
             self._take_loaded(result)
         if self._reload_asked and self.lifecycle.state is State.SERVING and not self._loading_busy():
@@ -222,12 +221,29 @@ class Daemon:
             self.notifier.notify(RELOADING="1", STATUS="reloading")
             self.lifecycle.move(State.RELOADING)
             self._start_loading(self._reread)
-        for lane in self.dispatcher.lanes.values():
-            lane.check_stuck(now)
         self._retiring = [lane for lane in self._retiring if lane.alive]
+        now = time.monotonic_ns()
         if now >= self._next_status_ns and self.lifecycle.open:
             self.notifier.notify(STATUS=self._status_line())
             self._next_status_ns = now + STATUS_EVERY_NS
+
+    def _serve_tick(self) -> bool:
+        """Serving's housekeeping, at a cadence, on whichever thread serves: count the
+        workers' facts, ping the watchdog, look for stuck workers. Whether it ran."""
+        now = time.monotonic_ns()
+        # The loop wakes for every request; housekeeping needs a cadence, not a per-request cost.
+        if now < self._next_housekeeping_ns:
+            return False
+        self._next_housekeeping_ns = now + HOUSEKEEPING_EVERY_NS
+        # The workers' facts, counted at a cadence (and before any reader: see _figures).
+        self.dispatcher.settle()
+        if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
+            # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
+            self.notifier.notify(WATCHDOG="1")
+            self._next_watchdog_ns = now + self.notifier.watchdog_interval_ns
+        for lane in self.dispatcher.lanes.values():
+            lane.check_stuck(now)
+        return True
 
     def _status_line(self) -> str:
         parts = []

@@ -258,7 +258,11 @@ def test_a_failing_request_in_a_batch_fails_alone(context: zmq.Context, models_d
     for r in range(rounds):
         for i in range(per_round):
             value = 99 if i == bad else (r + i) % 10
-            sock.send_multipart(encode_request(f"{r}-{i}-{value}", model="lookup", klass="bulk", inputs=index(value)))
+            # A deadline far past the long call, which a busy box stretches past bulk's 5 s.
+            request = encode_request(
+                f"{r}-{i}-{value}", model="lookup", klass="bulk", deadline_ms=60_000, inputs=index(value)
+            )
+            sock.send_multipart(request)
     wait_for(lambda: stats(watcher, "bulk")["admitted"] == 1 + rounds * per_round, 10, "the lookups to queue")
     assert not holder.poll(0), "the long call ended before the lookups queued: nothing was batched"
     for _ in range(rounds * per_round):

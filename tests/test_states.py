@@ -3,6 +3,8 @@ what the health and stats ops show for each state."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from edged.serve.lifecycle import REPORTED_STATES, Lifecycle, State
@@ -34,3 +36,21 @@ def test_a_move_the_table_does_not_list_raises() -> None:
 
 def test_the_reported_states_are_protocol_v1s_three() -> None:
     assert REPORTED_STATES == ("starting", "serving", "draining")
+
+
+def test_only_the_thread_that_steers_may_move_the_state() -> None:
+    life = Lifecycle()
+    failures: list[BaseException] = []
+
+    def stand_in() -> None:
+        try:
+            life.move(State.SERVING)
+        except RuntimeError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=stand_in, name="stand-in")
+    thread.start()
+    thread.join()
+    assert [str(exc) for exc in failures] == ["the daemon's life is steered by its own thread only, not by 'stand-in'"]
+    assert life.state is State.STARTING
+    life.move(State.SERVING)  # its own thread still may

@@ -208,9 +208,14 @@ class Lane:
                 return job
             if self._step_aside is not None:
                 self.backlog.add(job.cost_ns)  # before the stand-in may admit anything behind it
-                if self._step_aside(lambda: inline.run_aside(job)):
+
+                def aside() -> None:
+                    # Counted before the call answers: a client that reads the stats after
+                    # its reply (the stand-in answers it) must find the call counted.
                     self.stats.aside += 1
-                else:
+                    inline.run_aside(job)
+
+                if not self._step_aside(aside):
                     self._queue.put(job)
                 return job
         self.submit(job)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from enum import StrEnum
 
 
@@ -35,15 +36,24 @@ REPORTED_STATES = tuple(dict.fromkeys(REPORTED.values()))
 
 
 class Lifecycle:
-    """The daemon's current state. One writer: the daemon, on the socket loop's
-    thread (its signal handlers run there too), through `move`. Dispatch reads it
-    on the same thread; the Prometheus endpoint reads `reported` from its own."""
+    """The daemon's current state. One writer, the thread that made it: the daemon's
+    steering thread, which runs the socket loop (edged.daemon). A move from any other
+    thread is a bug, and raises, as asyncio's loop checks its thread. Dispatch reads the
+    state on whichever thread serves; the Prometheus endpoint reads `reported` from its own."""
 
     def __init__(self) -> None:
         self.state = State.STARTING
+        self._owner = threading.get_ident()
+
+    def check_owner(self) -> None:
+        """Raise unless the calling thread is the one that steers the daemon's life."""
+        if threading.get_ident() != self._owner:
+            thread = threading.current_thread().name
+            raise RuntimeError(f"the daemon's life is steered by its own thread only, not by {thread!r}")
 
     def move(self, to: State) -> None:
-        """Go to `to`; a move that MOVES does not list is a bug, and raises."""
+        """Go to `to`; a move that MOVES does not list, or from another thread, is a bug, and raises."""
+        self.check_owner()
         if to not in MOVES[self.state]:
             raise RuntimeError(f"the daemon cannot go from {self.state} to {to}")
         self.state = to

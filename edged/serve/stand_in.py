@@ -32,9 +32,6 @@ class LoopRole:
         self.holder: int | None = None
         self._main: int | None = None
         self._stand_in: StandIn | None = None
-        # True while the loop's own thread runs a call and the stand-in may serve: what
-        # must not change under that call (a reload of its lane) waits.
-        self.stepped_aside = False
 
     @property
     def here(self) -> bool:
@@ -66,7 +63,6 @@ class LoopRole:
         if stand_in is None or threading.get_ident() != self._main or self.holder is None:
             return False
         stand_in.arm()
-        self.stepped_aside = True
         self.holder = None
         self._lock.release()
         try:
@@ -77,7 +73,6 @@ class LoopRole:
             stand_in.disarm()
             self._lock.acquire()
             self.holder = self._main
-            self.stepped_aside = False
         return True
 
     def _stand_in_turn(self, turn: Callable[[], None]) -> None:

@@ -151,11 +151,6 @@ class Server:
         """Make the loop look at its stop condition now (safe from signal handlers)."""
         os.eventfd_write(self._wake_fd, 1)
 
-    @property
-    def stepped_aside(self) -> bool:
-        """Whether the loop's own thread is inside a call, the stand-in serving (see step_aside)."""
-        return self._role.stepped_aside
-
     def step_aside(self, call: Callable[[], None]) -> bool:
         """Run `call` here, on the loop's own thread, with the stand-in watching the
         sockets meanwhile; False (and `call` not run) on any other thread, or before `run`."""
@@ -169,9 +164,11 @@ class Server:
         tick: Callable[[], None],
         tick_ms: int,
         spin_deadline_ns: Callable[[], int] = lambda: 0,
+        stand_in_tick: Callable[[], None] = lambda: None,
     ) -> None:
         """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`.
-        Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come."""
+        Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come.
+        The stand-in serves, and never steers: its turns run `stand_in_tick` instead of `tick`."""
         poller = select.poll()
         by_fd = {}  # each socket's ZMQ_FD: its index
         for index, sock in enumerate(self._sockets):
@@ -182,7 +179,11 @@ class Server:
         poller.register(self._wake_fd, select.POLLIN)
         self._role.take()
         try:
-            self._role.serve_with([*by_fd, self._wake_fd], lambda: self._stand_in_turn(handle, tick), tick_ms / 1000)
+
+            def stand_in_turn() -> None:
+                self._stand_in_turn(handle, stand_in_tick)
+
+            self._role.serve_with([*by_fd, self._wake_fd], stand_in_turn, tick_ms / 1000)
             while keep_running():
                 # Level, not edge: a socket that holds a message is read before any sleep.
                 ready = self._readable() or self._sleep(poller, by_fd, spin_deadline_ns(), tick_ms)

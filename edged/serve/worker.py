@@ -184,8 +184,9 @@ class Worker:
 
 
 def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, service: ServiceTimes) -> Runner:
-    """Load `model` for `klass` and time WARMUP_RUNS calls on each warm-up sample (and at the
-    class's largest batch), seeding `service`; a failure says which model, on what, and the fix."""
+    """Load `model` for `klass` and make WARMUP_RUNS calls on each warm-up sample (and at the
+    class's largest batch), seeding `service` with the median of all but the first; a failure
+    says which model, on what, and the fix."""
     try:
         runner = backend.load(model, klass)
     except Exception as exc:
@@ -193,7 +194,8 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
     for sample in model.samples:
         for inputs, rows in tiled(sample, model.signature, klass.max_batch):
             try:
-                elapsed = _time_calls(runner, model, inputs, WARMUP_RUNS)
+                runner.run(inputs, model.signature.output_names)  # warms the runtime up: not timed
+                elapsed = _time_calls(runner, model, inputs, WARMUP_RUNS - 1)
             except Exception as exc:
                 runner.close()
                 given = bool(model.warmup)
@@ -203,9 +205,11 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
 
 
 def _time_calls(runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int) -> int:
-    """The time of the last of `runs` calls on `inputs` (the first ones warm the runtime up)."""
+    """The median time of `runs` calls on `inputs`: a single call would carry any hiccup
+    of the box into the price."""
+    times = []
     for _ in range(runs):
         start = time.perf_counter_ns()
         runner.run(inputs, model.signature.output_names)
-        elapsed = time.perf_counter_ns() - start
-    return elapsed
+        times.append(time.perf_counter_ns() - start)
+    return sorted(times)[len(times) // 2]

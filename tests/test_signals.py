@@ -1,0 +1,99 @@
+"""Signals at the moments that used to break the daemon: while the loop's own thread
+warms a dear model (start-up and reload), the stand-in serving meanwhile. Only the
+steering thread acts on a signal; each ends in its documented outcome, with exit 0,
+and every admitted request answered exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from support import RunningDaemon, connect, receive, short_dir, start_daemon, wait_for
+from test_scheduling import save_sleeper, sleep_for
+
+from edged.wire.codec import encode_request
+
+# The sleeper's n = 3000 takes about 0.25 s here: warming it on the loop's thread (five
+# calls) leaves a window of a second for the signal.
+WARMUP_N = 3000
+CONFIG = """
+[server]
+model_repository = "{repository}"
+drain_timeout_ms = 120000
+
+[classes.realtime]
+stuck_after_ms = 60000
+
+[classes.standard]
+stuck_after_ms = 60000
+
+[classes.bulk]
+stuck_after_ms = 60000
+"""
+WARMING = "warming the loop's own runners"
+
+
+@pytest.fixture
+def repository() -> Iterator[Path]:
+    """The sleeper, warmed up at a dear n, and mlp-light."""
+    root = short_dir()
+    save_sleeper(root)
+    manifest_path = root / "sleeper" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["warmup"] = [{"data": {"n": WARMUP_N}}]
+    manifest_path.write_text(json.dumps(manifest))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def no_traceback(running: RunningDaemon) -> None:
+    log = running.log()
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+def test_sigterm_while_start_up_warms_on_the_loop_exits_zero(repository: Path) -> None:
+    running = start_daemon(CONFIG.format(repository=repository), wait=False)
+    try:
+        wait_for(lambda: WARMING in running.log() or not running.alive(), 120, "the loop's warm-up")
+        os.kill(running.pid, signal.SIGTERM)
+        assert running.process.process.wait(timeout=60) == 0, running.log()[-3000:]
+        no_traceback(running)
+    finally:
+        running.close()
+
+
+def test_sighup_then_sigterm_while_the_reload_warms_answers_every_admitted_request(
+    context: zmq.Context, repository: Path
+) -> None:
+    """What `systemctl reload` then `systemctl stop` do: the queued bulk work is answered,
+    each request once, and the daemon exits 0."""
+    running = start_daemon(CONFIG.format(repository=repository))
+    try:
+        sock = connect(context, running.ipc)
+        sent = 30
+        for i in range(sent):
+            request = encode_request(i, model="sleeper", klass="bulk", deadline_ms=120_000, inputs=sleep_for(500))
+            sock.send_multipart(request)
+        os.kill(running.pid, signal.SIGHUP)
+        wait_for(lambda: "reload loaded" in running.log() or not running.alive(), 120, "the reload's warm-up")
+        os.kill(running.pid, signal.SIGTERM)
+        answers: Counter[int] = Counter()
+        statuses: Counter[str] = Counter()
+        for _ in range(sent):
+            reply = receive(sock, 60_000)
+            answers[reply.header["id"]] += 1
+            statuses[reply.status] += 1
+        assert set(answers) == set(range(sent)) and set(answers.values()) == {1}
+        assert statuses == {"OK": sent}, statuses
+        assert running.process.process.wait(timeout=60) == 0, running.log()[-3000:]
+        no_traceback(running)
+        assert "reloaded: now serving" in running.log()
+    finally:
+        running.close()
