@@ -125,3 +125,41 @@ def test_a_sighup_during_a_dear_job_on_the_loops_thread_reloads_after_it(
     assert exchange(other, light).status == "OK"
     assert realtime_stats(other)["inline"] == inline_before + 1, "after the reload, a light request left the loop"
     assert running.stop() == 0
+
+
+def test_an_aside_call_past_stuck_after_ms_is_answered_and_the_loops_thread_is_not_given_up(
+    context: zmq.Context, own_daemon
+) -> None:
+    """The watchdog answers an overrunning aside call's request, as a worker's, but the
+    loop's thread is not a worker: none is started in its place, and the next dear job
+    runs aside again."""
+    repository = short_dir()
+    save_sleeper(repository)
+    config = CONFIG.format(repository=repository, realtime="").replace(
+        "stuck_after_ms = 60000", "stuck_after_ms = 1000"
+    )
+    running = own_daemon(config)
+    try:
+        sock, other = connect(context, running.ipc), connect(context, running.ipc)
+        teach(sock)
+        # About 5 s here: five times the watchdog's limit.
+        sock.send_multipart(encode_request("stuck", model="sleeper", klass="realtime", inputs=sleep_for(64_000)))
+        stuck = receive(sock, 60_000)
+        assert stuck.status == "INTERNAL" and "has not returned after 1000 ms" in stuck.header["error"], stuck.header
+        light = encode_request("light", model="mlp-light", klass="standard", inputs=random_input("mlp-light", 1, 0))
+        assert exchange(other, light).status == "OK"
+        # Once the call returns, the next dear job runs aside again, and is answered OK.
+        wait_for(lambda: realtime_stats(other)["late_dropped"] == 1, 60, "the stuck call to return")
+        time.sleep(0.2)  # the call's late result is counted just before the loop's thread takes the role back
+        before = realtime_stats(other)
+        again = encode_request("again", model="sleeper", klass="realtime", inputs=sleep_for(2000))
+        assert exchange(sock, again, 60_000).status == "OK"
+        after = realtime_stats(other)
+        assert after["aside"] - before["aside"] == 1, after
+        health = exchange(other, [header(id="h", op="health")]).header
+        assert health["lanes"]["realtime"] == "ok", health
+        log = running.log()
+        assert "on the socket loop's thread has not returned after 1000 ms" in log
+        assert "starting a new worker" not in log, log[-2000:]
+    finally:
+        shutil.rmtree(repository, ignore_errors=True)

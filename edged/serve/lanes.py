@@ -93,7 +93,7 @@ class Lane:
         if self.klass.inline_max_us:
             # Never a CUDA graph on the loop: ONNX Runtime captures in global mode, which
             # a capture on the loop, while other lanes serve, would break.
-            loop_worker = self._new_worker(replace(self.klass, cuda_graph=False))
+            loop_worker = self._new_worker(replace(self.klass, cuda_graph=False), on_worker=False)
             loop_worker.load(pin=False)  # the loop's own thread keeps its settings
             self._inline = InlinePath(self.klass, loop_worker)
 
@@ -243,28 +243,42 @@ class Lane:
         """Answer the requests of a backend call open past `stuck_after_ms`, and
         replace its worker."""
         limit_ms = self.klass.stuck_after_ms
-        stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else []
-        if not stuck:
+        if not limit_ms:
             return
-        self._answers.failures(
-            stuck, now_ns, f"the backend call has not returned after {limit_ms} ms; the lane is restarting its worker"
-        )
-        why = f"recovering: a backend call of {stuck[0].model.name} has not returned after {limit_ms} ms"
+        stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000)
+        if not stuck.jobs:
+            return
+        model = stuck.jobs[0].model.name
+        message = f"the backend call has not returned after {limit_ms} ms"
+        if not stuck.workers_lost:
+            # The loop's own thread, in a call aside: answered, and no worker to replace.
+            self._answers.failures(stuck.jobs, now_ns, message)
+            log.error(
+                "class %s: a backend call of %s on the socket loop's thread has not returned after %d ms: "
+                "answered; the stand-in serves meanwhile",
+                self.klass.name,
+                model,
+                limit_ms,
+            )
+            return
+        self._answers.failures(stuck.jobs, now_ns, f"{message}; the lane is restarting its worker")
+        why = f"recovering: a backend call of {model} has not returned after {limit_ms} ms"
         log.error("class %s: %s; starting a new worker", self.klass.name, why)
-        self._recovery = (why, self._start_worker(None))
+        for _ in range(stuck.workers_lost):
+            self._recovery = (why, self._start_worker(None))
 
     def answer_open_calls(self, message: str) -> int:
         """Answer INTERNAL every request still inside a backend call: the last act of a
         shutdown whose grace ran out, so that nothing admitted goes unanswered."""
         now_ns = time.monotonic_ns()
-        return self._answers.failures(self._calls.overdue(now_ns, -1), now_ns, message)
+        return self._answers.failures(self._calls.overdue(now_ns, -1).jobs, now_ns, message)
 
     # --- workers -----------------------------------------------------------
 
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if not self._calls.abandoned(thread)]
 
-    def _new_worker(self, klass: ClassConfig | None = None) -> Worker:
+    def _new_worker(self, klass: ClassConfig | None = None, on_worker: bool = True) -> Worker:
         return Worker(
             klass or self.klass,
             self.models,
@@ -274,6 +288,7 @@ class Lane:
             self._answers,
             self.service,
             self.precedence,
+            on_worker=on_worker,
         )
 
     def _start_worker(self, ready: threading.Barrier | None) -> Worker:

@@ -18,14 +18,28 @@ from edged.serve.batching import Job
 class _Call:
     started_ns: int
     jobs: list[Job]
+    on_worker: bool  # False: the loop's own thread, running it aside (edged.serve.inline)
+    overdue: bool = False  # its jobs were handed to the watchdog's answer once
+
+
+@dataclass(frozen=True, slots=True)
+class Overdue:
+    """What the watchdog found: the jobs of calls open too long, and how many of those
+    calls held a worker's thread, now given up on (each wants a new worker)."""
+
+    jobs: list[Job]
+    workers_lost: int
 
 
 class OpenCalls:
-    """The backend calls a lane's workers are inside, and the workers given up on.
+    """The backend calls a lane is inside, and the worker threads given up on.
 
-    Writers, under `_lock`: each worker opens and closes its own call (`begin`,
-    `end`); the watchdog (`overdue`, from the socket loop's tick or the shutdown)
-    abandons the threads of calls open too long.
+    Writers, under `_lock`: each thread opens and closes its own call (`begin`, `end`);
+    the watchdog (`overdue`, from the socket loop's tick or the shutdown) marks calls open
+    too long, once each, and abandons the worker threads inside them. A call the loop's
+    own thread runs aside is answered like any other, but that thread is never abandoned:
+    it is the daemon's main thread, no worker replaces it, and its next call is watched
+    afresh.
     """
 
     def __init__(self) -> None:
@@ -33,25 +47,29 @@ class OpenCalls:
         self._open: dict[int, _Call] = {}
         self._abandoned: set[int] = set()  # idents of worker threads given up on
 
-    def begin(self, jobs: list[Job], now_ns: int) -> None:
+    def begin(self, jobs: list[Job], now_ns: int, on_worker: bool = True) -> None:
         with self._lock:
-            self._open[threading.get_ident()] = _Call(now_ns, jobs)
+            self._open[threading.get_ident()] = _Call(now_ns, jobs, on_worker)
 
     def end(self) -> None:
         with self._lock:
             self._open.pop(threading.get_ident(), None)
 
-    def overdue(self, now_ns: int, limit_ns: int) -> list[Job]:
-        """The jobs of every call open longer than `limit_ns`; the threads inside those
-        calls are abandoned. Some of the jobs may have been answered already."""
+    def overdue(self, now_ns: int, limit_ns: int) -> Overdue:
+        """The jobs of every call open longer than `limit_ns` and not yet found so (some
+        may have been answered already); the worker threads inside them are abandoned."""
         jobs: list[Job] = []
+        lost = 0
         with self._lock:
             for ident, call in self._open.items():
-                if ident in self._abandoned or now_ns - call.started_ns <= limit_ns:
+                if call.overdue or now_ns - call.started_ns <= limit_ns:
                     continue
-                self._abandoned.add(ident)
+                call.overdue = True
                 jobs.extend(call.jobs)
-        return jobs
+                if call.on_worker:
+                    self._abandoned.add(ident)
+                    lost += 1
+        return Overdue(jobs, lost)
 
     def done_ns(self, now_ns: int) -> int:
         """How much of the work charged for the calls in flight is already done, by

@@ -63,6 +63,9 @@ class Worker:
     answers: Answers
     service: ServiceTimes
     precedence: Precedence
+    # False for the inline path's worker, whose calls run on the socket loop's thread:
+    # the watchdog answers them but never gives up on that thread (edged.serve.watchdog).
+    on_worker: bool = True
     runners: dict[str, Runner] = field(default_factory=dict)
     error: BaseException | None = None  # why `load` failed
     loaded: threading.Event = field(default_factory=threading.Event)
@@ -147,7 +150,7 @@ class Worker:
         runner = self.runners[live[0].model.name]
         stop = CallStop() if self.klass.preemptible else None
         start = time.perf_counter_ns()
-        self.calls.begin(live, time.monotonic_ns())
+        self.calls.begin(live, time.monotonic_ns(), self.on_worker)
         if stop is not None:
             model = live[0].model
             # A size-priced call is predicted by its jobs' own prices (see _row_cap).
