@@ -21,6 +21,7 @@ from edged.wire.codec import DTYPES, TensorSpec
 from edged.wire.signature import Signature
 
 MANIFEST = "manifest.json"
+NOT_MODELS = {"lost+found"}  # what a repository on a file system of its own holds besides models
 
 
 class RepositoryError(ValueError):
@@ -66,11 +67,10 @@ class ModelEntry:
 
 
 def discover(root: Path, backend: str, only: tuple[str, ...] = ()) -> list[ModelEntry]:
-    """Every model under `root` with a variant for `backend` (or just those in `only`)."""
-    if not root.is_dir():
-        raise RepositoryError(f"model repository {root} is not a directory: set server.model_repository")
+    """Every model under `root` with a variant for `backend` (or just those in `only`).
+    A model folder that cannot be read is left out: `unreadable` names it, and why."""
     entries = []
-    for manifest_path in sorted(root.glob(f"*/{MANIFEST}")):
+    for manifest_path in _scan(root)[0]:
         entries.extend(entries_of(manifest_path, backend))
     names = {entry.name for entry in entries}
     missing = sorted(set(only) - names)
@@ -83,6 +83,38 @@ def discover(root: Path, backend: str, only: tuple[str, ...] = ()) -> list[Model
     if not entries:
         raise RepositoryError(f"model repository {root} has no model with a {backend} variant")
     return entries
+
+
+def unreadable(root: Path) -> dict[str, str]:
+    """By folder name, why each folder of `root` that may hold a model cannot be read:
+    a model the daemon cannot see must fail, never vanish."""
+    return _scan(root)[1]
+
+
+def _scan(root: Path) -> tuple[list[Path], dict[str, str]]:
+    """The manifests of `root`'s model folders, in name order, and the folders that cannot be read."""
+    if not root.is_dir():
+        raise RepositoryError(f"model repository {root} is not a directory: set server.model_repository")
+    try:
+        folders = sorted(path for path in root.iterdir() if path.is_dir() and path.name not in NOT_MODELS)
+    except OSError as exc:
+        raise RepositoryError(
+            f"model repository {root} cannot be read ({exc.strerror}): give the daemon's user read access to it"
+        ) from None
+    manifests, refused = [], {}
+    for folder in folders:
+        try:
+            (folder / MANIFEST).stat()
+        except FileNotFoundError:
+            continue  # a folder without a manifest holds no model
+        except OSError as exc:
+            refused[folder.name] = (
+                f"model folder {folder} cannot be read ({exc.strerror}): give the daemon's user read access to it, "
+                "or move it out of the repository"
+            )
+            continue
+        manifests.append(folder / MANIFEST)
+    return manifests, refused
 
 
 def entries_of(manifest_path: Path, backend: str) -> list[ModelEntry]:

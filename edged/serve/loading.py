@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, backend_named, fixed_rows
 from edged.backends.gpu_memory import MIB, LaneReservation, check_measured
 from edged.config import Config
-from edged.models.repository import ModelEntry, RepositoryError, discover
+from edged.models.repository import ModelEntry, RepositoryError, discover, unreadable
 from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.answers import ReplyFn
 from edged.serve.lanes import Lane, StepAside
@@ -50,23 +50,29 @@ def load(
     started = time.monotonic()
     config = read_config()
     variants = VARIANTS_OF.get(config.backend, config.backend)
+    failed: dict[str, str] = {}
+
+    def fail(exc: ModelFailure) -> None:
+        if config.on_model_failure == "stop":
+            raise ModelFailure(
+                exc.model, f'{exc} (or set server.on_model_failure = "skip" to serve the other models)'
+            ) from None
+        log.error("not serving %s: %s", exc.model, exc)
+        failed[exc.model] = str(exc)
+
+    for folder, why in unreadable(config.model_repository).items():
+        fail(ModelFailure(folder, why))
     models = discover(config.model_repository, variants, config.models)
     for model in models:
         if warning := one_size_warning(model.name, model.signature, model.samples, model.manifest):
             log.warning("%s", warning)
     backend = backend_named(config.backend, config.fallback)
-    failed: dict[str, str] = {}
     while True:
         try:
             reservations, lanes = _start_lanes(config, models, backend, stats, reply, step_aside)
             break
         except ModelFailure as exc:
-            if config.on_model_failure == "stop":
-                raise ModelFailure(
-                    exc.model, f'{exc} (or set server.on_model_failure = "skip" to serve the other models)'
-                ) from None
-            log.error("not serving %s: %s", exc.model, exc)
-            failed[exc.model] = str(exc)
+            fail(exc)
             models = [model for model in models if model.name != exc.model]
             if not models:
                 raise RepositoryError(f"every model failed to load or warm up: {failed}") from None
