@@ -16,8 +16,8 @@ import pytest
 import zmq
 from stream_models import padder
 from support import RunningDaemon, connect, exchange, header, random_input, run_edged, short_dir, wait_for
+from support.models import save_sleeper, sleep_for
 from test_lanes import CountingBackend
-from test_scheduling import save_sleeper, sleep_for
 
 from edged.config.classes import ClassConfig
 from edged.models.repository import discover

@@ -8,7 +8,7 @@ import time
 
 import zmq
 from support import connect, exchange, header, nothing_more, random_input, receive, short_dir, wait_for
-from test_scheduling import save_sleeper, sleep_for
+from support.models import save_sleeper, sleep_for
 
 from edged.wire.codec import encode_request
 

@@ -22,7 +22,7 @@ from support import (
     short_dir,
     wait_for,
 )
-from test_scheduling import save_sleeper, sleep_for
+from support.models import save_sleeper, sleep_for
 
 from edged.cli import main
 from edged.wire.codec import encode_request

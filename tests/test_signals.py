@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import zmq
 from support import RunningDaemon, connect, receive, short_dir, start_daemon, wait_for
-from test_scheduling import save_sleeper, sleep_for
+from support.models import save_sleeper, sleep_for
 
 from edged.wire.codec import encode_request
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 from support import connect, exchange, header, random_input, short_dir
+from support.models import save_sleeper, sleep_for
 from test_lanes import CountingBackend
-from test_scheduling import save_sleeper, sleep_for
 
 from edged.config.file import load_config
 from edged.launch import cpu_seconds

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 from support import RunningDaemon, connect, exchange, header, random_input, receive, short_dir, wait_for
-from test_scheduling import save_sleeper, sleep_for
+from support.models import save_sleeper, sleep_for
 
 from edged.wire.codec import encode_request
 

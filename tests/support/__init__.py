@@ -25,7 +25,7 @@ import zmq
 
 from edged.launch import DaemonProcess
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINES = REPO_ROOT / "engines"
 # Generous: a reply that takes this long is lost, not slow.
 REPLY_TIMEOUT_MS = 10_000
