@@ -42,8 +42,9 @@ class ServiceTimes:
     follows its input's size (`Signature.sized`) is priced per row too, each row at
     what a row of its size costs, from the sizes measured (SizeCosts): per row, so
     that a batch of four small images and one image four times their size, equal in
-    elements, are not taken for one size. Owned by a Lane: its workers write it
-    (each call they time); `Lane.offer` reads it.
+    elements, are not taken for one size. Owned by a Lane: its workers, and the loop's
+    thread for the calls it runs itself, write it, each observation under the lock;
+    `Lane.offer` reads single values and the published SizeCosts, without it.
     """
 
     def __init__(self) -> None:
@@ -51,18 +52,20 @@ class ServiceTimes:
         self._extra_row_ns: dict[str, float] = {}
         self._measured: dict[str, dict[int, float]] = {}  # by model: elements -> call ns; workers only
         self._sizes: dict[str, SizeCosts] = {}  # by model: what the loop reads, replaced whole
-        self._lock = threading.Lock()  # between a lane's workers, on a size-priced model's table
+        self._lock = threading.Lock()  # between its writers: the lane's workers and the loop's thread
 
     def observe(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
         """A call of `rows` rows took `call_ns`; `elements`: its inputs' size, for a size-priced model."""
-        if rows <= 1:
-            _update(self._first_row_ns, model, call_ns)
-        else:
-            first = self._first_row_ns.get(model, call_ns / rows)
-            _update(self._extra_row_ns, model, max(call_ns - first, 0.0) / (rows - 1))
-        if elements:
-            size = elements // max(rows, 1)
-            with self._lock:
+        # Every averaging is a read, then a write: without the lock, a switch of the GIL
+        # between the two loses the other writer's sample.
+        with self._lock:
+            if rows <= 1:
+                _update(self._first_row_ns, model, call_ns)
+            else:
+                first = self._first_row_ns.get(model, call_ns / rows)
+                _update(self._extra_row_ns, model, max(call_ns - first, 0.0) / (rows - 1))
+            if elements:
+                size = elements // max(rows, 1)
                 table = self._measured.setdefault(model, {})
                 _update(table, size, call_ns / max(rows, 1))
                 table[size] = table.pop(size)  # the most recently seen last
