@@ -1,6 +1,6 @@
 """Put edged beside its floors and a naive server, on the same models, in one run.
 
-    python bench/compare.py [--quick] [--rounds N] [--skip-overload] [--write-docs]
+    python bench/compare.py [--quick] [--rounds N] [--skip-overload] [--write-docs] [--baseline DIR]
 
 Unloaded round trips, interleaved: every server is started first, then each round
 measures every path on every model, in an order rotated from round to round, so a
@@ -15,6 +15,8 @@ server and the client in bench/paths.py):
   edged         the daemon, same requests, same raw DEALER client, default configuration
                 (realtime's loop spin on: classes.realtime.spin_us = 250)
   edged_no_spin the same with classes.realtime.spin_us = 0: what the spin buys
+  edged_baseline given --baseline DIR: the daemon of another checkout (a worktree of an
+                earlier commit, say), default configuration: before and after, one run
   pytriton      a Triton server through PyTriton, given --triton-python: an interpreter
                 with nvidia-pytriton installed (see compare_triton.py)
 Round trips are closed-loop (one request at a time), timed in the client, in many
@@ -31,6 +33,7 @@ at 3x its capacity while realtime sends to the light model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -59,9 +62,9 @@ def percentiles(samples_us: list[float]) -> dict[str, float]:
     return {k: round(float(np.percentile(values, q)), 1) for k, q in (("p50", 50), ("p99", 99), ("p999", 99.9))}
 
 
-def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dict[str, Any]:
+def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int, compared: tuple[str, ...]) -> dict[str, Any]:
     """Every path on every model, `rounds` times in rotated order; pooled percentiles
-    per path, and the COMPARED paths' p50 ratios to the naive server in each round."""
+    per path, and the `compared` paths' p50 ratios to the naive server in each round."""
     samples: dict[str, dict[str, list[float]]] = {m: {p: [] for p in paths} for m in MODELS}
     per_round: dict[str, list[dict[str, float]]] = {m: [] for m in MODELS}
     names = list(paths)
@@ -74,7 +77,7 @@ def interleaved(paths: dict[str, Any], runs: dict[str, int], rounds: int) -> dic
                 samples[model][path].extend(measured)
                 this_round[path] = float(np.median(measured))
             naive = this_round["naive_server"]
-            per_round[model].append({f"{path}_p50_vs_naive": round(this_round[path] / naive, 3) for path in COMPARED})
+            per_round[model].append({f"{path}_p50_vs_naive": round(this_round[path] / naive, 3) for path in compared})
             if (r + 1) % 10 == 0 or r + 1 == rounds:
                 sys.stderr.write(f"round {r + 1}/{rounds} {model}: {per_round[model][-1]}\n")
     return {
@@ -209,43 +212,49 @@ def main() -> None:
     parser.add_argument("--skip-overload", action="store_true", help="leave out the bulk-flood scenario")
     parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.json")
     parser.add_argument("--triton-python", help="a Python with nvidia-pytriton, to add Triton to the comparison")
+    parser.add_argument("--baseline", help="a checkout whose daemon runs beside this one's, as edged_baseline")
     args = parser.parse_args()
     runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 6000}
     args.rounds = args.rounds or (5 if args.quick else 20)
     duration = 5.0 if args.quick else 20.0
+    names = PATHS + (("edged_baseline",) if args.baseline else ())
+    compared = COMPARED + (("edged_baseline",) if args.baseline else ())
     results: dict[str, Any] = {"machine": _machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
-    with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder:
-        endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in PATHS[1:]}
+    results["compared"] = compared
+    with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder, contextlib.ExitStack() as stack:
+        endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in names[1:]}
         no_spin_config = Path(folder) / "no-spin.toml"
         no_spin_config.write_text(NO_SPIN_CONFIG)
         helpers = [helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server", "naive_again")]
         clients: list[RoundTrips] = []
         try:
-            with (
-                DaemonProcess([endpoints["edged"]]) as daemon,
-                DaemonProcess([endpoints["edged_no_spin"]], config=no_spin_config) as sleeping,
-            ):
-                daemon.wait_serving()
-                sleeping.wait_serving()
-                idle_s = 3.0 if args.quick else 10.0
-                results["edged_idle_cpu_percent"] = idle_cpu_percent(daemon.process.pid, idle_s)
-                results["edged_no_spin_idle_cpu_percent"] = idle_cpu_percent(sleeping.process.pid, idle_s)
-                clients = [RoundTrips(endpoints[path]) for path in PATHS[1:]]
-                paths = {"in_process": InProcess(), **dict(zip(PATHS[1:], clients))}
-                results["unloaded"] = interleaved(paths, runs, args.rounds)
-                results["spin_cost"] = spin_cost(
-                    {
-                        "edged": (endpoints["edged"], daemon.process.pid),
-                        "edged_no_spin": (endpoints["edged_no_spin"], sleeping.process.pid),
-                    },
-                    dict(zip(PATHS[1:], clients)),
-                    SPIN_COST_RUNS // (10 if args.quick else 1),
-                    duration / 4,
-                )
-                results["at_naive_capacity"] = at_naive_capacity(endpoints, duration / 2, 2)
-                if not args.skip_overload:
-                    heavy_ms = results["unloaded"]["cnn-heavy"]["pooled"]["in_process"]["p50"] / 1000
-                    results["overload"] = overload(endpoints["edged"], duration, heavy_ms)
+            daemon = stack.enter_context(DaemonProcess([endpoints["edged"]]))
+            sleeping = stack.enter_context(DaemonProcess([endpoints["edged_no_spin"]], config=no_spin_config))
+            started = [daemon, sleeping]
+            if args.baseline:
+                baseline = ["env", f"PYTHONPATH={args.baseline}", sys.executable, "-m", "edged"]
+                started.append(stack.enter_context(DaemonProcess([endpoints["edged_baseline"]], program=baseline)))
+            for each in started:
+                each.wait_serving()
+            idle_s = 3.0 if args.quick else 10.0
+            results["edged_idle_cpu_percent"] = idle_cpu_percent(daemon.process.pid, idle_s)
+            results["edged_no_spin_idle_cpu_percent"] = idle_cpu_percent(sleeping.process.pid, idle_s)
+            clients = [RoundTrips(endpoints[path]) for path in names[1:]]
+            paths = {"in_process": InProcess(), **dict(zip(names[1:], clients))}
+            results["unloaded"] = interleaved(paths, runs, args.rounds, compared)
+            results["spin_cost"] = spin_cost(
+                {
+                    "edged": (endpoints["edged"], daemon.process.pid),
+                    "edged_no_spin": (endpoints["edged_no_spin"], sleeping.process.pid),
+                },
+                dict(zip(names[1:], clients)),
+                SPIN_COST_RUNS // (10 if args.quick else 1),
+                duration / 4,
+            )
+            results["at_naive_capacity"] = at_naive_capacity(endpoints, duration / 2, 2)
+            if not args.skip_overload:
+                heavy_ms = results["unloaded"]["cnn-heavy"]["pooled"]["in_process"]["p50"] / 1000
+                results["overload"] = overload(endpoints["edged"], duration, heavy_ms)
         finally:
             for client in clients:
                 client.close()
@@ -278,7 +287,7 @@ def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
         pooled = row["pooled"]
         floor = pooled["in_process"]["p50"] + pooled["zmq_echo"]["p50"]
         verdicts[model] = {"naive_p50_beyond_floors_us": round(pooled["naive_server"]["p50"] - floor, 1)}
-        for path in COMPARED:
+        for path in results["compared"]:
             verdicts[model] |= {
                 f"{path}_p50_vs_naive": round(pooled[path]["p50"] / pooled["naive_server"]["p50"], 3),
                 f"{path}_p99_vs_naive": round(pooled[path]["p99"] / pooled["naive_server"]["p99"], 3),
