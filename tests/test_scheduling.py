@@ -23,7 +23,7 @@ from support import (
     short_dir,
     wait_for,
 )
-from support.models import SLEEPER_WIDTH, TABLE, lookup_graph, save_model, save_sleeper, sleep_for
+from support.models import PATIENT_WATCHDOGS, SLEEPER_WIDTH, TABLE, lookup_graph, save_model, save_sleeper, sleep_for
 
 from edged.client import Client, DeadlineExceeded, Internal, Overloaded
 from edged.wire.codec import encode_request
@@ -47,11 +47,6 @@ def repository() -> Iterator[Path]:
     save_sleeper(root)
     yield root
     shutil.rmtree(root, ignore_errors=True)
-
-
-# The sleeper runs for up to a second here; every lane's watchdog waits 60 s, so it
-# never mistakes a slow box for a hung call.
-PATIENT_WATCHDOGS = "".join(f"[classes.{name}]\nstuck_after_ms = 60000\n" for name in ("realtime", "standard", "bulk"))
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ and every admitted request answered exactly once."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,40 +14,21 @@ from pathlib import Path
 
 import pytest
 import zmq
-from support import RunningDaemon, connect, receive, short_dir, start_daemon, wait_for
-from support.models import save_sleeper, sleep_for
+from support import RunningDaemon, connect, receive, start_daemon, wait_for
+from support.models import PATIENT_WATCHDOGS, dear_warmup_repository, sleep_for
 
 from edged.wire.codec import encode_request
 
 # The sleeper's n = 3000 takes about 0.25 s here: warming it on the loop's thread (five
 # calls) leaves a window of a second for the signal.
 WARMUP_N = 3000
-CONFIG = """
-[server]
-model_repository = "{repository}"
-drain_timeout_ms = 120000
-
-[classes.realtime]
-stuck_after_ms = 60000
-
-[classes.standard]
-stuck_after_ms = 60000
-
-[classes.bulk]
-stuck_after_ms = 60000
-"""
+CONFIG = '[server]\nmodel_repository = "{repository}"\ndrain_timeout_ms = 120000\n' + PATIENT_WATCHDOGS
 WARMING = "warming the loop's own runners"
 
 
 @pytest.fixture
 def repository() -> Iterator[Path]:
-    """The sleeper, warmed up at a dear n, and mlp-light."""
-    root = short_dir()
-    save_sleeper(root)
-    manifest_path = root / "sleeper" / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["warmup"] = [{"data": {"n": WARMUP_N}}]
-    manifest_path.write_text(json.dumps(manifest))
+    root = dear_warmup_repository(WARMUP_N)
     yield root
     shutil.rmtree(root, ignore_errors=True)
 

@@ -22,7 +22,6 @@ schedule fails; tests/test_chaos.py runs a few schedules in CI.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -43,26 +42,13 @@ import zmq
 if __name__ == "__main__":  # run as a script: tests/ holds the helpers
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import RunningDaemon, bounded, short_dir, start_daemon, wait_for
-from support.models import save_sleeper, sleep_for
+from support import RunningDaemon, bounded, start_daemon, wait_for
+from support.models import PATIENT_WATCHDOGS, dear_warmup_repository, sleep_for
 
 from edged.wire.codec import encode_request
 
 WARMUP_N = 1500  # about 0.12 s a call here: five of them on the loop's thread per warm-up
-CONFIG = """
-[server]
-model_repository = "{repository}"
-drain_timeout_ms = 30000
-
-[classes.realtime]
-stuck_after_ms = 60000
-
-[classes.standard]
-stuck_after_ms = 60000
-
-[classes.bulk]
-stuck_after_ms = 60000
-"""
+CONFIG = '[server]\nmodel_repository = "{repository}"\ndrain_timeout_ms = 30000\n' + PATIENT_WATCHDOGS
 DOCUMENTED = {"OK", "UNAVAILABLE", "OVERLOADED", "DEADLINE_EXCEEDED"}
 SETTLE_S = 0.1  # between the peers' last request and the stop signal
 HORIZON_S = 8.0  # the span over which a schedule's timed signals fall (start-up takes about 2-3 s)
@@ -80,17 +66,6 @@ def warmups_in(log: str) -> int:
 def next_warmup(running: RunningDaemon, seen: int) -> None:
     """Wait until the daemon begins warm-up number `seen` + 1 (or has exited)."""
     wait_for(lambda: warmups_in(running.log()) > seen or not running.alive(), 60, "the next warm-up")
-
-
-def repository() -> Path:
-    """mlp-light and the sleeper, warmed up at WARMUP_N."""
-    root = short_dir()
-    save_sleeper(root)
-    manifest_path = root / "sleeper" / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["warmup"] = [{"data": {"n": WARMUP_N}}]
-    manifest_path.write_text(json.dumps(manifest))
-    return root
 
 
 @dataclass
@@ -204,7 +179,7 @@ class Outcome:
 
 def run(schedule: Schedule, program: list[str] | None = None) -> Outcome:
     """Start a daemon, load it, signal it as `schedule` says, and check what came back."""
-    root = repository()
+    root = dear_warmup_repository(WARMUP_N)
     running: RunningDaemon = start_daemon(CONFIG.format(repository=root), wait=False, program=program)
     load = peers()
     sending, done = threading.Event(), threading.Event()

@@ -17,10 +17,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from support import ENGINES
+from support import ENGINES, short_dir
 
 TABLE = np.arange(30, dtype=np.float32).reshape(10, 3)
 SLEEPER_WIDTH = 512
+# The sleeper runs for up to seconds; every lane's watchdog waits 60 s, so it never
+# mistakes a slow box for a hung call.
+PATIENT_WATCHDOGS = "".join(f"[classes.{name}]\nstuck_after_ms = 60000\n" for name in ("realtime", "standard", "bulk"))
 
 
 def save_model(root: Path, graph: onnx.GraphProto, inputs: list[dict], outputs: list[dict]) -> None:
@@ -81,3 +84,15 @@ def save_sleeper(root: Path) -> None:
 
 def sleep_for(n: int) -> dict[str, np.ndarray]:
     return {"n": np.array([n], dtype=np.int64)}
+
+
+def dear_warmup_repository(n: int) -> Path:
+    """A fresh repository of the sleeper and mlp-light, the sleeper warmed up at `n`: each
+    warm-up of new lanes on the loop's thread then takes a while (the caller removes it)."""
+    root = short_dir()
+    save_sleeper(root)
+    manifest_path = root / "sleeper" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["warmup"] = [{"data": {"n": n}}]
+    manifest_path.write_text(json.dumps(manifest))
+    return root
