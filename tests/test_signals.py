@@ -71,7 +71,9 @@ def test_sighup_then_sigterm_while_the_reload_warms_answers_every_admitted_reque
             answers[reply.header["id"]] += 1
             statuses[reply.status] += 1
         assert set(answers) == set(range(sent)) and set(answers.values()) == {1}
-        assert statuses == {"OK": sent}, statuses
+        # Admission may shed some at arrival where a busy box priced the sleeper dear at its
+        # warm-up; what it admitted is answered OK, none expires, nothing is lost.
+        assert statuses["OK"] and set(statuses) <= {"OK", "OVERLOADED"}, statuses
         assert running.process.process.wait(timeout=60) == 0, running.log()[-3000:]
         no_traceback(running)
         assert "reloaded: now serving" in running.log()
