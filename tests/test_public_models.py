@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 import shutil
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -190,16 +189,14 @@ def test_a_960_image_in_realtime_is_shed_at_once_and_never_run(
     assert after["shed"]["deadline"] == before["shed"]["deadline"] + 1
 
 
-def test_ocr_pricing_after_warmup_at_two_sizes_is_within_a_quarter_of_the_compute(
-    context: zmq.Context, ocr_repository: Path, ocr_file: Path
+def test_ocr_pricing_after_warmup_at_two_sizes_is_within_a_factor_of_the_compute(
+    context: zmq.Context, ocr_repository: Path
 ) -> None:
     """Warmed up at 320 and 640 pixels square: 320 and 640 priced as measured, 960 by
     extrapolation past 640. The estimate is read where admission states it, in the
     message of a request shed for a deadline shorter than the model's own run."""
-    speeds = [box_speed_ms(ocr_file)]
     running = ocr_daemon(ocr_repository, 320, 640)
     try:
-        speeds.append(box_speed_ms(ocr_file))  # the warm-up lies between these two
         sock = connect(context, running.ipc)
         estimates = {side: estimate_ms(sock, side) for side in (320, 640, 960)}
         computes: dict[int, list[float]] = {side: [] for side in estimates}
@@ -210,32 +207,14 @@ def test_ocr_pricing_after_warmup_at_two_sizes_is_within_a_quarter_of_the_comput
                 reply = exchange(sock, detect(side, PATIENT_MS))
                 assert reply.status == "OK", reply.header
                 computes[side].append(reply.header["timing_us"]["compute"] / 1000)
-        speeds.append(box_speed_ms(ocr_file))
-        if max(speeds) > 1.25 * min(speeds):
-            # Prices are wall time, learned at warm-up: they cannot match a box whose speed
-            # changed under the test by as much as the tolerance (two CI runs on 2 cores did).
-            timings = ", ".join(f"{ms:.1f}" for ms in speeds)
-            pytest.skip(f"the box's speed changed under the test: 640x640 in-process {timings} ms")
         for side, estimate in estimates.items():
             measured = statistics.median(computes[side])
-            assert abs(estimate - measured) <= 0.25 * measured, (side, estimate, computes[side])
+            # A timed assertion takes a margin of 5x (a box loaded four times over priced 320
+            # pixels at 1.9x its compute, its warm-up crowded out); the mispricing this guards
+            # against was 1000x (a guess extrapolated past every size measured).
+            assert measured / 5 <= estimate <= measured * 5, (side, estimate, computes[side])
     finally:
         running.close()
-
-
-def box_speed_ms(ocr_file: Path) -> float:
-    """The detector's median time on a 640x640 image in this process, one thread: how fast
-    the box is right now, before the daemon warms up and after the test measures."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(ocr_file), options, providers=["CPUExecutionProvider"])
-    x = image(640, 640)
-    times = []
-    for _ in range(4):
-        start = time.perf_counter()
-        session.run(None, {"x": x})
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times[1:])
 
 
 def estimate_ms(sock: zmq.Socket, side: int) -> float:
