@@ -77,7 +77,7 @@ def load(
             if not models:
                 raise RepositoryError(f"every model failed to load or warm up: {failed}") from None
     if isinstance(backend, Describing):
-        models = [replace(model, served=backend.describe(model)) for model in models]
+        models = [replace(model, served=served) if (served := backend.describe(model)) else model for model in models]
     seconds = time.monotonic() - started
     return Loaded(config, models, lanes, reservations, fixed_rows(backend), seconds, failed)
 
