@@ -99,14 +99,8 @@ class Daemon:
         if self.notifier.watchdog_interval_ns:
             tick_ms = min(TICK_MS, self.notifier.watchdog_interval_ns // 4_000_000 or 1)
         try:
-            self.server.run(
-                self.dispatcher.handle,
-                self._keep_running,
-                self._tick,
-                tick_ms,
-                self.dispatcher.spin_deadline_ns,
-                self._serve_tick,
-            )
+            handle, spin = self.dispatcher.handle, self.dispatcher.spin_deadline_ns
+            self.server.run(handle, self._keep_running, self._tick, tick_ms, spin, self._serve_tick)
         finally:
             self._shut_down()
         return self.exit_code
@@ -122,7 +116,7 @@ class Daemon:
     def _load(self, read_config: Callable[[], Config], stats: dict[str, ClassStats]) -> None:
         """The loader thread: build, then hand the result (or the failure) to the loop."""
         try:
-            self._loaded = load(read_config, stats, self.server.reply, self.server.step_aside)
+            self._loaded = load(read_config, stats, self.server.reply, self.server.run_aside)
         except Exception as exc:
             self._loaded = exc
         self.server.wake()
@@ -152,12 +146,8 @@ class Daemon:
             return
         first = state is State.STARTING
         served = f"{', '.join(m.name for m in result.models)} with classes {', '.join(result.lanes)}"
-        log.info(
-            "%s %s (%.1f s); warming the loop's own runners",
-            "loaded" if first else "reload loaded",
-            served,
-            result.seconds,
-        )
+        loaded = "loaded" if first else "reload loaded"
+        log.info("%s %s (%.1f s); warming the loop's own runners", loaded, served, result.seconds)
         old = list(self.dispatcher.lanes.values())
 
         def warm() -> None:
@@ -165,7 +155,7 @@ class Daemon:
                 lane.warm_on_loop()
 
         # A dear model's warm-up takes a while: the stand-in serves meanwhile, where there is one.
-        if not self.server.step_aside(warm):
+        if not self.server.run_aside(warm):
             warm()
         self.config = result.config
         self.dispatcher.serve(
@@ -178,7 +168,7 @@ class Daemon:
         # Start-up garbage stays put: the collector never walks it again.
         gc.collect()
         gc.freeze()
-        self.notifier.notify(READY="1", STATUS=self._status_line())
+        self.notifier.notify(READY="1", STATUS=self.dispatcher.status_line())
         if first:
             log.info("ready on %s", ", ".join(self.config.endpoints))
         else:
@@ -224,7 +214,7 @@ class Daemon:
         self._retiring = [lane for lane in self._retiring if lane.alive]
         now = time.monotonic_ns()
         if now >= self._next_status_ns and self.lifecycle.open:
-            self.notifier.notify(STATUS=self._status_line())
+            self.notifier.notify(STATUS=self.dispatcher.status_line())
             self._next_status_ns = now + STATUS_EVERY_NS
 
     def _serve_tick(self) -> bool:
@@ -244,14 +234,6 @@ class Daemon:
         for lane in self.dispatcher.lanes.values():
             lane.check_stuck(now)
         return True
-
-    def _status_line(self) -> str:
-        parts = []
-        for name, lane in self.dispatcher.lanes.items():
-            stats = lane.stats
-            shed = stats.shed_queue_full + stats.shed_deadline
-            parts.append(f"{name} {stats.completed} ok, {shed} shed, p99 {stats.total_us.percentile(0.99)} us")
-        return f"{self.lifecycle.reported}: " + "; ".join(parts)
 
     def _loading_busy(self) -> bool:
         return self._loading is not None and self._loading.is_alive()

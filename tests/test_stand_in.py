@@ -159,7 +159,7 @@ def test_an_aside_call_past_stuck_after_ms_is_answered_and_the_loops_thread_is_n
         health = exchange(other, [header(id="h", op="health")]).header
         assert health["lanes"]["realtime"] == "ok", health
         log = running.log()
-        assert "on the socket loop's thread has not returned after 1000 ms" in log
+        assert "has not returned after 1000 ms on the socket loop's thread: answered" in log
         assert "starting a new worker" not in log, log[-2000:]
     finally:
         shutil.rmtree(repository, ignore_errors=True)

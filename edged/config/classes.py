@@ -119,8 +119,7 @@ def usable_cores() -> list[int]:
 
 
 # The spin a highest class with an inline path gets by default: long enough to span a
-# closed-loop client's turn-around and the transport (the next request came 100-250 us
-# after a reply on the test VM).
+# closed-loop client's turn-around and the transport (docs/benchmarks.md).
 SPIN_DEFAULT_US = 250
 
 

@@ -114,6 +114,15 @@ class Dispatcher:
             "failed_models": dict(self.failed),
         }
 
+    def status_line(self) -> str:
+        """One line for systemd's status: the state, then each class's counts and p99."""
+        parts = []
+        for name, lane in self.lanes.items():
+            stats = lane.stats
+            shed = stats.shed_queue_full + stats.shed_deadline
+            parts.append(f"{name} {stats.completed} ok, {shed} shed, p99 {stats.total_us.percentile(0.99)} us")
+        return f"{self._lifecycle.reported}: " + "; ".join(parts)
+
     def settle(self) -> None:
         """Count what the lanes' workers reported since the last call (socket loop only)."""
         for lane in self.lanes.values():

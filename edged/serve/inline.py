@@ -11,7 +11,7 @@ A request of a size-priced model larger than any size measured on the lane has a
 guessed price: it runs on the lane, which measures it, and never here until then.
 
 A job over the limit, on an idle lane, is handed to no worker: the loop's thread runs
-it after stepping aside (edged.serve.transport), as a worker would run it (deadline,
+it aside (edged.serve.transport.Server.run_aside), as a worker would run it (deadline,
 watchdog, precedence), while the stand-in serves whatever arrives meanwhile. The hand-off
 to a sleeping worker costs more than the heavy model's whole overhead target
 (docs/benchmarks.md); `classes.NAME.stand_in = false` keeps such jobs on the workers.
@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edged.config.classes import ClassConfig
@@ -36,6 +37,10 @@ STRIKES = 3  # this many overruns ...
 WITHIN_RUNS = 64  # ... within this many inline runs of the model take it off the loop
 # Admissions estimated under the limit that bring a model back, doubled each time it is taken off.
 REQUALIFY_AFTER = 100
+
+# Runs a call on the loop's thread while a stand-in serves the sockets; False when the
+# caller is not the loop's thread (edged.serve.transport.Server.run_aside).
+RunAside = Callable[[Callable[[], None]], bool]
 
 
 @dataclass(slots=True)
@@ -86,6 +91,28 @@ class InlinePath:
             log.info("%s runs on the socket loop again (class %s)", job.model.name, self._klass.name)
         return cheap
 
+    def take(self, job: Job, run_aside: RunAside | None) -> bool:
+        """Run an idle lane's `job` on this thread: inline if it qualifies, else aside
+        with the stand-in on the sockets (given `run_aside`); False: the lane queues it.
+        Never on the stand-in's thread: these runners belong to the loop's."""
+        if not self.here:
+            return False
+        stats = self._worker.answers.stats
+        if self.qualifies(job):
+            stats.inline += 1
+            self.run(job)
+            return True
+        if run_aside is None:
+            return False
+
+        def aside() -> None:
+            # Counted before the call answers: a client that reads the stats after its
+            # reply (the stand-in answers it) must find the call counted.
+            stats.aside += 1
+            self.run_aside(job)
+
+        return run_aside(aside)
+
     def run(self, job: Job) -> None:
         """Run a job that qualifies, here and now, and answer it.
 
@@ -117,7 +144,7 @@ class InlinePath:
 
     def run_aside(self, job: Job) -> None:
         """Run a job too dear to run inline, on this thread, as a worker would (the
-        loop has stepped aside: edged.serve.transport), and answer it."""
+        loop runs it aside: edged.serve.transport), and answer it."""
         self._worker.run([job])
 
     def _overran(self, job: Job, standing: _Standing, elapsed_ns: int) -> None:

@@ -13,7 +13,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +24,7 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, ServiceTimes, Shed, admit
 from edged.serve.answers import Answers, ReplyFn
 from edged.serve.batching import Job
-from edged.serve.inline import InlinePath
+from edged.serve.inline import InlinePath, RunAside
 from edged.serve.precedence import Precedence
 from edged.serve.stats import ClassStats
 from edged.serve.watchdog import OpenCalls
@@ -33,10 +32,6 @@ from edged.serve.worker import STOP, Remeasure, Worker
 from edged.wire.codec import Request, Status
 
 log = logging.getLogger("edged.lanes")
-
-# Runs a call on the loop's thread while a stand-in serves the sockets; False when the
-# caller is not the loop's thread (edged.serve.transport.Server.step_aside).
-StepAside = Callable[[Callable[[], None]], bool]
 
 REMEASURE_EVERY_NS = 1_000_000_000
 PRICED_PAST_MEASURED = (
@@ -60,7 +55,7 @@ class Lane:
         reply: ReplyFn,
         stats: ClassStats | None = None,
         precedence: Precedence | None = None,
-        step_aside: StepAside | None = None,
+        run_aside: RunAside | None = None,
     ) -> None:
         self.klass = klass
         self.models = models
@@ -74,7 +69,7 @@ class Lane:
         self._threads: list[threading.Thread] = []
         self._ready = threading.Barrier(klass.workers + 1)
         self._inline: InlinePath | None = None
-        self._step_aside = step_aside if klass.stand_in else None
+        self._run_aside = run_aside if klass.stand_in else None
         self._last_remeasure_ns = 0
         self._calls = OpenCalls()
         self._answers = Answers(reply, self.stats, self.backlog)
@@ -196,29 +191,13 @@ class Lane:
         if self.precedence.flying:
             slack_ns = left_ns - cost_ns - self.backlog.work_ns // self.klass.workers
             self.precedence.make_room(self.klass.order, slack_ns, now_ns)
-        # An idle lane's job runs on the loop's thread, now: the hand-off to a sleeping
-        # worker costs more than a cheap job takes, and most of a dear one's overhead.
-        # Never on the stand-in's thread: the inline path's runners belong to the loop's.
-        inline = self._inline
-        if inline is not None and not self.backlog.depth and inline.here:
-            if inline.qualifies(job):
-                self.backlog.add(job.cost_ns)
-                self.stats.inline += 1
-                inline.run(job)
-                return job
-            if self._step_aside is not None:
-                self.backlog.add(job.cost_ns)  # before the stand-in may admit anything behind it
-
-                def aside() -> None:
-                    # Counted before the call answers: a client that reads the stats after
-                    # its reply (the stand-in answers it) must find the call counted.
-                    self.stats.aside += 1
-                    inline.run_aside(job)
-
-                if not self._step_aside(aside):
-                    self._queue.put(job)
-                return job
-        self.submit(job)
+        # An idle lane's job runs on the loop's thread, now (edged.serve.inline): the
+        # hand-off to a sleeping worker costs more than a cheap job takes, and most of a
+        # dear one's overhead. Counted first: the stand-in may admit behind an aside call.
+        idle = not self.backlog.depth
+        self.backlog.add(job.cost_ns)
+        if not (idle and self._inline is not None and self._inline.take(job, self._run_aside)):
+            self._queue.put(job)
         return job
 
     def submit(self, job: Job) -> None:
@@ -240,32 +219,22 @@ class Lane:
     # --- the watchdog (socket loop's tick, and the shutdown) ---------------
 
     def check_stuck(self, now_ns: int) -> None:
-        """Answer the requests of a backend call open past `stuck_after_ms`, and
-        replace its worker."""
+        """Answer the requests of a backend call open past `stuck_after_ms`, and replace
+        the worker inside it (not the loop's thread, which runs aside calls: no worker)."""
         limit_ms = self.klass.stuck_after_ms
-        if not limit_ms:
+        stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
+        if stuck is None or not stuck.jobs:
             return
-        stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000)
-        if not stuck.jobs:
-            return
-        model = stuck.jobs[0].model.name
-        message = f"the backend call has not returned after {limit_ms} ms"
+        late = f"has not returned after {limit_ms} ms"
+        why = f"a backend call of {stuck.jobs[0].model.name} {late}"
         if not stuck.workers_lost:
-            # The loop's own thread, in a call aside: answered, and no worker to replace.
-            self._answers.failures(stuck.jobs, now_ns, message)
-            log.error(
-                "class %s: a backend call of %s on the socket loop's thread has not returned after %d ms: "
-                "answered; the stand-in serves meanwhile",
-                self.klass.name,
-                model,
-                limit_ms,
-            )
+            self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}")
+            log.error("class %s: %s on the socket loop's thread: answered", self.klass.name, why)
             return
-        self._answers.failures(stuck.jobs, now_ns, f"{message}; the lane is restarting its worker")
-        why = f"recovering: a backend call of {model} has not returned after {limit_ms} ms"
-        log.error("class %s: %s; starting a new worker", self.klass.name, why)
+        self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
+        log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
         for _ in range(stuck.workers_lost):
-            self._recovery = (why, self._start_worker(None))
+            self._recovery = (f"recovering: {why}", self._start_worker(None))
 
     def answer_open_calls(self, message: str) -> int:
         """Answer INTERNAL every request still inside a backend call: the last act of a
@@ -307,8 +276,8 @@ class Lane:
             worker.error = exc  # reported by start(), on the caller's thread
             if ready is None:
                 log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)
-                return
-            ready.wait()
+            else:
+                ready.wait()
             return
         if ready is None:
             log.info("class %s: a new worker serves", self.klass.name)

@@ -18,7 +18,8 @@ from edged.config import Config
 from edged.models.repository import ModelEntry, RepositoryError, discover, unreadable
 from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.answers import ReplyFn
-from edged.serve.lanes import Lane, StepAside
+from edged.serve.inline import RunAside
+from edged.serve.lanes import Lane
 from edged.serve.precedence import Precedence
 from edged.serve.stats import ClassStats
 
@@ -42,11 +43,11 @@ def load(
     read_config: Callable[[], Config],
     stats: dict[str, ClassStats],
     reply: ReplyFn,
-    step_aside: StepAside | None = None,
+    run_aside: RunAside | None = None,
 ) -> Loaded:
     """Build warm lanes for the configuration `read_config` gives; raises what stops them.
     A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero.
-    `reply` and `step_aside` are the transport's (edged.serve.transport.Server)."""
+    `reply` and `run_aside` are the transport's (edged.serve.transport.Server)."""
     started = time.monotonic()
     config = read_config()
     variants = VARIANTS_OF.get(config.backend, config.backend)
@@ -69,7 +70,7 @@ def load(
     backend = backend_named(config.backend, config.fallback)
     while True:
         try:
-            reservations, lanes = _start_lanes(config, models, backend, stats, reply, step_aside)
+            reservations, lanes = _start_lanes(config, models, backend, stats, reply, run_aside)
             break
         except ModelFailure as exc:
             fail(exc)
@@ -88,7 +89,7 @@ def _start_lanes(
     backend: Backend,
     stats: dict[str, ClassStats],
     reply: ReplyFn,
-    step_aside: StepAside | None,
+    run_aside: RunAside | None,
 ) -> tuple[dict[str, LaneReservation], dict[str, Lane]]:
     """Plan, start and measure a lane per class, each loaded and warm; all or none."""
     reserving = isinstance(backend, Reserving)
@@ -103,7 +104,7 @@ def _start_lanes(
     free = free_before
     try:
         for klass in config.classes:
-            lane = Lane(klass, models, backend, reply, stats.get(klass.name), precedence, step_aside)
+            lane = Lane(klass, models, backend, reply, stats.get(klass.name), precedence, run_aside)
             lanes[klass.name] = lane
             lane.start()
             if reserving:

@@ -2,8 +2,8 @@
 backend call (edged.serve.lanes: an idle lane's job too dear for the inline path).
 
 Why: a job handed to a lane's worker costs a wake-up of that worker's sleeping
-thread, 60-70 us at p50 on the test VM, most of what the heavy model's round trip
-spends beyond a naive single-thread server's (docs/benchmarks.md). Run on the thread
+thread, most of what the heavy model's round trip spent beyond a naive
+single-thread server's (docs/benchmarks.md). Run on the thread
 that decoded it, the job wakes nobody, but the sockets would go unread for the
 call's length. So the stand-in sleeps in epoll_wait on a set that holds only its own
 eventfd, and while the loop's thread is in a call the sockets' ZMQ_FDs and the
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 class LoopRole:
     """Who is the socket loop: a lock, held by the thread that called `Server.run`
-    except while that thread runs a call itself (`step_aside`), when the stand-in may
+    except while that thread runs a call itself (`run_aside`), when the stand-in may
     take it for a turn. Whoever holds it owns the loop's state; `holder` is written only
     by the holder (None while nobody holds it)."""
 
@@ -55,7 +55,7 @@ class LoopRole:
             self._stand_in.stop()
             self._stand_in = None
 
-    def step_aside(self, call: Callable[[], None], pending: Callable[[], bool]) -> bool:
+    def run_aside(self, call: Callable[[], None], pending: Callable[[], bool]) -> bool:
         """Run `call` on the loop's own thread with the stand-in watching meanwhile; False
         (and `call` not run) on any other thread or before the stand-in started.
         `pending`: whether something already waits that the file descriptors will not signal."""

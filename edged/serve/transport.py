@@ -1,14 +1,13 @@
 """The socket loop: ROUTER sockets in, replies out. With edged.serve.binding (binding
 them) and edged.serve.curve (CURVE set-up), the only daemon modules that import zmq.
 
-Why a blocking zmq.Poller in one thread rather than asyncio: measured on 2 cores
-over ipc, a poller loop answered 2 KB round trips at p50 73 us / p99 122 us,
-zmq.asyncio on uvloop at 128 / 238 us, on the default loop 238 / 340 us. The hot
-path cannot afford the event loop.
+Why a blocking zmq.Poller in one thread rather than asyncio: its round trips took
+about half of zmq.asyncio's on uvloop, and a third of the default loop's
+(docs/benchmarks.md, "Figures behind the code"). The hot path cannot afford the event loop.
 
 The loop reads the sockets; a lane worker sends its own replies, so that a reply
 costs no second thread hand-off (the worker's wake-up of the loop, then the GIL:
-about 86 us at p50 on the heavy model, docs/benchmarks.md). A ZeroMQ socket is not
+docs/benchmarks.md measured it on the heavy model). A ZeroMQ socket is not
 thread-safe, but may pass between threads behind a full memory barrier: every use
 of a socket (receive, send, its EVENTS) holds that socket's lock. The loop must then
 never sleep inside zmq_poll on a socket, which would use it unlocked: it sleeps in
@@ -19,7 +18,7 @@ worker that finds a message waiting after its send wakes the loop. A worker neve
 waits for the lock: one that finds it taken (the loop is reading) hands the reply
 to the loop through an outbox, as every reply went before.
 Being the loop is a role, held as a lock: by the thread that called `run`, except
-while that thread runs a backend call itself (`step_aside`), when a stand-in thread
+while that thread runs a backend call itself (`run_aside`), when a stand-in thread
 (edged.serve.stand_in) may take it to serve what arrives meanwhile.
 With CURVE configured, a ZAP thread (edged.serve.curve) checks each tcp handshake;
 it never sees the messages that follow.
@@ -151,11 +150,11 @@ class Server:
         """Make the loop look at its stop condition now (safe from signal handlers)."""
         os.eventfd_write(self._wake_fd, 1)
 
-    def step_aside(self, call: Callable[[], None]) -> bool:
+    def run_aside(self, call: Callable[[], None]) -> bool:
         """Run `call` here, on the loop's own thread, with the stand-in watching the
         sockets meanwhile; False (and `call` not run) on any other thread, or before `run`."""
         # Armed after the loop last read them, the sockets' signals may already be spent.
-        return self._role.step_aside(call, lambda: bool(self._readable()))
+        return self._role.run_aside(call, lambda: bool(self._readable()))
 
     def run(
         self,
@@ -195,15 +194,15 @@ class Server:
         """Wait for a socket's signal, the wake eventfd or `tick_ms`, polling without
         sleeping until `deadline_ns` first; the sockets to read (by index)."""
         # A request that finds the loop awake skips the kernel's wake-up of an idle core
-        # and runs on warm caches: 116.5 us at p50 against 217 us for a light request on
-        # the test VM (docs/benchmarks.md). Only while lanes are idle: it costs their CPU.
+        # and runs on warm caches (docs/benchmarks.md: the light request's p50 nearly
+        # halved). Only while lanes are idle: it costs their CPU.
         events = []
         while deadline_ns and not events and time.monotonic_ns() < deadline_ns:
             events = poller.poll(0)
             if not events:
                 # The request comes through ZeroMQ's I/O thread: queued behind the spin
-                # on this core, it waited out the spin (a light p99 of 410-430 us against
-                # 250-290 with the yield, three probe runs on the test VM).
+                # on this core, it waited out the spin (docs/benchmarks.md: the light p99
+                # fell by about a third with the yield).
                 os.sched_yield()
         if not events:
             events = poller.poll(tick_ms)
