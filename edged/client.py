@@ -39,8 +39,9 @@ from edged.errors import NotFound as NotFound
 from edged.errors import Overloaded as Overloaded
 from edged.errors import Unavailable as Unavailable
 from edged.fleet import Call, EndpointCounters, Fleet, SendFn
-from edged.security import ClientKeys, is_tcp
+from edged.security import ClientKeys
 from edged.wire.codec import Buffer, Reply, decode_reply, encode_request
+from edged.wire.endpoints import is_tcp
 
 DEFAULT_TIMEOUT_MS = 5000.0
 

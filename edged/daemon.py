@@ -42,9 +42,9 @@ STATUS_EVERY_NS = 5_000_000_000
 
 
 class Daemon:
-    """The daemon's life. Its state is `lifecycle`, moved only here, by the socket loop
-    (whichever thread holds its role: edged.serve.transport); signal handlers and the
-    loader thread only leave news for it (`_stop_asked`, `_reload_asked`, `_loaded`)."""
+    """The daemon's life. Its state is `lifecycle`, moved only here, by the thread that
+    runs the socket loop (`tick`; the stand-in's `serve_tick` never steers); signal handlers
+    and the loader thread only leave news for it (`_stop_asked`, `_reload_asked`, `_loaded`)."""
 
     def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
         self.config = config
@@ -63,6 +63,8 @@ class Daemon:
         self.dispatcher = Dispatcher(
             config, self.server.reply, lambda: {"unroutable": self.server.unroutable}, self.lifecycle
         )
+        # The socket loop's Steering (edged.serve.transport): the dispatcher's own, no call between.
+        self.handle, self.spin_deadline_ns = self.dispatcher.handle, self.dispatcher.spin_deadline_ns
         self.prometheus: PrometheusEndpoint | None = None
         if config.metrics.prometheus_port:
             try:
@@ -99,8 +101,7 @@ class Daemon:
         if self.notifier.watchdog_interval_ns:
             tick_ms = min(TICK_MS, self.notifier.watchdog_interval_ns // 4_000_000 or 1)
         try:
-            handle, spin = self.dispatcher.handle, self.dispatcher.spin_deadline_ns
-            self.server.run(handle, self._keep_running, self._tick, tick_ms, spin, self._serve_tick)
+            self.server.run(self, tick_ms)
         finally:
             self._shut_down()
         return self.exit_code
@@ -191,12 +192,12 @@ class Daemon:
 
         return self.server.ask(figures, FIGURES_WAIT_S)
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         """The steering thread's turn: serve's housekeeping, then act on the news left
         for it (a stop, a finished load, a reload asked). Only this thread moves the
-        daemon's life; the stand-in's turns run `_serve_tick` alone."""
+        daemon's life; the stand-in's turns run `serve_tick`."""
         news = self._loaded is not None or self._reload_asked or self._stop_asked
-        if not self._serve_tick() and not news:
+        if not self._housekeeping() and not news:
             return
         self.lifecycle.check_owner()
         if self._stop_asked:
@@ -217,15 +218,18 @@ class Daemon:
             self.notifier.notify(STATUS=self.dispatcher.status_line())
             self._next_status_ns = now + STATUS_EVERY_NS
 
-    def _serve_tick(self) -> bool:
-        """Serving's housekeeping, at a cadence, on whichever thread serves: count the
-        workers' facts, ping the watchdog, look for stuck workers. Whether it ran."""
+    def serve_tick(self) -> None:
+        """The stand-in's turn: serving's housekeeping alone, for it never steers."""
+        self._housekeeping()
+
+    def _housekeeping(self) -> bool:
+        """At a cadence, on whichever thread serves: count the workers' facts, ping the
+        watchdog, look for stuck workers. Whether it ran (figures are settled before any read too)."""
         now = time.monotonic_ns()
         # The loop wakes for every request; housekeeping needs a cadence, not a per-request cost.
         if now < self._next_housekeeping_ns:
             return False
         self._next_housekeeping_ns = now + HOUSEKEEPING_EVERY_NS
-        # The workers' facts, counted at a cadence (and before any reader: see _figures).
         self.dispatcher.settle()
         if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
             # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
@@ -262,7 +266,7 @@ class Daemon:
             self.lifecycle.move(State.STOPPING)
             log.info("%s: stopping once start-up is over", signal.Signals(signum).name)
 
-    def _keep_running(self) -> bool:
+    def keep_running(self) -> bool:
         if not self.lifecycle.stopping:
             return True
         # Threads inside a runtime's loader cannot be abandoned safely: let them finish.

@@ -1,4 +1,4 @@
-"""CURVE keys: a client's key set, key generation, and which tcp endpoints are local.
+"""CURVE keys: a client's key set and key generation.
 
 The daemon's side (its key set, the ZAP check of client keys) is edged.serve.curve;
 this module reads no configuration, so the client imports none. Keys are kept in
@@ -12,15 +12,12 @@ a handshake there would cost local clients time for nothing.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 import zmq.auth
-
-LOOPBACK_NAMES = ("localhost", "lo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,21 +42,6 @@ class ClientKeys:
         sock.curve_serverkey = self.server_public_key
         sock.curve_publickey = self.public_key
         sock.curve_secretkey = self.secret_key
-
-
-def is_tcp(endpoint: str) -> bool:
-    return endpoint.startswith("tcp://")
-
-
-def is_loopback(endpoint: str) -> bool:
-    """Whether a tcp endpoint binds to loopback only; anything unclear (a host name, *, an interface) is not."""
-    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def write_key_pair(folder: Path, name: str) -> tuple[Path, Path]:

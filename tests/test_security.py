@@ -34,8 +34,9 @@ from support import (
 from edged.client import AsyncClient, Client
 from edged.config import Config, ConfigError, SecurityConfig, parse_config
 from edged.launch import DaemonProcess
-from edged.security import ClientKeys, is_loopback
+from edged.security import ClientKeys
 from edged.serve.curve import server_keys
+from edged.wire.endpoints import is_loopback
 
 # Long enough for a CURVE handshake and a reply on loopback, many times over.
 NO_REPLY_MS = 300

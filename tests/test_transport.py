@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -44,9 +45,14 @@ def echo(short_tmp: Path) -> Iterator[tuple[Server, str]]:
     def handle(route: Any, frames: list[Any], _received_ns: int) -> None:
         jobs.put((route, [bytes(frame) for frame in frames]))
 
-    loop = threading.Thread(
-        target=server.run, args=(handle, lambda: running, lambda: None, TICK_MS), name="loop", daemon=True
+    steering = SimpleNamespace(
+        handle=handle,
+        keep_running=lambda: running,
+        tick=lambda: None,
+        serve_tick=lambda: None,
+        spin_deadline_ns=lambda: 0,
     )
+    loop = threading.Thread(target=server.run, args=(steering, TICK_MS), name="loop", daemon=True)
     loop.start()
     yield server, endpoint
     running = False

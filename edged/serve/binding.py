@@ -11,8 +11,8 @@ from pathlib import Path
 
 import zmq
 
-from edged.security import is_tcp
 from edged.serve.curve import ServerKeys, make_curve_server
+from edged.wire.endpoints import is_tcp
 
 
 class EndpointError(RuntimeError):

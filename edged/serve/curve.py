@@ -15,7 +15,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import ConfigError, SecurityConfig
-from edged.security import is_loopback, is_tcp
+from edged.wire.endpoints import is_loopback, is_tcp
 
 ZAP_DOMAIN = "edged"
 

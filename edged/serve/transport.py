@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -57,6 +57,20 @@ _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
 
 Route = tuple[int, list[Any]]  # (socket index, routing envelope)
 Handler = Callable[[Route, list[Buffer], int], None]
+
+
+class Steering(Protocol):
+    """What the daemon gives the socket loop (`Server.run`): `handle` answers or admits a
+    request; `keep_running` is asked before each sleep; `tick` is the loop's own thread's
+    turn after every wake-up, and it alone steers the daemon; `serve_tick` is the
+    stand-in's turn in its place, which serves and never steers; `spin_deadline_ns` says
+    until when to poll rather than sleep (0: sleep now)."""
+
+    def handle(self, route: Route, frames: list[Buffer], received_ns: int) -> None: ...
+    def keep_running(self) -> bool: ...
+    def tick(self) -> None: ...
+    def serve_tick(self) -> None: ...
+    def spin_deadline_ns(self) -> int: ...
 
 
 class Server:
@@ -156,18 +170,10 @@ class Server:
         # Armed after the loop last read them, the sockets' signals may already be spent.
         return self._role.run_aside(call, lambda: bool(self._readable()))
 
-    def run(
-        self,
-        handle: Handler,
-        keep_running: Callable[[], bool],
-        tick: Callable[[], None],
-        tick_ms: int,
-        spin_deadline_ns: Callable[[], int] = lambda: 0,
-        stand_in_tick: Callable[[], None] = lambda: None,
-    ) -> None:
-        """Serve until `keep_running()` is false; `tick` runs after every wake-up and at least every `tick_ms`.
-        Before sleeping, the loop polls without sleeping until `spin_deadline_ns()`, if that is to come.
-        The stand-in serves, and never steers: its turns run `stand_in_tick` instead of `tick`."""
+    def run(self, steering: Steering, tick_ms: int) -> None:
+        """Serve until `steering.keep_running()` is false; `steering.tick` runs after every
+        wake-up and at least every `tick_ms`. Before sleeping, the loop polls without
+        sleeping until `steering.spin_deadline_ns()`, if that is to come."""
         poller = select.poll()
         by_fd = {}  # each socket's ZMQ_FD: its index
         for index, sock in enumerate(self._sockets):
@@ -178,15 +184,11 @@ class Server:
         poller.register(self._wake_fd, select.POLLIN)
         self._role.take()
         try:
-
-            def stand_in_turn() -> None:
-                self._stand_in_turn(handle, stand_in_tick)
-
-            self._role.serve_with([*by_fd, self._wake_fd], stand_in_turn, tick_ms / 1000)
-            while keep_running():
+            self._role.serve_with([*by_fd, self._wake_fd], lambda: self._stand_in_turn(steering), tick_ms / 1000)
+            while steering.keep_running():
                 # Level, not edge: a socket that holds a message is read before any sleep.
-                ready = self._readable() or self._sleep(poller, by_fd, spin_deadline_ns(), tick_ms)
-                self._turn(ready, handle, tick)
+                ready = self._readable() or self._sleep(poller, by_fd, steering.spin_deadline_ns(), tick_ms)
+                self._turn(ready, steering.handle, steering.tick)
         finally:
             self._role.give_up()
 
@@ -228,10 +230,10 @@ class Server:
                 answer.set_exception(exc)
         tick()
 
-    def _stand_in_turn(self, handle: Handler, tick: Callable[[], None]) -> None:
+    def _stand_in_turn(self, steering: Steering) -> None:
         """The stand-in's turn, holding the role: whatever woke it, read everything."""
         self._drain_wake()
-        self._turn(self._readable(), handle, tick)
+        self._turn(self._readable(), steering.handle, steering.serve_tick)
 
     def _drain_wake(self) -> None:
         try:
