@@ -136,10 +136,7 @@ def test_a_size_not_yet_measured_never_runs_inline(context: zmq.Context, own_dae
     """The padder's cost follows its samples. Warmed up at 1000, a request of 1100 is
     priced by extrapolation (well under the inline limit): it runs on the lane, which
     measures it; the next of that size runs inline."""
-    # A limit far above the padder's tens of microseconds: the one call that measures 1100
-    # prices it, and a call preempted on a busy box (two CI runs at once) took it past 300 us.
-    config = CONFIG.format(repository=padder_repository).replace("stuck_after_ms = 200", "inline_max_us = 5000")
-    running = own_daemon(config)
+    running = own_daemon(CONFIG.format(repository=padder_repository))
     sock, watcher = connect(context, running.ipc), connect(context, running.ipc)
 
     def ran_inline(samples: int) -> bool:
@@ -156,7 +153,10 @@ def test_a_size_not_yet_measured_never_runs_inline(context: zmq.Context, own_dae
     assert ran_inline(1000), "a measured size, cheap, did not run inline"
     assert ran_inline(900), "a size below one measured did not run inline"
     assert not ran_inline(1100), "a size past those measured ran inline before it was measured"
-    assert ran_inline(1100), "a size measured once still did not run inline"
+    # The first 1100 ran aside, on the loop's thread. Its reply leaves before that thread
+    # is back from the call, and a request arriving in that gap goes to the lane: the
+    # stand-in never runs the loop's runners (two CI runs side by side hit it twice).
+    assert any(ran_inline(1100) for _ in range(5)), "a size measured once never ran inline"
 
 
 def test_a_shed_at_a_guessed_price_sets_no_remeasure_going_padder(padder_repository: Path) -> None:
