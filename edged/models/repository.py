@@ -66,11 +66,12 @@ class ModelEntry:
         }
 
 
-def discover(root: Path, backend: str, only: tuple[str, ...] = ()) -> list[ModelEntry]:
-    """Every model under `root` with a variant for `backend` (or just those in `only`).
-    A model folder that cannot be read is left out: `unreadable` names it, and why."""
+def discover(root: Path, backend: str, only: tuple[str, ...] = (), folders: Folders | None = None) -> list[ModelEntry]:
+    """Every model under `root` with a variant for `backend` (or just those in `only`),
+    from `folders` where the caller scanned `root` already. A model folder that cannot be
+    read is left out: `scan` names it, and why."""
     entries = []
-    for manifest_path in _scan(root)[0]:
+    for manifest_path in (folders or scan(root)).manifests:
         entries.extend(entries_of(manifest_path, backend))
     names = {entry.name for entry in entries}
     missing = sorted(set(only) - names)
@@ -85,14 +86,18 @@ def discover(root: Path, backend: str, only: tuple[str, ...] = ()) -> list[Model
     return entries
 
 
-def unreadable(root: Path) -> dict[str, str]:
-    """By folder name, why each folder of `root` that may hold a model cannot be read:
-    a model the daemon cannot see must fail, never vanish."""
-    return _scan(root)[1]
+@dataclass(frozen=True, slots=True)
+class Folders:
+    """What a repository holds: each model folder's manifest, in name order, and by folder
+    name why each folder that may hold a model cannot be read (a model the daemon cannot
+    see must fail, never vanish)."""
+
+    manifests: list[Path]
+    unreadable: dict[str, str]
 
 
-def _scan(root: Path) -> tuple[list[Path], dict[str, str]]:
-    """The manifests of `root`'s model folders, in name order, and the folders that cannot be read."""
+def scan(root: Path) -> Folders:
+    """`root`'s model folders, read once; an unreadable repository is refused as such."""
     if not root.is_dir():
         raise RepositoryError(f"model repository {root} is not a directory: set server.model_repository")
     try:
@@ -114,7 +119,7 @@ def _scan(root: Path) -> tuple[list[Path], dict[str, str]]:
             )
             continue
         manifests.append(folder / MANIFEST)
-    return manifests, refused
+    return Folders(manifests, refused)
 
 
 def entries_of(manifest_path: Path, backend: str) -> list[ModelEntry]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, backend_named, fixed_rows
 from edged.backends.gpu_memory import MIB, LaneReservation, check_measured
 from edged.config import Config
-from edged.models.repository import ModelEntry, RepositoryError, discover, unreadable
+from edged.models.repository import ModelEntry, RepositoryError, discover, scan
 from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.answers import ReplyFn
 from edged.serve.inline import RunAside
@@ -61,9 +61,10 @@ def load(
         log.error("not serving %s: %s", exc.model, exc)
         failed[exc.model] = str(exc)
 
-    for folder, why in unreadable(config.model_repository).items():
+    folders = scan(config.model_repository)
+    for folder, why in folders.unreadable.items():
         fail(ModelFailure(folder, why))
-    models = discover(config.model_repository, variants, config.models)
+    models = discover(config.model_repository, variants, config.models, folders)
     for model in models:
         if warning := one_size_warning(model.name, model.signature, model.samples, model.manifest):
             log.warning("%s", warning)
