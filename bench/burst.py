@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from edged.launch import DaemonProcess
+from edged.loadgen.launch import DaemonProcess
 from edged.protocol import encode_request
 
 SHAPES = {"cnn-heavy": ("image", (3, 64, 64)), "mlp-light": ("x", (64,))}

@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 from paths import MODEL_INPUTS, MODELS, ROOT, WARMUP, InProcess, RoundTrips, dealer, helper_server
 
-from edged.bench import Stream, format_table, progress_to_stderr, run_load
-from edged.launch import DaemonProcess, cpu_seconds
+from edged.loadgen.launch import DaemonProcess, cpu_seconds
+from edged.loadgen.sweep import Stream, format_table, progress_to_stderr, run_load
 from edged.wire.codec import encode_request
 
 PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged", "edged_no_spin")

@@ -1,5 +1,5 @@
 """The fleet targets of issue 14, measured: three daemons on ipc, the fleet client
-(`edged.bench_fleet.run_fleet`) offering open-loop Poisson calls of mlp-light in the
+(`edged.loadgen.fleet.run_fleet`) offering open-loop Poisson calls of mlp-light in the
 realtime class, deadline 50 ms, while one daemon is harmed:
 
 - kill: `kill -9` of one daemon halfway through a run at RATE_KILL calls/s, against
@@ -27,9 +27,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from edged.bench import Stream
-from edged.bench_fleet import format_fleet, run_fleet
-from edged.launch import DaemonProcess
+from edged.loadgen.fleet import format_fleet, run_fleet
+from edged.loadgen.launch import DaemonProcess
+from edged.loadgen.sweep import Stream
 
 RATE_KILL = 2500.0  # half of what this client and three daemons sustained here (see docs/benchmarks.md)
 RATE = 1000.0

@@ -84,7 +84,7 @@ def under_pressure(name: str, text: str, cpu: CpuReference, out: Path) -> dict[s
     """One daemon config of the memory check: its lanes, the filler, the requests."""
     from edged.backends import cuda
     from edged.client import Client
-    from edged.launch import DaemonProcess
+    from edged.loadgen.launch import DaemonProcess
 
     with tempfile.TemporaryDirectory(prefix="edged-mem-") as folder:
         config = Path(folder) / "edged.toml"

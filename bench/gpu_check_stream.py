@@ -10,7 +10,7 @@ from typing import Any
 
 from gpu_checks import UNSUPPORTED, CpuReference, model_named, random_inputs, worst, write
 
-from edged.backends.cuda import CudaError, _check, _runtime
+from edged.backends.cuda_calls import CudaError, check, runtime
 from edged.config import ClassConfig
 from edged.models.repository import ModelEntry
 
@@ -22,23 +22,23 @@ class MappedFlag:
     cudaHostAllocMapped): the host sets it, a stream waiting on it sees the change."""
 
     def __init__(self) -> None:
-        rt = _runtime()
-        self.host = int(_check("cudaHostAlloc", rt.cudaHostAlloc(4, rt.cudaHostAllocMapped)))
+        rt = runtime()
+        self.host = int(check("cudaHostAlloc", rt.cudaHostAlloc(4, rt.cudaHostAllocMapped)))
         self.word = ctypes.c_uint32.from_address(self.host)
         self.word.value = 0
-        self.device = int(_check("cudaHostGetDevicePointer", rt.cudaHostGetDevicePointer(self.host, 0)))
+        self.device = int(check("cudaHostGetDevicePointer", rt.cudaHostGetDevicePointer(self.host, 0)))
 
     def set(self, value: int) -> None:
         self.word.value = value
 
     def close(self) -> None:
-        _check("cudaFreeHost", _runtime().cudaFreeHost(self.host))
+        check("cudaFreeHost", runtime().cudaFreeHost(self.host))
 
 
 def can_map_host_memory() -> bool:
-    rt = _runtime()
+    rt = runtime()
     attribute = rt.cudaDeviceAttr.cudaDevAttrCanMapHostMemory
-    return bool(_check("cudaDeviceGetAttribute", rt.cudaDeviceGetAttribute(attribute, 0)))
+    return bool(check("cudaDeviceGetAttribute", rt.cudaDeviceGetAttribute(attribute, 0)))
 
 
 def held_run(runner: Any, model: ModelEntry, cpu: CpuReference) -> dict[str, Any]:

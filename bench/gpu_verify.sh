@@ -72,7 +72,7 @@ print('session providers:', session.get_providers())
 # get_available_providers lists CUDA even when it cannot load: the session's own list tells.
 if session.get_providers()[0] != 'CUDAExecutionProvider': raise SystemExit('the CUDA provider did not load')"
 
-step tests "$py" -m pytest -m gpu -v -rs tests/test_gpu.py tests/test_tensorrt.py
+step tests "$py" -m pytest -m gpu -v -rs tests/backends/test_gpu.py tests/backends/test_tensorrt.py
 # ONNX Runtime's kernels on the lane's stream: held by a wait on it, then equal to the CPU.
 step stream "$py" bench/gpu_checks.py stream --out "$out"
 # A daemon with the rest of the card taken: every class, model and batch size still OK.

@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 from paths import RoundTrips, helper_server
 
-from edged.launch import DaemonProcess
+from edged.loadgen.launch import DaemonProcess
 
 PARTS = ("round_trip", "queue", "compute", "total", "outside")
 WARMUP = 30

@@ -38,7 +38,7 @@ class OneStreamCuda(OnnxRuntimeCuda):
 
 
 if __name__ == "__main__":
-    from edged.cli import main
+    from edged.cli.commands import main
 
     BACKENDS[NAME] = "one_stream:OneStreamCuda"
     VARIANTS_OF[NAME] = "onnxruntime"

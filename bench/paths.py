@@ -24,7 +24,7 @@ from edged.wire.codec import encode_request
 ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = {"mlp-light": ("x", (1, 64)), "cnn-heavy": ("image", (1, 3, 64, 64))}
-# The same, as the load generator (edged.bench.run_load) takes them: each model's input specs.
+# The same, as the load generator (edged.loadgen.sweep.run_load) takes them: each model's input specs.
 MODEL_INPUTS = {m: [{"name": n, "dtype": "float32", "shape": [-1, *s[1:]]}] for m, (n, s) in MODELS.items()}
 WARMUP = 50  # round trips before the measured ones, not counted
 # A server that takes no request for this long is stuck, not slow: a send blocked with no

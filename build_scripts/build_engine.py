@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from edged.cli import main
+from edged.cli.commands import main
 
 if __name__ == "__main__":
     sys.exit(main(["build", "engine", *sys.argv[1:]]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from edged.cli import main
+from edged.cli.commands import main
 
 if __name__ == "__main__":
     sys.exit(main(["build", "quantize", *sys.argv[1:]]))

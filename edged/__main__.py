@@ -1,5 +1,5 @@
 import sys
 
-from edged.cli import main
+from edged.cli.commands import main
 
 sys.exit(main())

@@ -25,12 +25,11 @@ from __future__ import annotations
 from typing import Any
 
 from edged.backends.cuda import CudaError, Stream
-from edged.backends.cuda import _check_driver as _check
-from edged.backends.cuda import _driver as _any_driver
+from edged.backends.cuda_calls import check_driver, driver_api
 
 
 def _driver() -> Any:
-    driver = _any_driver()
+    driver = driver_api()
     if not hasattr(driver, "cuGreenCtxCreate"):
         raise CudaError("classes.*.sm_count needs green contexts (CUDA 12.4 or newer in cuda-python and the driver)")
     return driver
@@ -40,27 +39,27 @@ def green_stream(sm_count: int, priority: int, device: int = 0) -> Stream:
     """A non-blocking stream, at `priority`, of a new green context holding at least
     `sm_count` SMs; closing the stream destroys the context."""
     driver = _driver()
-    dev = _check("cuDeviceGet", driver.cuDeviceGet(device))
+    dev = check_driver("cuDeviceGet", driver.cuDeviceGet(device))
     sm_type = driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
-    every_sm = _check("cuDeviceGetDevResource", driver.cuDeviceGetDevResource(dev, sm_type))
+    every_sm = check_driver("cuDeviceGetDevResource", driver.cuDeviceGetDevResource(dev, sm_type))
     if sm_count > every_sm.sm.smCount:
         raise CudaError(f"sm_count {sm_count} is more than the {every_sm.sm.smCount} SMs of device {device}")
-    groups, created, _rest = _check(
+    groups, created, _rest = check_driver(
         "cuDevSmResourceSplitByCount", driver.cuDevSmResourceSplitByCount(1, every_sm, 0, sm_count)
     )
     if not created:
         raise CudaError(f"device {device} cannot give a partition of {sm_count} SMs")
-    desc = _check("cuDevResourceGenerateDesc", driver.cuDevResourceGenerateDesc([groups[0]], 1))
+    desc = check_driver("cuDevResourceGenerateDesc", driver.cuDevResourceGenerateDesc([groups[0]], 1))
     flags = driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
-    context = _check("cuGreenCtxCreate", driver.cuGreenCtxCreate(desc, dev, flags))
+    context = check_driver("cuGreenCtxCreate", driver.cuGreenCtxCreate(desc, dev, flags))
     try:
         non_blocking = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
-        handle = _check("cuGreenCtxStreamCreate", driver.cuGreenCtxStreamCreate(context, non_blocking, priority))
+        handle = check_driver("cuGreenCtxStreamCreate", driver.cuGreenCtxStreamCreate(context, non_blocking, priority))
     except BaseException:
         driver.cuGreenCtxDestroy(context)
         raise
 
     def destroy() -> None:
-        _check("cuGreenCtxDestroy", driver.cuGreenCtxDestroy(context))
+        check_driver("cuGreenCtxDestroy", driver.cuGreenCtxDestroy(context))
 
     return Stream.adopt(handle, priority, destroy)

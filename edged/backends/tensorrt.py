@@ -5,7 +5,7 @@ Written against TensorRT 10/11's documented Python API and cuda-python; NOT YET 
 on a GPU (no machine here has TensorRT's builder, see docs/engines.md). What runs
 and is tested without a GPU: the refusal where CUDA or TensorRT is missing, engine
 selection (edged.models.engines), the fallback to ONNX Runtime, and the runner's
-checks and life cycle on fakes of TensorRT and CUDA (tests/test_gpu_fakes.py).
+checks and life cycle on fakes of TensorRT and CUDA (tests/backends/test_gpu_fakes.py).
 
 Engines are built with no auxiliary streams (edged.toolchain.engine), so everything
 a context launches goes on the lane's own priority stream.

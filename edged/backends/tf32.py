@@ -7,7 +7,7 @@ is at most that share of the sum of |products|, which with activations of mixed 
 is of the order of the layer's outputs; we allow 4 times that per layer (cuDNN's
 choice of algorithm reorders the sums too), added over the model's layers, relative
 to the largest output magnitude: mlp-light (3 layers) 1.2%, cnn-heavy (6) 2.3%.
-tests/test_gpu.py checks the bound on the CPU against an emulation of TF32's rounding
+tests/backends/test_gpu.py checks the bound on the CPU against an emulation of TF32's rounding
 and uses it on a GPU; bench/gpu_checks.py uses it for the daemon's replies.
 """
 

@@ -27,7 +27,7 @@ class ClassConfig:
     # It delays every class's next request by about as long: meant for the most urgent class.
     inline_max_us: int = 0
     # With an inline path: a dearer job on an idle lane runs on the loop's thread as well,
-    # while a stand-in thread serves the sockets (edged.serve.inline); false: on a worker.
+    # while a stand-in thread serves the sockets (edged.serve.lanes.inline); false: on a worker.
     stand_in: bool = True
     # Once done with a request of this class that came within spin_us of it being done with
     # the class's previous one, the socket loop keeps polling (not sleeping) this long while
@@ -44,7 +44,7 @@ class ClassConfig:
     arena_cap_mb: int = 0
     cuda_graph: bool = False  # GPU backends: replay a captured CUDA graph per batch size (fixed shapes only)
     stuck_after_ms: int = 10_000  # a backend call open this long is answered INTERNAL and its worker replaced; 0: never
-    # Precedence (edged.serve.precedence). A class that yields starts no backend call
+    # Precedence (edged.serve.lanes.precedence). A class that yields starts no backend call
     # while a higher class has work queued or running; its calls are sized to finish
     # within max_call_ms (None: a quarter of the highest class's deadline; 0: no cap);
     # a preemptible class's call in flight is cancelled when a higher request would
@@ -105,7 +105,7 @@ SPLIT_FROM_CORES = 6
 def resolve_cores(classes: tuple[ClassConfig, ...], usable: list[int]) -> tuple[ClassConfig, ...]:
     """Where no class names its cores, on a machine with SPLIT_FROM_CORES or more: the
     highest class gets a quarter of them (at least 2), shared with the socket loop
-    (edged.daemon pins it there), and every other class the rest, so bulk never
+    (edged.daemon.daemon pins it there), and every other class the rest, so bulk never
     computes on realtime's cores or starves the loop."""
     if len(usable) < SPLIT_FROM_CORES or any(c.cpu_affinity for c in classes):
         return classes

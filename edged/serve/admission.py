@@ -151,49 +151,38 @@ def _update(averages: dict[Key, float], key: Key, value: float) -> None:
 class Backlog:
     """What a lane has accepted and not yet answered: a count and its estimated work.
 
-    Owned by a Lane, with a counter pair per writer so the loop takes no lock: `Lane.offer`
-    adds and `finish_on_loop` takes away (socket loop: arrivals, and jobs it runs
-    inline); `finish` takes away what the lane's workers answer (workers, watchdog or
-    shutdown, under a lock between them).
+    Owned by a Lane. `Lane.offer` adds (the socket loop); whoever answers a job takes
+    it away (the loop for a job it ran itself, else a worker, the watchdog or the
+    shutdown): every change under `_lock`. `depth` and `work_ns` are single fields,
+    so a reader on any thread sees a value some moment held, never a torn one.
     """
 
     def __init__(self, on_empty: Callable[[], None] | None = None) -> None:
-        self._added = 0
-        self._added_ns = 0
-        self._loop_finished = 0
-        self._loop_finished_ns = 0
-        self._finished = 0
-        self._finished_ns = 0
-        self._lock = threading.Lock()  # between a lane's own workers
+        self._depth = 0
+        self._work_ns = 0
+        self._lock = threading.Lock()
         self._on_empty = on_empty  # told each time the last job is answered
 
     def add(self, cost_ns: int) -> None:
-        self._added += 1
-        self._added_ns += cost_ns
+        with self._lock:
+            self._depth += 1
+            self._work_ns += cost_ns
 
     def finish(self, cost_ns: int) -> None:
         with self._lock:
-            self._finished += 1
-            self._finished_ns += cost_ns
-        self._emptied()
-
-    def finish_on_loop(self, cost_ns: int) -> None:
-        """`finish`, for a job the socket loop answered itself."""
-        self._loop_finished += 1
-        self._loop_finished_ns += cost_ns
-        self._emptied()
-
-    def _emptied(self) -> None:
-        if self._on_empty is not None and self.depth == 0:
+            self._depth -= 1
+            self._work_ns -= cost_ns
+            emptied = self._depth == 0
+        if emptied and self._on_empty is not None:
             self._on_empty()
 
     @property
     def depth(self) -> int:
-        return self._added - self._loop_finished - self._finished
+        return self._depth
 
     @property
     def work_ns(self) -> int:
-        return max(self._added_ns - self._loop_finished_ns - self._finished_ns, 0)
+        return self._work_ns
 
 
 def admit(

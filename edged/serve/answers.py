@@ -1,27 +1,25 @@
 """Every admitted job answered exactly once, and counted once: by the worker that
 ran it, by the lane's watchdog, or at shutdown, whichever comes first.
 
-The claim decides who answers; whoever does also settles the job's accounting: its
-facts for the class's figures and its place in the backlog. Nothing else in the
-daemon marks a job answered.
+The claim decides who answers; whoever does also settles the job's accounting: the
+class's figures and its place in the backlog. Every route a job may take (inline,
+aside, a worker) answers here, the same way. Nothing else in the daemon marks a job
+answered.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from edged.serve.admission import Backlog
-from edged.serve.batching import Job
+from edged.serve.lanes.batching import Job
 from edged.serve.stats import ClassStats
+from edged.serve.transport import Transport
 from edged.wire import fast
 from edged.wire.codec import Buffer, Status, encode_reply
-
-ReplyFn = Callable[[Any, list[Buffer]], None]
 
 
 def timing_us(queue_us: int, compute_us: int, total_us: int) -> dict[str, int]:
@@ -33,8 +31,8 @@ class Answers:
     """One lane's answering. The one writer of `Job.answered`, under `_lock`: a
     worker, the watchdog and the shutdown may race to answer a job, and one wins."""
 
-    def __init__(self, reply: ReplyFn, stats: ClassStats, backlog: Backlog) -> None:
-        self._reply = reply
+    def __init__(self, transport: Transport, stats: ClassStats, backlog: Backlog) -> None:
+        self._reply = transport.reply
         self.stats = stats
         self._backlog = backlog
         self._lock = threading.Lock()
@@ -58,32 +56,19 @@ class Answers:
     ) -> None:
         """A job that ran: OK with its outputs, or INTERNAL with `error`."""
         if not self._claim(job):
-            self.stats.report_late()  # the watchdog answered it while the call hung
+            self.stats.late_result()  # the watchdog answered it while the call hung
             return
         done_ns = time.monotonic_ns()
         queue_us, compute_us = (taken_ns - job.received_ns) // 1000, compute_ns // 1000
         total_us = (done_ns - job.received_ns) // 1000
         frames, ok = _reply_frames(job, queue_us, compute_us, total_us, outputs, error)
-        self.stats.report_done(ok, queue_us, compute_us, total_us, late=done_ns > job.deadline_ns)
+        self.stats.done(ok, queue_us, compute_us, total_us, late=done_ns > job.deadline_ns)
         self._backlog.finish(job.cost_ns)
         self._reply(job.route, frames)
 
-    def on_loop(
-        self, job: Job, start_ns: int, end_ns: int, outputs: dict[str, np.ndarray] | None, error: str | None
-    ) -> None:
-        """`result`, for a job run on the socket loop (edged.serve.inline). No other thread
-        ever saw the job, so there is no claim to make; the loop owns the figures and the
-        backlog's loop counters, so it counts at once: no lock, no fact handed over."""
-        queue_us, compute_us = (start_ns - job.received_ns) // 1000, (end_ns - start_ns) // 1000
-        total_us = (end_ns - job.received_ns) // 1000
-        frames, ok = _reply_frames(job, queue_us, compute_us, total_us, outputs, error)
-        self._reply(job.route, frames)
-        self.stats.count_done(ok, queue_us, compute_us, total_us, late=end_ns > job.deadline_ns)
-        self._backlog.finish_on_loop(job.cost_ns)
-
     def expired(self, job: Job) -> None:
         """A job whose deadline passed while it was queued: DEADLINE_EXCEEDED, not run."""
-        self.stats.report_expired()
+        self.stats.expiry()
         self.unrun(job, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued; it was not run")
 
     def unrun(self, job: Job, status: Status, message: str) -> None:
@@ -96,7 +81,7 @@ class Answers:
         count = 0
         for job in jobs:
             if self._claim(job):
-                self.stats.report_done(False, 0, 0, (now_ns - job.received_ns) // 1000)
+                self.stats.done(False, 0, 0, (now_ns - job.received_ns) // 1000)
                 self._send_unrun(job, Status.INTERNAL, message)
                 count += 1
         return count

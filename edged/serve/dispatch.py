@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from edged.backends.gpu_memory import LaneReservation
 from edged.config import Config
+from edged.daemon.lifecycle import Lifecycle
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
-from edged.serve.answers import ReplyFn, timing_us
-from edged.serve.lanes import Lane
-from edged.serve.lifecycle import Lifecycle
+from edged.serve.answers import timing_us
+from edged.serve.lanes.lane import Lane
+from edged.serve.transport import Transport
 from edged.wire import fast
 from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 
@@ -31,8 +31,7 @@ class Dispatcher:
     def __init__(
         self,
         config: Config,
-        reply: ReplyFn,
-        transport_counters: Callable[[], dict[str, int]],
+        transport: Transport,
         lifecycle: Lifecycle,
     ) -> None:
         self.config = config
@@ -43,8 +42,8 @@ class Dispatcher:
         self.fixed_rows = False  # the backend's buffers hold max_batch rows (see edged.backends.fixed_rows)
         self.failed: dict[str, str] = {}  # models not served, and why (server.on_model_failure = "skip")
         self._lifecycle = lifecycle
-        self._reply = reply
-        self._transport_counters = transport_counters
+        self._reply = transport.reply
+        self._transport = transport
         self._class_names = {c.name for c in config.classes}
         self._started_ns = time.monotonic_ns()
         self._spin_until_ns = 0  # see spin_deadline_ns
@@ -84,7 +83,6 @@ class Dispatcher:
                 failed = [{"name": name, "error": error} for name, error in self.failed.items()]
                 self._reply(route, encode_reply(request.id, Status.OK, models=models, failed=failed))
             else:
-                self.settle()
                 self._reply(route, encode_reply(request.id, Status.OK, **self.stats()))
         except ProtocolError as exc:
             self.invalid += 1
@@ -123,17 +121,12 @@ class Dispatcher:
             parts.append(f"{name} {stats.completed} ok, {shed} shed, p99 {stats.total_us.percentile(0.99)} us")
         return f"{self._lifecycle.reported}: " + "; ".join(parts)
 
-    def settle(self) -> None:
-        """Count what the lanes' workers reported since the last call (socket loop only)."""
-        for lane in self.lanes.values():
-            lane.stats.settle()
-
     def stats(self) -> dict[str, Any]:
-        """The stats op's figures (socket loop only: another thread asks the loop, see edged.daemon)."""
+        """The stats op's figures (socket loop only: another thread asks the loop, see edged.daemon.daemon)."""
         return {
             "state": self._lifecycle.reported,
             "invalid": self.invalid,
-            **self._transport_counters(),
+            "unroutable": self._transport.unroutable,
             "classes": {name: self._class_stats(name, lane) for name, lane in self.lanes.items()},
         }
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from edged.config import MetricsConfig
 from edged.config.settings import ConfigError
-from edged.serve.lifecycle import REPORTED_STATES
+from edged.daemon.lifecycle import REPORTED_STATES
 from edged.serve.stats import PERCENTILES
 
 Stats = Callable[[], dict[str, Any]]

@@ -7,7 +7,7 @@ whatever the traffic. No per-request list is ever kept.
 
 from __future__ import annotations
 
-from collections import deque
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ def _bucket_value(index: int) -> int:
 
 
 class Histogram:
-    """Latencies in microseconds; written by its ClassStats's `settle` only."""
+    """Latencies in microseconds; written under its ClassStats's lock."""
 
     __slots__ = ("counts", "max", "total")
 
@@ -66,20 +66,13 @@ class Histogram:
         return figures
 
 
-# The kinds of fact a worker hands over (see ClassStats).
-_DONE, _CALL, _EXPIRED, _LATE, _PREEMPTED = range(5)
-
-
 @dataclass
 class ClassStats:
-    """One class's figures, with one writer and one reader: the socket loop.
-
-    The loop counts what it decides and runs itself (arrivals, sheds, the inline
-    path's calls and answers: the `count_*` methods). Lane workers, which finish their
-    calls on threads of their own, never write a figure: the `report_*` methods only
-    queue a fact, and the loop counts the facts in `settle`, at its housekeeping
-    cadence and before any figure is read. No lock: a reader on another thread (the
-    Prometheus endpoint) asks the loop (edged.daemon), and gets a whole snapshot.
+    """One class's figures. Arrivals (received, admitted, shed, inline, aside) are the
+    socket loop's alone: it decides them, and no other thread writes them. Outcomes
+    (answers, backend calls, expiries, preemptions, late results) come from whichever
+    thread answers a job, the loop or a worker, so each is counted under `_lock`, and
+    `snapshot` reads under it too: a reader on any thread gets one whole moment.
     """
 
     received: int = 0
@@ -93,7 +86,7 @@ class ClassStats:
     backend_calls: int = 0
     backend_rows: int = 0  # rows handed to the backend: shed or expired work never adds here
     late_dropped: int = 0  # results of calls the watchdog had given up on, never sent
-    inline: int = 0  # requests run on the socket loop itself (edged.serve.inline)
+    inline: int = 0  # requests run on the socket loop itself (edged.serve.lanes.inline)
     aside: int = 0  # requests run on the loop's thread with a stand-in on the sockets (the same)
     preempted: int = 0  # calls cancelled for a higher class; their jobs ran again
     preempted_rows: int = 0
@@ -101,71 +94,50 @@ class ClassStats:
     queue_us: Histogram = field(default_factory=Histogram)
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
-    # deque.append and popleft are atomic: workers append, the loop pops, no lock.
-    _facts: deque[tuple[int, ...]] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    # --- facts, from any thread ------------------------------------------------
-
-    def report_done(self, ok: bool, queue_us: int, compute_us: int, total_us: int, late: bool = False) -> None:
+    def done(self, ok: bool, queue_us: int, compute_us: int, total_us: int, late: bool = False) -> None:
         """A request answered after admission: OK (`ok`) or failed, with its times; `late`:
         answered past its deadline."""
-        self._facts.append((_DONE, ok, queue_us, compute_us, total_us, late))
-
-    def report_call(self, rows: int) -> None:
-        """A backend call of `rows` rows, about to start."""
-        self._facts.append((_CALL, rows))
-
-    def report_expired(self) -> None:
-        """A request whose deadline passed while it was queued."""
-        self._facts.append((_EXPIRED,))
-
-    def report_preempted(self, rows: int, work_us: int) -> None:
-        """A call of `rows` rows cancelled for a higher class after `work_us` of compute."""
-        self._facts.append((_PREEMPTED, rows, work_us))
-
-    def report_late(self) -> None:
-        """A result the watchdog had already answered for, dropped."""
-        self._facts.append((_LATE,))
-
-    # --- the loop --------------------------------------------------------------
-
-    def count_done(self, ok: bool, queue_us: int, compute_us: int, total_us: int, late: bool = False) -> None:
-        """What `report_done` tells, counted at once (socket loop only)."""
-        if ok:
-            self.completed += 1
-            self.late_completed += late
-        else:
-            self.failed += 1
-        self.queue_us.record(queue_us)
-        self.compute_us.record(compute_us)
-        self.total_us.record(total_us)
-
-    def count_call(self, rows: int) -> None:
-        """What `report_call` tells, counted at once (socket loop only)."""
-        self.backend_calls += 1
-        self.backend_rows += rows
-
-    def settle(self) -> None:
-        """Count every fact handed over so far (socket loop only)."""
-        facts = self._facts
-        while facts:
-            fact = facts.popleft()
-            kind = fact[0]
-            if kind == _DONE:
-                self.count_done(*fact[1:])
-            elif kind == _CALL:
-                self.count_call(fact[1])
-            elif kind == _EXPIRED:
-                self.expired += 1
-            elif kind == _PREEMPTED:
-                self.preempted += 1
-                self.preempted_rows += fact[1]
-                self.preempted_work_us += fact[2]
+        with self._lock:
+            if ok:
+                self.completed += 1
+                self.late_completed += late
             else:
-                self.late_dropped += 1
+                self.failed += 1
+            self.queue_us.record(queue_us)
+            self.compute_us.record(compute_us)
+            self.total_us.record(total_us)
+
+    def call(self, rows: int) -> None:
+        """A backend call of `rows` rows, about to start."""
+        with self._lock:
+            self.backend_calls += 1
+            self.backend_rows += rows
+
+    def expiry(self) -> None:
+        """A request whose deadline passed while it was queued."""
+        with self._lock:
+            self.expired += 1
+
+    def preemption(self, rows: int, work_us: int) -> None:
+        """A call of `rows` rows cancelled for a higher class after `work_us` of compute."""
+        with self._lock:
+            self.preempted += 1
+            self.preempted_rows += rows
+            self.preempted_work_us += work_us
+
+    def late_result(self) -> None:
+        """A result the watchdog had already answered for, dropped."""
+        with self._lock:
+            self.late_dropped += 1
 
     def snapshot(self, queue_depth: int) -> dict[str, Any]:
-        """The figures as the stats op shows them (socket loop only, after `settle`)."""
+        """The figures as the stats op shows them."""
+        with self._lock:
+            return self._figures(queue_depth)
+
+    def _figures(self, queue_depth: int) -> dict[str, Any]:
         return {
             "received": self.received,
             "admitted": self.admitted,

@@ -3,97 +3,58 @@
 Shared by the daemon and the clients. Frames here are what follows the ZeroMQ
 routing envelope: `[header, payload_0, payload_1, ...]`, the header a msgpack map.
 Decoding checks structure only (types, dtype names, shapes against byte counts);
-checking a request against a model's signature is `edged.wire.signature`'s job.
+checking a request against a model's signature is `edged.wire.signature`'s job. The
+messages themselves are edged.wire.messages'.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import msgpack
-import msgspec
 import numpy as np
 
+from edged.wire.messages import (
+    MAX_DEADLINE_MS,
+    MAX_ID_BYTES,
+    OPS,
+    PROTOCOL_VERSION,
+    Buffer,
+    Limits,
+    ProtocolError,
+    Reply,
+    Request,
+    RequestId,
+    Status,
+    TensorSpec,
+)
 from edged.wire.tensors import DTYPES, tensor_frames, view
 
-PROTOCOL_VERSION = 1
-MAX_ID_BYTES = 64
-MAX_DEADLINE_MS = 3_600_000.0
-OPS = ("infer", "models", "health", "stats")
+# The messages are imported from here too, beside the functions that encode them.
+__all__ = [
+    "DTYPES",
+    "MAX_DEADLINE_MS",
+    "MAX_ID_BYTES",
+    "OPS",
+    "PROTOCOL_VERSION",
+    "Buffer",
+    "Limits",
+    "ProtocolError",
+    "Reply",
+    "Request",
+    "RequestId",
+    "Status",
+    "TensorSpec",
+    "decode_reply",
+    "decode_request",
+    "encode_reply",
+    "encode_request",
+    "tensor_views",
+]
 
-RequestId = int | str | bytes | None
-Buffer = bytes | memoryview
-
-
-class Status(StrEnum):
-    OK = "OK"
-    INVALID_ARGUMENT = "INVALID_ARGUMENT"
-    NOT_FOUND = "NOT_FOUND"
-    OVERLOADED = "OVERLOADED"
-    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
-    UNAVAILABLE = "UNAVAILABLE"
-    INTERNAL = "INTERNAL"
-
-
-class ProtocolError(Exception):
-    """A request that cannot be served as sent; becomes a reply with `status`."""
-
-    def __init__(self, status: Status, message: str, request_id: RequestId = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.request_id = request_id
-
-
-class TensorSpec(msgspec.Struct, frozen=True):
-    """A tensor's name, wire dtype name and shape (-1 marks a dynamic dimension).
-    A msgspec struct: edged.wire.fast decodes a request's input specs straight into it."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Bounds checked before anything is allocated for a request."""
-
-    max_header_bytes: int = 64 * 1024
-    max_tensors: int = 16
-    max_tensor_elements: int = 1 << 24
-
-
-@dataclass(slots=True)
-class Request:
-    id: RequestId
-    op: str
-    model: str | None = None
-    klass: str | None = None
-    deadline_ms: float | None = None
-    inputs: list[TensorSpec] = field(default_factory=list)
-    payloads: Sequence[Buffer] = ()
-    outputs: list[str] | None = None
-
-
-@dataclass(slots=True)
-class Reply:
-    """A decoded reply, as a client sees it."""
-
-    id: RequestId
-    status: Status
-    header: dict[str, Any]
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def error(self) -> str:
-        return self.header.get("error", "")
+DEFAULT_LIMITS = Limits()
 
 
 # --- request ---------------------------------------------------------------
@@ -125,7 +86,7 @@ def encode_request(
     return [msgpack.packb(header), *payloads]
 
 
-def decode_request(frames: Sequence[Buffer], limits: Limits = Limits()) -> Request:
+def decode_request(frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS) -> Request:
     """Parse and structurally check one request; raises ProtocolError."""
     if not frames:
         raise ProtocolError(Status.INVALID_ARGUMENT, "empty message: expected a msgpack header frame")

@@ -1,2 +1,2 @@
 """Stress harnesses run beside the tests: the live fuzzer (a short run in
-tests/test_fuzz_live.py) and the overload, soak and many-clients scenarios."""
+tests/serve/test_fuzz_live.py) and the overload, soak and many-clients scenarios."""

@@ -16,7 +16,7 @@ signal, so that every request sent has reached the daemon, whose drain must answ
 Checked, per schedule: the daemon exits 0; its log holds no traceback; every request
 got exactly one reply, each OK or a documented refusal (UNAVAILABLE while starting or
 draining, OVERLOADED, DEADLINE_EXCEEDED). The script prints its seed and exits 1 when a
-schedule fails; tests/test_chaos.py runs a few schedules in CI.
+schedule fails; tests/daemon/test_chaos.py runs a few schedules in CI.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ DOCUMENTED = {"OK", "UNAVAILABLE", "OVERLOADED", "DEADLINE_EXCEEDED"}
 SETTLE_S = 0.1  # between the peers' last request and the stop signal
 HORIZON_S = 8.0  # the span over which a schedule's timed signals fall (start-up takes about 2-3 s)
 WARMUP_WINDOW_S = 0.4  # how far into a warm-up on the loop's thread a signal aimed at it falls
-# The log line that begins each warm-up of new lanes on the loop's thread (edged.daemon).
+# The log line that begins each warm-up of new lanes on the loop's thread (edged.daemon.daemon).
 WARMING = ("warming the loop's own runners",)
 EXIT_S = 90.0
 

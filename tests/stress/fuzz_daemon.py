@@ -36,7 +36,7 @@ import numpy as np
 import zmq
 
 from edged.client import Client
-from edged.launch import DaemonProcess, resident_kib
+from edged.loadgen.launch import DaemonProcess, resident_kib
 from edged.wire.codec import DTYPES
 
 VALID_SPEC = {"name": "x", "dtype": "float32", "shape": [1, 64]}

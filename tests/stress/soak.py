@@ -33,9 +33,9 @@ import msgpack
 import numpy as np
 import zmq
 
-from edged.bench import Stream, run_load
 from edged.client import Client
-from edged.launch import DaemonProcess, resident_kib
+from edged.loadgen.launch import DaemonProcess, resident_kib
+from edged.loadgen.sweep import Stream, run_load
 from edged.wire.codec import encode_request
 
 REALTIME_DEADLINE_MS = 20.0  # the built-in realtime class's deadline

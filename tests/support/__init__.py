@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 import zmq
 
-from edged.launch import DaemonProcess
+from edged.loadgen.launch import DaemonProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINES = REPO_ROOT / "engines"
@@ -76,7 +76,7 @@ def start_daemon(
     config_text: str | None = None, *, tcp: bool = False, wait: bool = True, program: list[str] | None = None
 ) -> RunningDaemon:
     """Start a daemon on an ipc socket (and a tcp port if asked), by default waiting until it
-    serves; `program` replaces `python -m edged` (edged.launch.DaemonProcess)."""
+    serves; `program` replaces `python -m edged` (edged.loadgen.launch.DaemonProcess)."""
     folder = short_dir()
     ipc = f"ipc://{folder}/d.sock"
     endpoints = [ipc]

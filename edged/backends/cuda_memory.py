@@ -1,0 +1,119 @@
+"""CUDA memory and timing through cuda-python: events, device and pinned host buffers,
+a tensor's staging between them, and a run's copies in and out on one stream."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edged.backends.cuda_calls import CudaError, check, runtime
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from edged.backends.cuda import Stream
+
+
+class Event:
+    """A timing event: record on a stream, wait for it, read the time between two."""
+
+    def __init__(self) -> None:
+        rt = runtime()
+        self.handle = check("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags(rt.cudaEventDefault))
+
+    def record(self, stream: Stream) -> None:
+        check("cudaEventRecord", runtime().cudaEventRecord(self.handle, stream.handle))
+
+    def synchronize(self) -> None:
+        check("cudaEventSynchronize", runtime().cudaEventSynchronize(self.handle))
+
+    def elapsed_ms_since(self, start: Event) -> float:
+        return float(check("cudaEventElapsedTime", runtime().cudaEventElapsedTime(start.handle, self.handle)))
+
+    def close(self) -> None:
+        if self.handle is not None:
+            check("cudaEventDestroy", runtime().cudaEventDestroy(self.handle))
+            self.handle = None
+
+
+class DeviceBuffer:
+    """cudaMalloc'd memory, allocated once at load and reused by every call."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.pointer = int(check("cudaMalloc", runtime().cudaMalloc(max(nbytes, 1))))
+
+    def close(self) -> None:
+        if self.pointer:
+            check("cudaFree", runtime().cudaFree(self.pointer))
+            self.pointer = 0
+
+
+class PinnedBuffer:
+    """Page-locked host memory (cudaMallocHost): asynchronous copies need it, and it is
+    allocated once because pinning is slow."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.pointer = int(check("cudaMallocHost", runtime().cudaMallocHost(max(nbytes, 1))))
+
+    def array(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+        """A numpy view of the first bytes of the buffer, without copying."""
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = count * np.dtype(dtype).itemsize
+        if nbytes > self.nbytes:
+            raise CudaError(f"a {shape} {np.dtype(dtype)} view needs {nbytes} bytes; the buffer has {self.nbytes}")
+        raw = (ctypes.c_byte * nbytes).from_address(self.pointer)
+        return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+
+    def close(self) -> None:
+        if self.pointer:
+            check("cudaFreeHost", runtime().cudaFreeHost(self.pointer))
+            self.pointer = 0
+
+
+class Staged:
+    """One tensor's device buffer and the pinned host buffer its copies go through."""
+
+    def __init__(self, dtype: np.dtype[Any], nbytes: int) -> None:
+        self.dtype = dtype
+        self.device = DeviceBuffer(nbytes)
+        try:
+            self.pinned = PinnedBuffer(nbytes)
+        except BaseException:
+            self.device.close()
+            raise
+
+    def upload(self, stream: Stream, array: np.ndarray) -> None:
+        staged = self.pinned.array(self.dtype, array.shape)
+        np.copyto(staged, array, casting="same_kind")
+        stream.copy_to_device(self.device.pointer, self.pinned.pointer, staged.nbytes)
+
+    def download(self, stream: Stream, shape: tuple[int, ...]) -> np.ndarray:
+        """A view of the pinned buffer that holds `shape` once the stream is synchronized."""
+        view = self.pinned.array(self.dtype, shape)
+        stream.copy_to_host(self.pinned.pointer, self.device.pointer, view.nbytes)
+        return view
+
+    def close(self) -> None:
+        self.device.close()
+        self.pinned.close()
+
+
+def copy_run_sync(
+    stream: Stream,
+    inputs: list[tuple[Staged, np.ndarray]],
+    enqueue: Callable[[], None],
+    outputs: Callable[[], list[tuple[Staged, tuple[int, ...]]]],
+) -> list[np.ndarray]:
+    """One call on `stream`: stage the inputs to the device, enqueue the run, stage the
+    outputs (`outputs()` gives their shapes once the run is enqueued) back, and wait."""
+    for staged, array in inputs:
+        staged.upload(stream, array)
+    enqueue()
+    views = [staged.download(stream, shape) for staged, shape in outputs()]
+    stream.synchronize()
+    # Copies: the pinned buffers are reused by the next call while the reply may still be queued.
+    return [view.copy() for view in views]

@@ -1,0 +1,1 @@
+"""The `edged` command: serving, the client commands, import, probes, the demo and the bench."""

@@ -1,0 +1,60 @@
+"""`edged bench`, the command: which benchmark the arguments ask for, run and reported.
+
+The load generators live in edged.loadgen.sweep (one daemon, open loop), edged.loadgen.isolation
+and edged.loadgen.fleet; this module only chooses, prints and writes files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+from edged.loadgen.fleet import format_fleet, run_fleet
+from edged.loadgen.isolation import format_isolation, plot_isolation, run_isolation
+from edged.loadgen.launch import DaemonProcess
+from edged.loadgen.sweep import Stream, format_table, plot, progress_to_stderr, run_sweep
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """`edged bench`: a sweep against one daemon (started here unless --endpoint names one),
+    the isolation scenario, or a fleet of several endpoints."""
+    if args.isolation:
+        return _bench_isolation(args)
+    streams = [Stream.parse(text) for text in args.mix or ["realtime:mlp-light:200", "bulk:cnn-heavy:200"]]
+    if args.endpoint and len(args.endpoint) > 1:
+        return _bench_fleet(args, streams)
+    factors = [float(f) for f in args.sweep.split(",")]
+    with tempfile.TemporaryDirectory(prefix="edged-bench-") as folder:
+        if args.endpoint:
+            steps = run_sweep(args.endpoint[0], streams, factors, args.duration, progress_to_stderr)
+        else:
+            with DaemonProcess([f"ipc://{folder}/edged.sock"], config=args.config) as daemon:
+                daemon.wait_serving()
+                steps = run_sweep(daemon.endpoints[0], streams, factors, args.duration, progress_to_stderr)
+    for step in steps:
+        print(f"\nstep x{step['factor']:g}: offered {step['offered_rps']:.0f} req/s for {args.duration:g} s")
+        print(format_table(step["classes"]))
+    if args.json:
+        args.json.write_text(json.dumps({"duration_s": args.duration, "steps": steps}, indent=2) + "\n")
+    if args.png:
+        plot(steps, str(args.png))
+    return 0
+
+
+def _bench_fleet(args: argparse.Namespace, streams: list[Stream]) -> int:
+    result = run_fleet(args.endpoint, streams, args.duration, args.hedge, args.hedge_after_ms)
+    print(format_fleet(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _bench_isolation(args: argparse.Namespace) -> int:
+    results = run_isolation(args.duration, progress_to_stderr)
+    print(format_isolation(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.png:
+        plot_isolation(results, str(args.png))
+    return 0

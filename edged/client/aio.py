@@ -1,0 +1,103 @@
+"""The asyncio client."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from edged.client.api import DEFAULT_TIMEOUT_MS, Api, dealer, endpoint_list, now_ms
+from edged.client.call import Call, SendFn
+from edged.client.fleet import Fleet
+from edged.client.keys import ClientKeys
+from edged.wire.codec import Reply, decode_reply
+
+
+class AsyncClient(Api):
+    """An asyncio client: any number of calls in flight, replies matched by id; one
+    endpoint or several, as `Client`.
+
+    Each method returns an awaitable: `outputs = await client.infer(...)`.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout_ms: float = DEFAULT_TIMEOUT_MS,
+        curve: ClientKeys | None = None,
+        hedge: bool = False,
+        hedge_after_ms: float | None = None,
+    ):
+        self.timeout_ms = timeout_ms
+        self._ids = itertools.count(1)
+        self._fleet = Fleet(endpoint_list(endpoints), hedge, hedge_after_ms)
+        self._context = zmq.asyncio.Context()
+        immediate = self._fleet.several
+        self._sockets = [dealer(self._context, e, curve, immediate) for e in self._fleet.endpoints]
+        self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
+        self._receivers: list[asyncio.Task[None]] = []
+
+    async def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        if not self._receivers:
+            self._receivers = [loop.create_task(self._receive(i)) for i in range(len(self._sockets))]
+        call = self._new_call(op, fields, timeout_ms)
+        settled: asyncio.Future[None] = loop.create_future()
+        ids: list[int] = []
+
+        def send(index: int, deadline_ms: float | None) -> int | None:
+            request_id, frames = self._frames(op, fields, deadline_ms)
+            # A NOBLOCK send completes at once: its future is done, with Again if not taken.
+            if self._sockets[index].send_multipart(frames, zmq.NOBLOCK, copy=False).exception() is not None:
+                return None
+            self._pending[request_id] = (call, send, settled)
+            ids.append(request_id)
+            return request_id
+
+        try:
+            call.advance(now_ms(), send)
+            while not call.done:
+                wait_ms = call.wake_at() - now_ms()
+                if wait_ms > 0:
+                    await asyncio.wait([settled], timeout=wait_ms / 1000)
+                call.advance(now_ms(), send)
+        finally:
+            for request_id in ids:
+                self._pending.pop(request_id, None)
+        return self._outcome(call, parse)
+
+    async def _receive(self, index: int) -> None:
+        sock, counters = self._sockets[index], self._fleet.counters[index]
+        while True:
+            frames = await sock.recv_multipart(copy=False)
+            try:
+                reply = decode_reply(frames)
+            except (ValueError, KeyError, TypeError):
+                continue  # not a reply of this protocol: nothing to match it to
+            pending = self._pending.get(reply.id)
+            if pending is None:
+                counters.late += 1
+                continue
+            call, send, settled = pending
+            if not call.on_reply(reply.id, reply, now_ms(), send):
+                counters.late += 1
+            if call.done and not settled.done():
+                settled.set_result(None)
+
+    async def close(self) -> None:
+        for receiver in self._receivers:
+            receiver.cancel()
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._context.term()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

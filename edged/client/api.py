@@ -1,0 +1,145 @@
+"""What both clients share: every operation of the protocol, written once (`Api`), and
+the one socket setup. `Client` (edged.client.sync) and `AsyncClient` (edged.client.aio)
+differ only in how they wait for a call's replies (`_call`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import zmq
+
+from edged.client.call import Call
+from edged.client.errors import NoReply, raise_for_status
+from edged.client.fleet import EndpointCounters, Fleet
+from edged.client.keys import ClientKeys
+from edged.wire.codec import Buffer, Reply, encode_request
+from edged.wire.endpoints import is_tcp
+
+DEFAULT_TIMEOUT_MS = 5000.0
+
+
+class Api:
+    """Every operation of the protocol, written once for both clients; each call is a
+    `edged.client.fleet.Call`, which the two classes drive over their sockets (`_call`)."""
+
+    timeout_ms: float
+    _fleet: Fleet
+    _ids: Iterator[int]
+
+    def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
+        raise NotImplementedError
+
+    def _request(self, op: str, parse: Callable[[Reply], Any], timeout_ms: float | None = None, **fields: Any) -> Any:
+        return self._call(op, fields, timeout_ms or self.timeout_ms, lambda r: parse(raise_for_status(r)))
+
+    def _new_call(self, op: str, fields: dict[str, Any], timeout_ms: float) -> Call:
+        model = fields.get("model") if op == "infer" else None
+        return Call(self._fleet, model, fields.get("deadline_ms"), timeout_ms, now_ms())
+
+    def _frames(self, op: str, fields: dict[str, Any], deadline_ms: float | None) -> tuple[int, list[Buffer]]:
+        """A copy of the request under a new id (ids are unique per client, so a late reply
+        to a copy that lost is recognised), with what is left of its deadline."""
+        request_id = next(self._ids)
+        if deadline_ms is not None:
+            fields = {**fields, "deadline_ms": deadline_ms}
+        return request_id, encode_request(request_id, op, **fields)
+
+    @staticmethod
+    def _outcome(call: Call, parse: Callable[[Reply], Any]) -> Any:
+        if call.reply is None:
+            raise NoReply(f"no reply within {call.timeout_ms:.0f} ms")
+        return parse(call.reply)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._fleet.endpoints)
+
+    def counters(self) -> dict[str, EndpointCounters]:
+        """Per daemon: copies sent, OK, shed, unavailable, failed, timed out, hedged,
+        hedges won and late replies dropped (see edged.client.fleet.EndpointCounters)."""
+        return {endpoint: replace(c) for endpoint, c in zip(self._fleet.endpoints, self._fleet.counters)}
+
+    def infer(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        klass: str | None = None,
+        deadline_ms: float | None = None,
+        outputs: Sequence[str] | None = None,
+        timeout_ms: float | None = None,
+    ) -> Any:
+        """Run `model`; returns {output name: array}. Raises an EdgedError unless OK.
+
+        `klass` picks the priority class, `deadline_ms` the daemon-side budget,
+        `outputs` a subset of outputs, `timeout_ms` how long this client waits.
+        """
+        return self._infer(lambda r: r.outputs, model, inputs, klass, deadline_ms, outputs, timeout_ms)
+
+    def infer_reply(self, model: str, inputs: dict[str, np.ndarray], **options: Any) -> Any:
+        """Like infer, with the same options, but returns the whole Reply (timing_us is in its header)."""
+        return self._infer(lambda r: r, model, inputs, **options)
+
+    def _infer(
+        self,
+        parse: Callable[[Reply], Any],
+        model: str,
+        inputs: dict[str, np.ndarray],
+        klass: str | None = None,
+        deadline_ms: float | None = None,
+        outputs: Sequence[str] | None = None,
+        timeout_ms: float | None = None,
+    ) -> Any:
+        if timeout_ms is None and deadline_ms is not None:
+            # Past its deadline the daemon answers by itself; wait a little beyond it.
+            timeout_ms = max(deadline_ms * 2, deadline_ms + 1000)
+        return self._request(
+            "infer",
+            parse,
+            timeout_ms,
+            model=model,
+            inputs=inputs,
+            klass=klass,
+            deadline_ms=deadline_ms,
+            outputs=outputs,
+        )
+
+    def models(self) -> Any:
+        """The served models: [{name, backend, precision, inputs, outputs}]."""
+        return self._request("models", lambda r: r.header["models"])
+
+    def health(self) -> Any:
+        """{state: starting | serving | draining, uptime_s}."""
+        return self._request("health", lambda r: {k: v for k, v in r.header.items() if k not in ("v", "id", "status")})
+
+    def stats(self) -> Any:
+        """Per-class counters and latency percentiles (see docs/protocol.md)."""
+        return self._request("stats", lambda r: {k: v for k, v in r.header.items() if k not in ("v", "id", "status")})
+
+
+def endpoint_list(endpoints: str | Sequence[str]) -> list[str]:
+    """One endpoint or several, as a list."""
+    return [endpoints] if isinstance(endpoints, str) else list(endpoints)
+
+
+def dealer(context: zmq.Context, endpoint: str, curve: ClientKeys | None, immediate: bool) -> Any:
+    """The one socket setup of both clients. With several daemons, ZMQ_IMMEDIATE: a
+    copy is never queued for a daemon that is not connected (one killed, say); the
+    send fails at once and the call picks another."""
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    if immediate:
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+    if curve is not None and is_tcp(endpoint):
+        curve.apply(sock)
+    sock.connect(endpoint)
+    return sock
+
+
+def now_ms() -> float:
+    """The clock every call's deadlines and round trips are read on."""
+    return time.monotonic_ns() / 1e6

@@ -1,0 +1,153 @@
+"""One client over several daemons: which daemon a call goes to, when it is retried
+elsewhere or hedged, and which reply settles it. No sockets here: `edged.client`
+sends and receives, and tells a `Call` (edged.client.call) what happened and when.
+
+After the ZeroMQ guide's Lazy Pirate and Freelance patterns (chapter 4), with hedged
+requests after Dean and Barroso, "The Tail at Scale" (CACM 2013):
+- a call goes to one daemon, round robin over those not set aside;
+- OVERLOADED sets that daemon aside for its `retry_after_ms`, UNAVAILABLE (starting,
+  draining) for UNAVAILABLE_PAUSE_MS, and the call is retried at once on another;
+- no reply within half the call's budget (its `deadline_ms`, else its timeout) sends
+  the call to another daemon, with what is left of its deadline;
+- with hedging, a copy goes to another daemon once the call has waited the hedge
+  delay (by default this client's running p95 for the model).
+A call sends at most two copies, the first reply that is not a retryable refusal
+settles it, and it settles exactly once: a later reply is dropped and counted `late`.
+A client of one daemon sets nothing aside and never retries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edged.wire.codec import Reply
+
+HEDGE_MIN_SAMPLES = 20  # no hedging on a model before this many replies: no p95 to go by
+LATENCY_WINDOW = 512
+LATENCY_DECAY_MS = 1000.0  # a daemon's round-trip estimate forgets at this pace
+RTT_FLOOR_MS = 0.05  # so that daemons with no estimate yet tie, and share calls round robin
+# Daemons within CHEAP_FACTOR of the cheapest, plus CHEAP_SLACK_MS, share the calls round
+# robin: a hiccup of a fraction of a millisecond does not send every call to one daemon.
+CHEAP_FACTOR = 2.0
+CHEAP_SLACK_MS = 1.0
+P95_EVERY = 32  # the p95 is recomputed after this many new samples, not per call
+
+
+@dataclass(slots=True)
+class EndpointCounters:
+    """What one daemon of the fleet did with this client's requests."""
+
+    sent: int = 0  # copies sent, hedges included
+    ok: int = 0  # OK replies that settled a call
+    shed: int = 0  # OVERLOADED replies
+    unavailable: int = 0  # UNAVAILABLE replies
+    failed: int = 0  # other error replies, handed to the caller
+    timed_out: int = 0  # copies given up on: no reply within the call's share, or by its end
+    hedged: int = 0  # hedge copies sent here
+    hedge_won: int = 0  # of those, the ones whose reply settled the call
+    late: int = 0  # replies to calls already settled (the loser of a race, a reply after a give-up): dropped
+
+
+class Latencies:
+    """Each model's recent round trips (OK replies), for the hedge delay."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, deque[float]] = {}
+        self._p95: dict[str, float] = {}
+        self._fresh: dict[str, int] = {}
+
+    def observe(self, model: str, ms: float) -> None:
+        samples = self._samples.setdefault(model, deque(maxlen=LATENCY_WINDOW))
+        samples.append(ms)
+        self._fresh[model] = self._fresh.get(model, 0) + 1
+        if len(samples) >= HEDGE_MIN_SAMPLES and (model not in self._p95 or self._fresh[model] >= P95_EVERY):
+            ordered = sorted(samples)
+            self._p95[model] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+            self._fresh[model] = 0
+
+    def p95(self, model: str) -> float | None:
+        return self._p95.get(model)
+
+
+class Fleet:
+    """The daemons one client talks to, and what it has learnt about each."""
+
+    def __init__(self, endpoints: Sequence[str], hedge: bool = False, hedge_after_ms: float | None = None) -> None:
+        if not endpoints:
+            raise ValueError("a client needs at least one endpoint")
+        self.endpoints = list(endpoints)
+        self.counters = [EndpointCounters() for _ in self.endpoints]
+        self.latencies = Latencies()
+        self.hedge = hedge
+        self.hedge_after_ms = hedge_after_ms
+        self._aside_until = [0.0] * len(self.endpoints)
+        self._refusals: list[Reply | None] = [None] * len(self.endpoints)  # why each was set aside
+        self._in_flight = [0] * len(self.endpoints)  # copies of calls not yet settled
+        self._rtt = [0.0] * len(self.endpoints)  # time-weighted EWMA of round trips, ms
+        self._rtt_at = [-math.inf] * len(self.endpoints)  # so that the first sample is taken whole
+        self._next = 0
+
+    @property
+    def several(self) -> bool:
+        return len(self.endpoints) > 1
+
+    def pick(self, now: float, exclude: set[int]) -> int | None:
+        """The next daemon, neither excluded nor set aside, among the cheapest: round
+        robin over those whose cost is close to the lowest."""
+        count = len(self.endpoints)
+        costs = [math.inf if i in exclude or self._aside_until[i] > now else self._cost(i, now) for i in range(count)]
+        best = min(costs)
+        if best == math.inf:
+            return None
+        for step in range(count):
+            index = (self._next + step) % count
+            if costs[index] <= best * CHEAP_FACTOR + CHEAP_SLACK_MS:
+                self._next = index + 1
+                return index
+        return None
+
+    def _cost(self, index: int, now: float) -> float:
+        """Copies in flight there, plus one, times its recent round trip (after the EWMA
+        load balancing of Finagle and Linkerd). A daemon slowed by another client's flood
+        gets no calls while the others are quick, and a second look once its estimate
+        has decayed (LATENCY_DECAY_MS): one call in seconds, not one in three."""
+        decayed = self._rtt[index] * math.exp(-(now - self._rtt_at[index]) / LATENCY_DECAY_MS)
+        return (self._in_flight[index] + 1) * max(decayed, RTT_FLOOR_MS)
+
+    def sent(self, index: int) -> None:
+        self._in_flight[index] += 1
+
+    def ended(self, index: int) -> None:
+        """A copy there is over: answered, or its call settled without it."""
+        self._in_flight[index] -= 1
+
+    def observe_rtt(self, index: int, now: float, rtt_ms: float) -> None:
+        """Blend a round trip in, weighted by the time since the last: a daemon asked often
+        moves smoothly (one hiccup among hundreds hardly counts), one asked seldom
+        (because it was slow) takes its new sample almost whole."""
+        weight = math.exp(-(now - self._rtt_at[index]) / LATENCY_DECAY_MS)
+        self._rtt[index] = self._rtt[index] * weight + rtt_ms * (1 - weight)
+        self._rtt_at[index] = now
+
+    def soonest_back(self, exclude: set[int]) -> float:
+        """When the first daemon not excluded comes back from being set aside (inf: none)."""
+        return min((t for i, t in enumerate(self._aside_until) if i not in exclude), default=math.inf)
+
+    def set_aside(self, index: int, until: float, refusal: Reply) -> None:
+        if self.several:
+            self._aside_until[index] = max(self._aside_until[index], until)
+            self._refusals[index] = refusal
+
+    def refusal(self, now: float) -> Reply | None:
+        """The refusal of the set-aside daemon that comes back first: the answer of a call
+        that no daemon may take before it ends."""
+        aside = [i for i, until in enumerate(self._aside_until) if until > now]
+        return self._refusals[min(aside, key=self._aside_until.__getitem__)] if aside else None
+
+    def hedge_delay_ms(self, model: str | None) -> float | None:
+        if not (self.hedge and self.several and model):
+            return None
+        return self.hedge_after_ms if self.hedge_after_ms is not None else self.latencies.p95(model)

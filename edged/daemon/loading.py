@@ -1,0 +1,122 @@
+"""The loader: warm lanes built for a configuration, off the socket loop.
+
+It runs on a thread of its own, at start-up and on SIGHUP (edged.daemon.daemon), and writes
+nothing the loop reads: what it builds is its return value, which the daemon hands to
+the loop to open between requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, backend_named, fixed_rows
+from edged.backends.gpu_memory import MIB, LaneReservation, check_measured
+from edged.config import Config
+from edged.models.repository import ModelEntry, RepositoryError, discover, scan
+from edged.models.warmup import ModelFailure, one_size_warning
+from edged.serve.lanes.lane import Lane
+from edged.serve.lanes.precedence import Precedence
+from edged.serve.stats import ClassStats
+from edged.serve.transport import Transport
+
+log = logging.getLogger("edged")
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What the loader built, handed to the loop to open."""
+
+    config: Config
+    models: list[ModelEntry]
+    lanes: dict[str, Lane]
+    reservations: dict[str, LaneReservation]
+    fixed_rows: bool  # the backend's buffers hold max_batch rows: larger requests are refused
+    seconds: float
+    failed: dict[str, str]  # by model: why it failed to load or warm up (server.on_model_failure = "skip")
+
+
+def load(
+    read_config: Callable[[], Config],
+    stats: dict[str, ClassStats],
+    transport: Transport,
+) -> Loaded:
+    """Build warm lanes for the configuration `read_config` gives; raises what stops them.
+    A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero.
+    The lanes reply, and run aside, through `transport`."""
+    started = time.monotonic()
+    config = read_config()
+    variants = VARIANTS_OF.get(config.backend, config.backend)
+    failed: dict[str, str] = {}
+
+    def fail(exc: ModelFailure) -> None:
+        if config.on_model_failure == "stop":
+            raise ModelFailure(
+                exc.model, f'{exc} (or set server.on_model_failure = "skip" to serve the other models)'
+            ) from None
+        log.error("not serving %s: %s", exc.model, exc)
+        failed[exc.model] = str(exc)
+
+    folders = scan(config.model_repository)
+    for folder, why in folders.unreadable.items():
+        fail(ModelFailure(folder, why))
+    models = discover(config.model_repository, variants, config.models, folders)
+    for model in models:
+        if warning := one_size_warning(model.name, model.signature, model.samples, model.manifest):
+            log.warning("%s", warning)
+    backend = backend_named(config.backend, config.fallback)
+    while True:
+        try:
+            reservations, lanes = _start_lanes(config, models, backend, stats, transport)
+            break
+        except ModelFailure as exc:
+            fail(exc)
+            models = [model for model in models if model.name != exc.model]
+            if not models:
+                raise RepositoryError(f"every model failed to load or warm up: {failed}") from None
+    if isinstance(backend, Describing):
+        models = [replace(model, served=served) if (served := backend.describe(model)) else model for model in models]
+    seconds = time.monotonic() - started
+    return Loaded(config, models, lanes, reservations, fixed_rows(backend), seconds, failed)
+
+
+def _start_lanes(
+    config: Config,
+    models: list[ModelEntry],
+    backend: Backend,
+    stats: dict[str, ClassStats],
+    transport: Transport,
+) -> tuple[dict[str, LaneReservation], dict[str, Lane]]:
+    """Plan, start and measure a lane per class, each loaded and warm; all or none."""
+    reserving = isinstance(backend, Reserving)
+    free_before = backend.free_bytes() if reserving else 0
+    # Checked before any lane allocates: a set of lanes that cannot fit is refused whole.
+    reservations = backend.reserve(models, config.classes, free_before) if reserving else {}
+    for reservation in reservations.values():
+        log.info("%s", reservation.describe())
+    lanes: dict[str, Lane] = {}
+    # One per generation of lanes: a reload's lanes do not yield to the ones they replace.
+    precedence = Precedence()
+    free = free_before
+    try:
+        for klass in config.classes:
+            lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence)
+            lanes[klass.name] = lane
+            lane.start()
+            if reserving:
+                # One lane at a time, so the drop in free memory is this lane's (on a reload
+                # the serving lanes' arenas, grown at their own warm-up, rarely move).
+                before, free = free, backend.free_bytes()
+                measured = replace(reservations[klass.name], measured_bytes=before - free)
+                reservations[klass.name] = measured
+                log.info("%s", measured.describe())
+        if reserving:
+            headroom = config.gpu_headroom_mb * MIB
+            check_measured(list(reservations.values()), free_before, headroom, backend.device_name)
+    except BaseException:
+        for lane in lanes.values():
+            lane.stop(timeout_s=1.0)
+        raise
+    return reservations, lanes

@@ -1,0 +1,299 @@
+"""Lanes: one per priority class, reserved at start-up, each with its own queue,
+worker threads and backend runners, and its own admission state.
+
+`offer` prices a request, lets admission decide (edged.serve.admission.admit), and
+sheds it at once or places the job on one of its routes (edged.serve.lanes.routes):
+on the socket loop's thread when the lane is idle (inline when it is cheap, else aside
+with a stand-in on the sockets), else on a worker. Replies go through the Transport
+the lane was given: a lane never touches a socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from edged.backends import Backend
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
+from edged.serve.admission import Backlog, ServiceTimes, Shed, admit
+from edged.serve.answers import Answers
+from edged.serve.lanes.batching import Job
+from edged.serve.lanes.inline import InlinePath
+from edged.serve.lanes.precedence import Precedence
+from edged.serve.lanes.routes import Aside, Inline, Queued, Route
+from edged.serve.lanes.watchdog import OpenCalls
+from edged.serve.lanes.worker import STOP, Remeasure, Worker
+from edged.serve.stats import ClassStats
+from edged.serve.transport import Transport
+from edged.wire.codec import Request, Status
+
+log = logging.getLogger("edged.lanes")
+
+REMEASURE_EVERY_NS = 1_000_000_000
+PRICED_PAST_MEASURED = (
+    "priced past the largest input measured on this lane; a warm-up sample of this size in the model's manifest "
+    "measures it"
+)
+
+
+class Lane:
+    """One class's lane. Its own state is written on one thread at a time: by the
+    loader while it builds and starts the lane, then by the socket loop (`offer`:
+    admission and arrivals; `check_stuck`: workers and health). Its workers write
+    nothing of the lane's own: they time calls into `service`, and count and answer
+    through its Answers, which takes finished work off `backlog`."""
+
+    def __init__(
+        self,
+        klass: ClassConfig,
+        models: list[ModelEntry],
+        backend: Backend,
+        transport: Transport,
+        stats: ClassStats | None = None,
+        precedence: Precedence | None = None,
+    ) -> None:
+        self.klass = klass
+        self.models = models
+        self.stats = stats or ClassStats()
+        self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
+        self.backlog = Backlog(on_empty=self.precedence.idle)
+        self.precedence.join(klass.order, self.backlog)
+        self.service = ServiceTimes()
+        self._backend = backend
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._ready = threading.Barrier(klass.workers + 1)
+        self._transport = transport
+        self._inline: InlinePath | None = None
+        self._queued = Queued(self._queue)
+        self._idle_routes: tuple[Route, ...] = (self._queued,)  # where a job goes when nothing is ahead of it
+        self._last_remeasure_ns = 0
+        self._calls = OpenCalls()
+        self._answers = Answers(transport, self.stats, self.backlog)
+        self._recovery: tuple[str, Worker] | None = None  # why the lane is not ok, and the worker it waits for
+
+    # --- life cycle --------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers; returns once each has loaded and warmed every model."""
+        workers = [self._start_worker(self._ready) for _ in range(self.klass.workers)]
+        self._ready.wait()
+        errors = [worker.error for worker in workers if worker.error is not None]
+        if errors:
+            self.stop(timeout_s=1.0)
+            raise errors[0]
+        if self.klass.inline_max_us:
+            # Never a CUDA graph on the loop: ONNX Runtime captures in global mode, which
+            # a capture on the loop, while other lanes serve, would break.
+            loop_worker = self._new_worker(replace(self.klass, cuda_graph=False), on_worker=False)
+            loop_worker.load(pin=False)  # the loop's own thread keeps its settings
+            self._inline = InlinePath(self.klass, loop_worker)
+            loop_routes: list[Route] = [Inline(self._inline, self.stats)]
+            if self.klass.stand_in:
+                loop_routes.append(Aside(self._inline, self.stats, self._transport))
+            self._idle_routes = (*loop_routes, self._queued)
+
+    def warm_on_loop(self) -> None:
+        """Warm the inline path's runners on the socket loop's own thread, before it
+        serves: a runtime keeps per-thread state (ONNX Runtime's cuBLAS and cuDNN
+        handles), which a first call on a new thread would create mid-request."""
+        if self._inline is not None:
+            self._inline.warm()
+
+    @property
+    def health(self) -> str:
+        """ "ok", or why not: shown by the health op."""
+        if self._recovery is None or self._recovery[1].loaded.is_set():
+            return "ok"
+        return self._recovery[0]
+
+    def reject_queued(self, message: str) -> int:
+        """Answer every job still queued UNAVAILABLE, without running it."""
+        count = 0
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return count
+            if job is STOP:
+                self._queue.put(job)
+                return count
+            if isinstance(job, Job):
+                self._answers.unrun(job, Status.UNAVAILABLE, message)
+            count += 1
+
+    def retire(self) -> None:
+        """Let the workers finish every job already queued, then end (socket loop, or
+        the loader for a lane it never opened: the inline path is not called after)."""
+        for _ in self._workers():
+            self._queue.put(STOP)
+        if self._inline is not None:
+            self._idle_routes = (self._queued,)
+            self._inline.close()
+            self._inline = None
+
+    @property
+    def alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._workers())
+
+    def stop(self, timeout_s: float) -> None:
+        """Retire, and wait up to `timeout_s` for the workers to end."""
+        self.retire()
+        end = time.monotonic() + timeout_s
+        for thread in self._workers():
+            thread.join(max(end - time.monotonic(), 0.0))
+
+    # --- admission (socket loop only) --------------------------------------
+
+    def offer(
+        self,
+        route: Any,
+        request: Request,
+        model: ModelEntry,
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        received_ns: int,
+    ) -> Job | Shed:
+        """Admit a valid request of `rows` rows and place it, or shed it at once."""
+        self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
+        budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
+        elements = model.signature.elements(inputs)
+        cost_ns = self.service.charge_ns(model.name, rows, elements)
+        now_ns = time.monotonic_ns()
+        left_ns = budget_ns - (now_ns - received_ns)
+        # A lane that yields waits for the higher classes' work as well as its own.
+        above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
+        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns))
+        if shed is not None:
+            return self._shed(shed, model, rows, elements, now_ns)
+        self.stats.admitted += 1
+        job = Job(
+            route=route,
+            request_id=request.id,
+            model=model,
+            inputs=inputs,
+            output_names=tuple(request.outputs or model.signature.output_names),
+            received_ns=received_ns,
+            deadline_ns=received_ns + budget_ns,
+            cost_ns=cost_ns,
+            rows=rows,
+            elements=elements,
+        )
+        if self.precedence.flying:
+            slack_ns = left_ns - cost_ns - self.backlog.work_ns // self.klass.workers
+            self.precedence.make_room(self.klass.order, slack_ns, now_ns)
+        self.place(job)
+        return job
+
+    def place(self, job: Job) -> None:
+        """Hand an admitted job to the first route that takes it. An idle lane's job runs
+        on the loop's thread, now: the hand-off to a sleeping worker costs more than a
+        cheap job takes, and most of a dear one's overhead. Counted in the backlog first:
+        the stand-in may admit behind an aside call."""
+        routes = self._idle_routes if not self.backlog.depth else (self._queued,)
+        self.backlog.add(job.cost_ns)
+        for where in routes:
+            if where.take(job):
+                return
+
+    def _shed(self, shed: Shed, model: ModelEntry, rows: int, elements: int, now_ns: int) -> Shed:
+        """Count a refusal, and see that a price that caused it is not stale."""
+        if shed.beyond_one_run:
+            # Re-timing the warm-up sample refreshes a measured price; a guessed one
+            # (a size past every one measured) it could not correct.
+            if self.service.measured(model.name, rows, elements):
+                self._remeasure(model, now_ns)
+            else:
+                shed = replace(shed, message=f"{shed.message} ({PRICED_PAST_MEASURED})")
+        if shed.reason == "queue_full":
+            self.stats.shed_queue_full += 1
+        else:
+            self.stats.shed_deadline += 1
+        return shed
+
+    def _remeasure(self, model: ModelEntry, now_ns: int) -> None:
+        """Refresh the model's service estimate on an idle lane, at most once a second.
+
+        Called when admission sheds a request as too slow for its deadline: were the
+        estimate stale (inflated by a burst of contention, say), it would shed those
+        requests forever, since nothing admitted would ever measure it again.
+        """
+        if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
+            self._last_remeasure_ns = now_ns
+            self._queue.put(Remeasure(model))
+
+    # --- the watchdog (socket loop's tick, and the shutdown) ---------------
+
+    def check_stuck(self, now_ns: int) -> None:
+        """Answer the requests of a backend call open past `stuck_after_ms`, and replace
+        the worker inside it (not the loop's thread, which runs aside calls: no worker)."""
+        limit_ms = self.klass.stuck_after_ms
+        stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
+        if stuck is None or not stuck.jobs:
+            return
+        late = f"has not returned after {limit_ms} ms"
+        why = f"a backend call of {stuck.jobs[0].model.name} {late}"
+        if not stuck.workers_lost:
+            self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}")
+            log.error("class %s: %s on the socket loop's thread: answered", self.klass.name, why)
+            return
+        self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
+        log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
+        for _ in range(stuck.workers_lost):
+            self._recovery = (f"recovering: {why}", self._start_worker(None))
+
+    def answer_open_calls(self, message: str) -> int:
+        """Answer INTERNAL every request still inside a backend call: the last act of a
+        shutdown whose grace ran out, so that nothing admitted goes unanswered."""
+        now_ns = time.monotonic_ns()
+        return self._answers.failures(self._calls.overdue(now_ns, -1).jobs, now_ns, message)
+
+    # --- workers -----------------------------------------------------------
+
+    def _workers(self) -> list[threading.Thread]:
+        return [thread for thread in self._threads if not self._calls.abandoned(thread)]
+
+    def _new_worker(self, klass: ClassConfig | None = None, on_worker: bool = True) -> Worker:
+        return Worker(
+            klass or self.klass,
+            self.models,
+            self._backend,
+            self._queue,
+            self._calls,
+            self._answers,
+            self.service,
+            self.precedence,
+            on_worker=on_worker,
+        )
+
+    def _start_worker(self, ready: threading.Barrier | None) -> Worker:
+        worker = self._new_worker()
+        name = f"lane-{self.klass.name}-{len(self._threads)}"
+        thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return worker
+
+    def _work(self, worker: Worker, ready: threading.Barrier | None) -> None:
+        """A worker's life; `ready` is start-up's barrier, None for a replacement."""
+        try:
+            worker.load()
+        except BaseException as exc:
+            worker.error = exc  # reported by start(), on the caller's thread
+            if ready is None:
+                log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)
+            else:
+                ready.wait()
+            return
+        if ready is None:
+            log.info("class %s: a new worker serves", self.klass.name)
+        else:
+            ready.wait()
+        worker.serve()

@@ -1,0 +1,87 @@
+"""The watchdog over a lane's backend calls: it finds a call that never returns, so
+that its requests are answered and its worker replaced.
+
+A thread stuck inside a runtime cannot be stopped from Python. What can be done:
+answer its requests (INTERNAL, through edged.serve.answers, which drops the late
+result should the call ever return), stop counting on that worker, and start another.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from edged.serve.lanes.batching import Job
+
+
+@dataclass(slots=True)
+class _Call:
+    started_ns: int
+    jobs: list[Job]
+    on_worker: bool  # False: the loop's own thread, running it aside (edged.serve.lanes.inline)
+    overdue: bool = False  # its jobs were handed to the watchdog's answer once
+
+
+@dataclass(frozen=True, slots=True)
+class Overdue:
+    """What the watchdog found: the jobs of calls open too long, and how many of those
+    calls held a worker's thread, now given up on (each wants a new worker)."""
+
+    jobs: list[Job]
+    workers_lost: int
+
+
+class OpenCalls:
+    """The backend calls a lane is inside, and the worker threads given up on.
+
+    Writers, under `_lock`: each thread opens and closes its own call (`begin`, `end`);
+    the watchdog (`overdue`, from the socket loop's tick or the shutdown) marks calls open
+    too long, once each, and abandons the worker threads inside them. A call the loop's
+    own thread runs aside is answered like any other, but that thread is never abandoned:
+    it is the daemon's main thread, no worker replaces it, and its next call is watched
+    afresh.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, _Call] = {}
+        self._abandoned: set[int] = set()  # idents of worker threads given up on
+
+    def begin(self, jobs: list[Job], now_ns: int, on_worker: bool = True) -> None:
+        with self._lock:
+            self._open[threading.get_ident()] = _Call(now_ns, jobs, on_worker)
+
+    def end(self) -> None:
+        with self._lock:
+            self._open.pop(threading.get_ident(), None)
+
+    def overdue(self, now_ns: int, limit_ns: int) -> Overdue:
+        """The jobs of every call open longer than `limit_ns` and not yet found so (some
+        may have been answered already); the worker threads inside them are abandoned."""
+        jobs: list[Job] = []
+        lost = 0
+        with self._lock:
+            for ident, call in self._open.items():
+                if call.overdue or now_ns - call.started_ns <= limit_ns:
+                    continue
+                call.overdue = True
+                jobs.extend(call.jobs)
+                if call.on_worker:
+                    self._abandoned.add(ident)
+                    lost += 1
+        return Overdue(jobs, lost)
+
+    def done_ns(self, now_ns: int) -> int:
+        """How much of the work charged for the calls in flight is already done, by
+        their elapsed time (each at most its charge): admission counts only the rest
+        as ahead (socket loop, on each arrival)."""
+        if not self._open:
+            return 0
+        # A snapshot without the lock: a call that begins or ends meanwhile is off by one call.
+        calls = list(self._open.values())
+        return sum(min(now_ns - call.started_ns, sum(job.cost_ns for job in call.jobs)) for call in calls)
+
+    def abandoned(self, thread: threading.Thread) -> bool:
+        """Whether the watchdog gave up on `thread`: a worker asks before each job."""
+        # A set lookup without the lock: a stale answer only delays the worker by one job.
+        return thread.ident in self._abandoned

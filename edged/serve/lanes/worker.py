@@ -1,0 +1,218 @@
+"""A lane's worker: the thread that runs its class's jobs on the backend.
+
+It loads and warms every model of the lane, then takes jobs off the lane's queue:
+a job whose deadline passed while it waited is answered DEADLINE_EXCEEDED and not
+run; the rest run alone or, where the class allows, batched with what waits beside
+them. Each result goes to the lane's Answers, which sends the reply from the worker's
+own thread (under the socket's lock, edged.serve.transport.server); the worker writes no
+figure of the lane's own (it counts through the class's stats, under their lock).
+
+A class that yields waits for its turn before each call, and sizes the call's batch
+to its cap; a preemptible class's call may be cancelled by a higher arrival, and
+then its jobs wait for their turn again and run again (edged.serve.lanes.precedence).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from edged.backends import Backend, CallStop, Runner
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
+from edged.models.warmup import load_failure, tiled, warmup_failure
+from edged.serve.admission import ServiceTimes
+from edged.serve.answers import Answers
+from edged.serve.lanes.batching import Job, fill, stack, unstack
+from edged.serve.lanes.precedence import Precedence
+from edged.serve.lanes.watchdog import OpenCalls
+
+log = logging.getLogger("edged.lanes")
+
+WARMUP_RUNS = 5
+
+STOP = object()  # queued to end one worker once what is ahead of it is done
+
+
+@dataclass(frozen=True, slots=True)
+class Remeasure:
+    """Ask a worker to time the model afresh (see Lane.offer)."""
+
+    model: ModelEntry
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker of a lane, with what it shares with the lane's other workers.
+
+    Its own fields (`runners`, `error`, `loaded`) are written by its thread only, in
+    `load` (or, for `error`, when `load` fails), before it serves.
+    """
+
+    klass: ClassConfig
+    models: list[ModelEntry]
+    backend: Backend
+    jobs: queue.SimpleQueue[Any]
+    calls: OpenCalls
+    answers: Answers
+    service: ServiceTimes
+    precedence: Precedence
+    # False for the inline path's worker, whose calls run on the socket loop's thread:
+    # the watchdog answers them but never gives up on that thread (edged.serve.lanes.watchdog).
+    on_worker: bool = True
+    runners: dict[str, Runner] = field(default_factory=dict)
+    error: BaseException | None = None  # why `load` failed
+    loaded: threading.Event = field(default_factory=threading.Event)
+
+    def load(self, pin: bool = True) -> None:
+        """Pin the thread as the class asks (unless `pin` is false), then load and warm
+        each model, on the thread that will call the runners."""
+        # Both apply to the calling thread on Linux, and the backend's own
+        # threads, created from this one, inherit them.
+        if pin and self.klass.cpu_affinity:
+            os.sched_setaffinity(0, self.klass.cpu_affinity)
+        if pin and self.klass.nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.klass.nice)
+        for model in self.models:
+            self.runners[model.name] = load_and_warm(self.backend, model, self.klass, self.service)
+        self.loaded.set()
+
+    def serve(self) -> None:
+        """Run jobs until STOP, or until the watchdog gives up on this thread."""
+        held: Job | None = None
+        me = threading.current_thread()
+        while not self.calls.abandoned(me):
+            job = held if held is not None else self.jobs.get()
+            held = None
+            if job is STOP:
+                break
+            if isinstance(job, Remeasure):
+                model = job.model
+                inputs = model.samples[0].inputs()
+                elapsed = _time_calls(self.runners[model.name], model, inputs, 1)
+                self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
+                continue
+            if self.klass.yields:
+                self.precedence.wait_turn(self.klass.order)
+            batch = [job]
+            if self.klass.max_batch > 1 and job.model.signature.batchable:
+                # max_batch counts rows: a GPU backend's buffers hold that many. A lone job
+                # past it still runs, alone, where the backend took it (the CPU's).
+                rows = min(self.klass.max_batch, self._row_cap(job))
+                held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us, rows)
+            self.run(batch)
+        for runner in self.runners.values():
+            runner.close()
+
+    def _row_cap(self, job: Job) -> int:
+        """The most rows of `job`'s model one call may carry and still end within the
+        class's max_call_ms, by the lane's estimate (at least one: a job is never split).
+        A size-priced model's rows cost what the job's own price says: the lane's per-row
+        averages mix every size it has seen."""
+        cap_ns = (self.klass.max_call_ms or 0) * 1e6  # None: a class built by hand, never derived
+        if not cap_ns:
+            return sys.maxsize
+        if job.model.signature.sized:
+            row_ns = job.cost_ns / job.rows
+            return max(int(cap_ns // row_ns), 1) if row_ns > 0 else sys.maxsize
+        name = job.model.name
+        first_ns, extra_ns = self.service.estimate_ns(name, 1), self.service.extra_row_ns(name)
+        return 1 + max(int((cap_ns - first_ns) // extra_ns), 0) if extra_ns > 0 else sys.maxsize
+
+    def run(self, batch: list[Job]) -> None:
+        """Run the batch's live jobs in one backend call and answer each of them; a call
+        cancelled for a higher class runs again, once that class is done, until its
+        jobs are answered or expire."""
+        while True:
+            taken_ns = time.monotonic_ns()
+            live = []
+            for job in batch:
+                if taken_ns > job.deadline_ns:
+                    self.answers.expired(job)
+                else:
+                    live.append(job)
+            if not live or not self._call(live, taken_ns):
+                return
+            batch = live
+            self.precedence.wait_turn(self.klass.order)
+
+    def _call(self, live: list[Job], taken_ns: int) -> bool:
+        """One backend call for `live`; True when it was cancelled and must run again."""
+        inputs, names = stack(live)
+        rows = sum(job.rows for job in live)
+        self.answers.stats.call(rows)
+        runner = self.runners[live[0].model.name]
+        stop = CallStop() if self.klass.preemptible else None
+        start = time.perf_counter_ns()
+        self.calls.begin(live, time.monotonic_ns(), self.on_worker)
+        if stop is not None:
+            model = live[0].model
+            # A size-priced call is predicted by its jobs' own prices (see _row_cap).
+            if model.signature.sized:
+                predicted_ns = sum(job.cost_ns for job in live)
+            else:
+                predicted_ns = self.service.estimate_ns(model.name, rows)
+            self.precedence.take_off(self.klass.order, stop, predicted_ns, time.monotonic_ns())
+        try:
+            outputs = runner.run(inputs, names, stop)
+        except Exception as exc:
+            self.calls.end()
+            if stop is not None:
+                self.precedence.land(stop)
+                if stop.cancelled:
+                    self.answers.stats.preemption(rows, (time.perf_counter_ns() - start) // 1000)
+                    return True
+            if len(live) > 1:
+                # Run each alone, so only the request that fails gets INTERNAL.
+                for job in live:
+                    self.run([job])
+                return False
+            self.answers.result(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
+            log.warning("backend error on %s: %s", live[0].model.name, exc)
+            return False
+        self.calls.end()
+        if stop is not None:
+            self.precedence.land(stop)
+        compute_ns = time.perf_counter_ns() - start
+        self.service.observe(live[0].model.name, compute_ns, rows, sum(job.elements for job in live))
+        for job, result in zip(live, unstack(live, names, outputs)):
+            self.answers.result(job, taken_ns, compute_ns, outputs=result)
+        return False
+
+
+def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, service: ServiceTimes) -> Runner:
+    """Load `model` for `klass` and make WARMUP_RUNS calls on each warm-up sample (and at the
+    class's largest batch), seeding `service` with the median of all but the first; a failure
+    says which model, on what, and the fix."""
+    try:
+        runner = backend.load(model, klass)
+    except Exception as exc:
+        raise load_failure(model.name, model.variant.path, exc) from exc
+    for sample in model.samples:
+        for inputs, rows in tiled(sample, model.signature, klass.max_batch):
+            try:
+                runner.run(inputs, model.signature.output_names)  # warms the runtime up: not timed
+                elapsed = _time_calls(runner, model, inputs, WARMUP_RUNS - 1)
+            except Exception as exc:
+                runner.close()
+                given = bool(model.warmup)
+                raise warmup_failure(model.name, model.signature, sample, model.manifest, given, exc) from exc
+            service.observe(model.name, elapsed, rows, model.signature.elements(inputs))
+    return runner
+
+
+def _time_calls(runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int) -> int:
+    """The median time of `runs` calls on `inputs`: a single call would carry any hiccup
+    of the box into the price."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter_ns()
+        runner.run(inputs, model.signature.output_names)
+        times.append(time.perf_counter_ns() - start)
+    return sorted(times)[len(times) // 2]

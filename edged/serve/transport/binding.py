@@ -1,0 +1,87 @@
+"""Binding the daemon's ROUTER sockets: options, ipc socket files, and the errors that
+name what stops a bind (edged.serve.transport.server then reads and writes them)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from edged.serve.transport.curve import ServerKeys, make_curve_server
+from edged.wire.endpoints import is_tcp
+
+
+class EndpointError(RuntimeError):
+    """An endpoint that cannot be bound; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SocketOptions:
+    max_message_bytes: int
+    ipc_mode: int
+    ipc_group: int | None  # None: the process's group
+    curve: ServerKeys | None  # for tcp endpoints; None: plain
+
+
+def bind(context: zmq.Context, endpoint: str, options: SocketOptions) -> zmq.Socket:
+    """A ROUTER bound on `endpoint`, with the daemon's options; an ipc socket file gets
+    `ipc_mode` and `ipc_group`. Raises EndpointError, saying why, when it cannot."""
+    ipc_path = Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
+    if ipc_path is not None:
+        _prepare_ipc_path(ipc_path)
+    sock = context.socket(zmq.ROUTER)
+    sock.linger = 0
+    # Without it a ROUTER drops a reply to a gone or full peer in silence; with
+    # it the send fails, and the one-reply promise can count what was lost.
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
+    if options.curve is not None and is_tcp(endpoint):
+        make_curve_server(sock, options.curve)
+    # The umask makes the socket file no more open than ipc_mode from its first
+    # moment (libzmq creates it inside bind, on this thread); chmod makes it exact.
+    old_umask = os.umask(0o777 & ~options.ipc_mode) if ipc_path is not None else None
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close()
+        raise EndpointError(f"cannot bind {endpoint}: {exc}") from None
+    finally:
+        if old_umask is not None:
+            os.umask(old_umask)
+    if ipc_path is not None:
+        _restrict_ipc_socket(ipc_path, options)
+    return sock
+
+
+def _restrict_ipc_socket(path: Path, options: SocketOptions) -> None:
+    try:
+        os.chmod(path, options.ipc_mode)
+        if options.ipc_group is not None:
+            os.chown(path, -1, options.ipc_group)
+    except OSError as exc:
+        raise EndpointError(
+            f"cannot set mode {options.ipc_mode:o} and group {options.ipc_group} on ipc socket {path}: {exc}; "
+            "check server.ipc_mode and server.ipc_group (the daemon must belong to the group it gives the socket)"
+        ) from None
+
+
+def _prepare_ipc_path(path: Path) -> None:
+    """Create the socket's folder, and refuse to steal a socket another daemon serves."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise EndpointError(f"cannot check existing ipc socket {path}: {exc}") from None
+        path.unlink(missing_ok=True)  # left by a daemon that died: take its place
+        return
+    finally:
+        probe.close()
+    raise EndpointError(f"ipc socket {path} is in use by another process: stop it or choose another endpoint")

@@ -1,0 +1,137 @@
+"""bench/gpu_checks.py without a GPU: its command line, its refusal here, and the parts
+of its checks that are plain arithmetic (the filler's chunks, the configs, the table).
+None of this shows that a check passes on a GPU; bench/gpu_verify.sh is where it runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from support import REPO_ROOT
+
+from edged.backends.cuda import cuda_available
+from edged.config import parse_config
+
+ROOT = REPO_ROOT
+CHECKS = ROOT / "bench" / "gpu_checks.py"
+MIB = 1024 * 1024
+NO_CUDA = cuda_available()
+
+sys.path.insert(0, str(ROOT / "bench"))  # as when the script runs: its check modules sit beside it
+import gpu_check_memory  # noqa: E402
+
+
+def checks(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(CHECKS), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_gpu_checks_help_names_both_checks_and_what_they_prove() -> None:
+    done = checks("--help")
+    assert done.returncode == 0, done.stderr
+    assert "{stream,memory}" in done.stdout and "--out" in done.stdout
+    assert "cuStreamWaitValue32" in done.stdout and "64 MiB" in done.stdout
+
+
+@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
+@pytest.mark.parametrize("check", ["stream", "memory"])
+def test_gpu_checks_without_a_gpu_stops_with_one_sentence_and_the_reason(check: str, tmp_path: Path) -> None:
+    done = checks(check, "--out", str(tmp_path))
+    assert done.returncode == 1
+    assert f"gpu_checks.py {check} needs a CUDA GPU, and this machine has none usable: {NO_CUDA}" in done.stderr
+    assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
+
+
+class FakeCard:
+    """A device of `free` bytes whose allocations are rounded up to 2 MiB pages, as
+    cudaMalloc's are, and that refuses any chunk above `largest_hole` (fragmentation)."""
+
+    def __init__(self, free: int, largest_hole: int = 1 << 62) -> None:
+        self.free, self.largest_hole, self.asked = free, largest_hole, []
+
+    def alloc(self, size: int) -> int | None:
+        self.asked.append(size)
+        taken = -(-size // (2 * MIB)) * 2 * MIB
+        if size > self.largest_hole or taken > self.free:
+            return None
+        self.free -= taken
+        return len(self.asked)
+
+
+def test_fake_card_the_filler_leaves_the_asked_memory_and_no_more_than_a_page_beside() -> None:
+    card = FakeCard(free=10_000 * MIB + 300 * 1024)
+    chunks = gpu_check_memory.fill(card.alloc, lambda: card.free, 64 * MIB)
+    assert 64 * MIB <= card.free < 66 * MIB
+    sizes = [size for _, size in chunks]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == 256 * MIB and sizes[-1] >= MIB
+    assert len({handle for handle, _ in chunks}) == len(chunks)
+
+
+def test_fake_card_a_chunk_that_fails_halves_the_size_and_filling_goes_on() -> None:
+    card = FakeCard(free=2_000 * MIB, largest_hole=100 * MIB)
+    chunks = gpu_check_memory.fill(card.alloc, lambda: card.free, 64 * MIB)
+    assert {size for _, size in chunks} <= {64 * MIB, 32 * MIB, 16 * MIB, 8 * MIB, 4 * MIB, 2 * MIB, MIB}
+    assert 64 * MIB <= card.free < 66 * MIB
+    assert card.asked[:2] == [256 * MIB, 128 * MIB]  # both refused, then 64 MiB chunks
+
+
+def test_fake_card_a_card_already_below_the_floor_is_left_alone() -> None:
+    card = FakeCard(free=50 * MIB)
+    assert gpu_check_memory.fill(card.alloc, lambda: card.free, 64 * MIB) == [] and card.asked == []
+
+
+def test_fake_card_allocations_that_free_nothing_stop_at_the_free_memory_seen_first() -> None:
+    chunks = gpu_check_memory.fill(lambda size: object(), lambda: 1024 * MIB, 64 * MIB)
+    assert sum(size for _, size in chunks) == 1024 * MIB
+
+
+def test_the_memory_check_configs_parse_with_the_built_in_classes() -> None:
+    configs = gpu_check_memory.memory_configs()
+    assert list(configs) == ["default classes", "realtime cuda_graph"]
+    parsed = {name: parse_config(tomllib.loads(text), base_dir=ROOT) for name, text in configs.items()}
+    for config in parsed.values():
+        assert config.backend == "onnxruntime-cuda" and config.model_repository == ROOT / "engines"
+        assert [(c.name, c.max_batch) for c in config.classes] == [("realtime", 4), ("standard", 8), ("bulk", 16)]
+    assert not any(c.cuda_graph for c in parsed["default classes"].classes)
+    graphs = {c.name: c.cuda_graph for c in parsed["realtime cuda_graph"].classes}
+    assert graphs == {"realtime": True, "standard": False, "bulk": False}
+    # Named, the classes keep their built-in settings: bulk still yields and is preemptible.
+    bulk = parsed["realtime cuda_graph"].class_named("bulk")
+    assert bulk.yields and bulk.preemptible and bulk.batch_wait_us == 500
+
+
+def test_the_memory_table_gives_planned_and_measured_mib_per_lane() -> None:
+    table = gpu_check_memory.format_memory_table(
+        [
+            {"config": "default classes", "lane": "realtime", "planned_bytes": 3 * MIB, "measured_bytes": 5 * MIB // 2},
+            {"config": "default classes", "lane": "bulk", "planned_bytes": 0, "measured_bytes": None},
+        ]
+    )
+    assert table.splitlines() == [
+        "| config | lane | planned MiB | measured MiB |",
+        "|---|---|---|---|",
+        "| default classes | realtime | 3.0 | 2.5 |",
+        "| default classes | bulk | 0.0 | - |",
+    ]
+
+
+@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
+def test_gpu_verify_runs_the_steps_asked_for_and_lists_the_stream_checks_refusal(tmp_path: Path) -> None:
+    """bench/gpu_verify.sh with GPU_VERIFY_STEPS: only those steps, each a row of the final
+    table with its log's last line; a failed step fails the whole."""
+    env = {**os.environ, "GPU_VERIFY_STEPS": "deps stream", "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_verify.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "step" not in line]
+    assert rows[0] == "| deps     | ok      | all importable |"
+    assert rows[1].startswith("| stream   | FAIL(1) | gpu_checks.py stream needs a CUDA GPU")
+    assert len(rows) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["deps.log", "stream.log"]

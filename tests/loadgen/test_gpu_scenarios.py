@@ -1,0 +1,156 @@
+"""The GPU benchmark's harness (edged.loadgen.gpu_scenarios, which bench/gpu_bench.py
+runs) on the CPU backend: a scenario with bulk load from a process of its own, the
+achieved rates, the medians over repetitions and the table; and without a GPU: the
+scenarios' configs, the utilisation sampler on a fake nvidia-smi, the "bulk saturates"
+verdict. What it shows is the harness, not any GPU figure (none has been measured)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tomllib
+from pathlib import Path
+
+import pytest
+from support import REPO_ROOT, wait_for
+
+from edged.config import parse_config
+from edged.loadgen import gpu_scenarios
+from edged.loadgen.gpu_utilisation import UtilisationSampler, gpu_index, parse_utilisation
+from edged.loadgen.sweep import Stream
+from edged.models.repository import discover
+
+ROOT = REPO_ROOT
+
+
+def test_gpu_bench_harness_on_the_cpu_runs_realtime_beside_bulk_from_another_process() -> None:
+    inputs = {m.name: [s.to_wire() for s in m.signature.inputs] for m in discover(ROOT / "engines", "onnxruntime")}
+    streams = (Stream("realtime", "mlp-light", 100.0, 1000.0), Stream("bulk", "mlp-light", 50.0, 5000.0, rows=16))
+    spec = gpu_scenarios.Scenario("cpu", "onnxruntime", 0, 0)
+    result = gpu_scenarios.scenario(spec, streams, inputs, duration_s=1.0)
+    realtime, bulk = result["classes"]
+    assert (realtime["class"], bulk["class"]) == ("realtime", "bulk")
+    assert realtime["ok"] > 0 and bulk["ok"] > 0
+    assert bulk["ok_rows_per_s"] == bulk["ok"] * 16 / 1.0 and bulk["sent_rps"] == bulk["sent"] / 1.0
+    table = gpu_scenarios.format_table(
+        "CPU", 2, gpu_scenarios.medians([[result], [result]]), {"p50": 1.0, "p99": 2.0, "p999": 3.0}
+    )
+    assert "median of 2 interleaved repetitions" in table and "| cpu | bulk | 50 |" in table
+    assert result["gpu_util_pct"] is None or isinstance(result["gpu_util_pct"], float)  # None: no nvidia-smi here
+
+
+def test_gpu_bench_bulk_alone_on_the_cpu_offers_bulk_only_at_the_scaled_rate() -> None:
+    inputs = {m.name: [s.to_wire() for s in m.signature.inputs] for m in discover(ROOT / "engines", "onnxruntime")}
+    streams = (Stream("realtime", "mlp-light", 100.0, 1000.0), Stream("bulk", "mlp-light", 20.0, 5000.0, rows=16))
+    spec = gpu_scenarios.Scenario("cpu bulk 2x", "onnxruntime", 0, 0, realtime=False, bulk_rate_factor=2.0)
+    (bulk,) = gpu_scenarios.scenario(spec, streams, inputs, duration_s=1.0)["classes"]
+    assert bulk["class"] == "bulk" and bulk["offered_rps"] == 40.0
+    assert bulk["ok"] > 0 and bulk["ok_rows_per_s"] == bulk["ok"] * 16 / 1.0
+
+
+# --- without a GPU: configs, sampler, verdicts ---------------------------------------------
+
+
+def test_every_scenario_config_parses_with_what_it_varies() -> None:
+    assert len(gpu_scenarios.SCENARIOS) == 9 and len({s.name for s in gpu_scenarios.SCENARIOS}) == 9
+    configs = {s.name: parse_config(tomllib.loads(s.config_text()), base_dir=ROOT) for s in gpu_scenarios.SCENARIOS}
+    for name, config in configs.items():
+        realtime, bulk = config.class_named("realtime"), config.class_named("bulk")
+        assert [c.name for c in config.classes] == ["realtime", "bulk"], name
+        assert (realtime.max_batch, bulk.max_batch, realtime.arena_cap_mb) == (4, 16, 512)
+        off = name == "with bulk, priority streams, preemption off"
+        assert (bulk.yields, bulk.preemptible) == (not off, not off), name
+        assert realtime.cuda_graph == (name == "with bulk, priority streams, realtime CUDA graphs"), name
+        assert bulk.sm_count == (gpu_scenarios.BULK_SMS if "green context" in name else 0), name
+    assert configs["with bulk, one shared stream"].backend == "onnxruntime-cuda-one-stream"
+    assert configs["with bulk, own streams, all priority 0"].class_named("realtime").stream_priority == 0
+    assert configs["with bulk, priority streams"].class_named("realtime").stream_priority == -1
+    assert [s.bulk_rate_factor for s in gpu_scenarios.SCENARIOS if not s.realtime] == [1.0, 2.0]
+
+
+def test_utilisation_lines_that_are_not_numbers_are_skipped() -> None:
+    samples = parse_utilisation("87\n[N/A]\n 90 \n\nWARNING: infoROM is corrupted\n[Not Supported]\n3\n")
+    assert samples == [87.0, 90.0, 3.0]
+
+
+def fake_nvidia_smi(folder: Path, lines: str) -> Path:
+    """An nvidia-smi that records its arguments, prints `lines`, then samples on until stopped."""
+    script = folder / "nvidia-smi"
+    script.write_text(
+        f'#!/bin/sh\necho "$@" > {folder}/args\nprintf "{lines}"\ntouch {folder}/printed\nexec sleep 30\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_fake_nvidia_smi_the_sampler_gives_the_median_and_watches_the_visible_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_nvidia_smi(tmp_path, "40\\n[N/A]\\n70\\n60\\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    with UtilisationSampler() as sampler:
+        wait_for(lambda: (tmp_path / "printed").exists(), 10, "the fake nvidia-smi printed")
+    assert sampler.samples == [40.0, 70.0, 60.0] and sampler.median == 60.0
+    args = (tmp_path / "args").read_text().split()
+    assert args == ["--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100", "-i", "3"]
+
+
+def test_without_nvidia_smi_the_sampler_records_none_and_does_not_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with UtilisationSampler() as sampler:
+        pass
+    assert sampler.median is None and sampler.samples == [] and gpu_index() == "0"
+
+
+def bulk_alone(name: str, rows_per_s: float, sent_rps: float) -> dict[str, object]:
+    return {"scenario": name, "classes": [{"class": "bulk", "ok_rows_per_s": rows_per_s, "sent_rps": sent_rps}]}
+
+
+@pytest.mark.parametrize(
+    ("twice_rows", "twice_sent", "saturated", "says"),
+    [
+        (10_500.0, 8000.0, True, "bulk saturates: yes (within 10%): 10000 rows/s at the rate, 10500 at twice it (+5%"),
+        (13_000.0, 8000.0, False, "bulk saturates: NO (within 10%): 10000 rows/s at the rate, 13000 at twice it (+30%"),
+        (10_000.0, 4400.0, None, "bulk saturates: UNKNOWN: the generator sent only +10% more at twice the rate"),
+    ],
+)
+def test_bulk_saturates_when_twice_the_rate_adds_at_most_ten_percent_of_rows(
+    twice_rows: float, twice_sent: float, saturated: bool | None, says: str
+) -> None:
+    results = [bulk_alone("bulk alone", 10_000.0, 4000.0), bulk_alone("bulk alone at 2x rate", twice_rows, twice_sent)]
+    check = gpu_scenarios.saturation(results)
+    assert check["saturated"] is saturated and check["verdict"].startswith(says), check["verdict"]
+    assert gpu_scenarios.saturation(results[:1]) is None  # --scenarios left one out: no verdict
+
+
+def test_the_table_gives_each_scenarios_median_utilisation() -> None:
+    row = {
+        "class": "bulk",
+        "offered_rps": 4000.0,
+        "sent_rps": 3990.0,
+        "ok": 100,
+        "overloaded": 0,
+        "goodput_rps": 20.0,
+        "ok_rows_per_s": 320.0,
+        "latency_us": {"p50": 1000.0, "p99": 2000.0, "p999": 3000.0},
+    }
+    repetitions = [
+        [{"scenario": "bulk alone", "classes": [row], "gpu_util_pct": util}, {"scenario": "x", "classes": [row]}]
+        for util in (90.0, 96.0, None)
+    ]
+    table = gpu_scenarios.medians(repetitions)
+    assert [r["gpu_util_pct"] for r in table] == [93.0, None]
+    text = gpu_scenarios.format_table("GPU", 3, table, {"p50": 1.0, "p99": 2.0, "p999": 3.0})
+    assert "| GPU util % |" in text.splitlines()[1]
+    assert "| bulk alone | bulk | 4000 | 3990 | 100 | 0 | 20.0 | 320 | 1.000 | 2.000 | 3.000 | 93 |" in text
+    assert "| x | bulk |" in text and text.splitlines()[-2].endswith("| - |")
+
+
+def test_scenario_numbers_pick_scenarios_from_one() -> None:
+    assert gpu_scenarios.scenario_numbers("1,8,9") == [1, 8, 9]
+    with pytest.raises(Exception, match="scenario numbers from 1 to 9"):
+        gpu_scenarios.scenario_numbers("0,10")

@@ -1,0 +1,267 @@
+"""Lanes in-process, on the real ONNX Runtime backend and the demo models.
+
+The backend is wrapped only to count (and, in some tests, to fail or to hold) what
+reaches it: the counting is how a test proves that shed or expired work was never
+run, and the gate is how a test orders events without racing a clock.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from support import REPO_ROOT
+from support.backends import POISON, CountingBackend
+from support.transport import NoSockets
+
+from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry, discover
+from edged.serve.lanes.batching import Job
+from edged.serve.lanes.lane import Lane
+from edged.wire.codec import Request, Status, decode_reply
+
+ROOT = REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, ModelEntry]:
+    return {m.name: m for m in discover(ROOT / "engines", "onnxruntime")}
+
+
+def make_lane(klass: ClassConfig, models: dict[str, ModelEntry]) -> tuple[Lane, CountingBackend, queue.Queue]:
+    backend = CountingBackend()
+    replies: queue.Queue = queue.Queue()
+    lane = Lane(klass, list(models.values()), backend, NoSockets(replies))
+    lane.start()
+    backend.counting = True  # warm-up runs are not what the tests count
+    return lane, backend, replies
+
+
+def job(model: ModelEntry, x: np.ndarray, route: int, deadline_ms: float = 1000.0) -> Job:
+    now = time.monotonic_ns()
+    name = model.signature.inputs[0].name
+    inputs, deadline_ns = {name: x}, now + int(deadline_ms * 1e6)
+    rows = model.signature.rows(inputs)
+    return Job(route, route, model, inputs, model.signature.output_names, now, deadline_ns, 0, rows=rows)
+
+
+def collect(replies: queue.Queue, count: int) -> dict[int, object]:
+    got = {}
+    for _ in range(count):
+        route, frames = replies.get(timeout=10)
+        assert route not in got, f"request {route} answered twice"
+        got[route] = decode_reply([bytes(f) for f in frames])
+    assert replies.empty()
+    return got
+
+
+def reference(model: str, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(ROOT / "engines" / model / "model.onnx"))
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def test_expired_job_is_answered_and_never_run(models):
+    lane, backend, replies = make_lane(ClassConfig("t", order=0), models)
+    try:
+        x = np.ones((1, 64), np.float32)
+        lane.place(job(models["mlp-light"], x, route=1, deadline_ms=-1.0))
+        lane.place(job(models["mlp-light"], x, route=2))
+        got = collect(replies, 2)
+    finally:
+        lane.stop(2.0)
+    assert got[1].status is Status.DEADLINE_EXCEEDED
+    assert "not run" in got[1].error
+    assert got[2].status is Status.OK
+    assert backend.rows == 1
+    assert lane.stats.expired == 1 and lane.backlog.depth == 0
+
+
+def test_bulk_batches_what_waits_up_to_max_batch_rows_and_each_reply_gets_its_own_rows(models):
+    klass = ClassConfig("bulk", order=0, max_batch=8, batch_wait_us=20_000)
+    lane, backend, replies = make_lane(klass, models)
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((1 + i % 3, 64)).astype(np.float32) for i in range(16)]
+    try:
+        for i, x in enumerate(xs):
+            lane.place(job(models["mlp-light"], x, route=i))
+        got = collect(replies, len(xs))
+    finally:
+        lane.stop(2.0)
+    assert len(backend.calls) < len(xs), f"no batching happened: {backend.calls}"
+    # max_batch counts rows, as a GPU runner's buffers do, not requests.
+    assert max(backend.calls) <= klass.max_batch, backend.calls
+    for i, x in enumerate(xs):
+        assert got[i].status is Status.OK
+        np.testing.assert_allclose(got[i].outputs["scores"], reference("mlp-light", x), rtol=1e-5, atol=1e-5)
+
+
+def test_latency_class_takes_what_is_queued_and_never_waits_for_more(models):
+    """A latency class batches only what already waits: a job alone is run alone, at
+    once, however large max_batch is."""
+    klass = ClassConfig("realtime", order=0, max_batch=8, batch_wait_us=0)
+    lane, backend, replies = make_lane(klass, models)
+    heavy, image = models["cnn-heavy"], np.zeros((1, 3, 64, 64), np.float32)
+    try:
+        # The worker is held inside the first call while two more jobs queue behind it.
+        backend.gate.clear()
+        lane.place(job(heavy, image, route=1))
+        assert backend.entered.wait(10), "the first job never reached the backend"
+        lane.place(job(heavy, image, route=2))
+        lane.place(job(heavy, image, route=3))
+        backend.gate.set()
+        got = collect(replies, 3)
+        assert backend.calls == [1, 2], f"the two queued jobs should share one call: {backend.calls}"
+        # A job that finds nothing queued is not held for company: it is answered even
+        # though nothing else ever arrives (a worker waiting to fill the batch never would).
+        lane.place(job(heavy, image, route=4))
+        got.update(collect(replies, 1))
+    finally:
+        backend.gate.set()
+        lane.stop(2.0)
+    assert all(reply.status is Status.OK for reply in got.values())
+    assert backend.calls == [1, 2, 1]
+
+
+def test_a_failing_request_gets_internal_and_its_batch_neighbours_their_answers(models):
+    klass = ClassConfig("bulk", order=0, max_batch=8, batch_wait_us=50_000)
+    lane, _, replies = make_lane(klass, models)
+    xs = [np.full((1, 64), float(i), np.float32) for i in range(6)]
+    xs[3] = np.full((1, 64), POISON, np.float32)
+    try:
+        for i, x in enumerate(xs):
+            lane.place(job(models["mlp-light"], x, route=i))
+        got = collect(replies, len(xs))
+    finally:
+        lane.stop(2.0)
+    assert got[3].status is Status.INTERNAL and "poisoned row" in got[3].error
+    for i in (0, 1, 2, 4, 5):
+        assert got[i].status is Status.OK
+        np.testing.assert_allclose(got[i].outputs["scores"], reference("mlp-light", xs[i]), rtol=1e-5, atol=1e-5)
+    assert lane.stats.failed == 1 and lane.stats.completed == 5
+
+
+def test_reject_queued_answers_unavailable_without_running(models):
+    klass = ClassConfig("t", order=0)
+    lane, backend, replies = make_lane(klass, models)
+    heavy = models["cnn-heavy"]
+    try:
+        # A slow first job holds the only worker while the rest queue up behind it.
+        lane.place(job(heavy, np.zeros((64, 3, 64, 64), np.float32), route=0))
+        end = time.monotonic() + 10
+        while not backend.calls and time.monotonic() < end:
+            time.sleep(0.001)
+        for i in range(1, 6):
+            lane.place(job(heavy, np.zeros((1, 3, 64, 64), np.float32), route=i))
+        rejected = lane.reject_queued("shutting down")
+        got = collect(replies, 6)
+    finally:
+        lane.stop(5.0)
+    unavailable = [r for r in got.values() if r.status is Status.UNAVAILABLE]
+    assert len(unavailable) == rejected == 5
+    assert backend.rows == 64
+
+
+def test_lane_start_reports_a_model_that_cannot_load(models, tmp_path):
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx file")
+    entry = models["mlp-light"]
+    bad = replace(entry, variant=replace(entry.variant, path=broken))
+    lane = Lane(ClassConfig("t", order=0), [bad], OnnxRuntimeCpu(), NoSockets())
+    with pytest.raises(Exception, match=r"(?i)protobuf|invalid|load"):
+        lane.start()
+
+
+class ThreadRecordingBackend:
+    """The real ONNX Runtime backend; each runner records the class it was loaded for
+    and the threads that called it. Stands in for a GPU runtime's per-thread state."""
+
+    def __init__(self) -> None:
+        self.runners: list[ThreadRecordingRunner] = []
+        self._real = OnnxRuntimeCpu()
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> ThreadRecordingRunner:
+        runner = ThreadRecordingRunner(model.name, lane.cuda_graph, self._real.load(model, lane))
+        self.runners.append(runner)
+        return runner
+
+
+class ThreadRecordingRunner:
+    def __init__(self, model: str, cuda_graph: bool, runner) -> None:
+        self.model, self.cuda_graph, self._runner = model, cuda_graph, runner
+        self.threads: list[int] = []
+
+    def run(self, inputs, output_names, stop=None):
+        self.threads.append(threading.get_ident())
+        return self._runner.run(inputs, output_names, stop)
+
+    def close(self) -> None:
+        self._runner.close()
+
+
+@pytest.mark.parametrize("stand_in", [True, False])
+def test_the_inline_runners_warm_on_the_loop_thread_and_never_capture_a_graph_thread_recording_backend(
+    models, stand_in: bool
+):
+    """A GPU runtime keeps handles per thread, and ONNX Runtime captures CUDA graphs in
+    global mode: the loop's runners are loaded without a graph, and the cheap ones are
+    called on the loop's thread (this test's) before it serves; the dear one too where it
+    may run there with a stand-in on the sockets, else not at all."""
+    backend = ThreadRecordingBackend()
+    klass = ClassConfig("realtime", order=0, inline_max_us=300, cuda_graph=True, stand_in=stand_in)
+    lane = Lane(klass, list(models.values()), backend, NoSockets())
+    loader = threading.Thread(target=lane.start)  # the daemon's loader thread
+    loader.start()
+    loader.join(60)
+    try:
+        lane.warm_on_loop()
+    finally:
+        lane.stop(2.0)
+    loop = threading.get_ident()
+    workers = [r for r in backend.runners if r.cuda_graph]
+    inline = {r.model: r for r in backend.runners if not r.cuda_graph}
+    assert len(workers) == len(models) and set(inline) == set(models)  # one worker's, and the loop's own
+    assert all(loop not in r.threads for r in workers)
+    assert loop in inline["mlp-light"].threads
+    # Priced over inline_max_us: on the loop's thread only aside, with the stand-in serving.
+    assert (loop in inline["cnn-heavy"].threads) is stand_in
+
+
+def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_its_answer(models):
+    """The loop's own call fails for one request: that request gets INTERNAL with the
+    backend's error, exactly once, and the lane is idle and serves the next one inline."""
+    klass = ClassConfig("realtime", order=0, inline_max_us=300)
+    lane, _, replies = make_lane(klass, {"mlp-light": models["mlp-light"]})
+    model = models["mlp-light"]
+    try:
+        for route, value in ((1, POISON), (2, 0.5)):
+            x = np.full((1, 64), value, np.float32)
+            request = Request(id=route, op="infer", model="mlp-light", klass="realtime", deadline_ms=1000.0)
+            lane.offer(route, request, model, {"x": x}, len(x), time.monotonic_ns())
+        got = collect(replies, 2)
+    finally:
+        lane.stop(2.0)
+    assert got[1].status is Status.INTERNAL and "poisoned row" in got[1].error
+    assert got[2].status is Status.OK
+    expected = reference("mlp-light", np.full((1, 64), 0.5, np.float32))
+    np.testing.assert_allclose(got[2].outputs["scores"], expected, atol=1e-5)
+    assert lane.stats.inline == 2 and lane.backlog.depth == 0
+    assert lane.stats.failed == 1 and lane.stats.completed == 1
+
+
+def test_an_output_the_wire_cannot_carry_is_answered_internal_with_its_dtype(models):
+    """A float64 output takes neither the fast encoder nor the checked one: one INTERNAL
+    reply says why; a float32 one is OK."""
+    from edged.serve.answers import _reply_frames
+
+    ran = job(models["mlp-light"], np.zeros((1, 64), np.float32), route=1)
+    frames, ok = _reply_frames(ran, 1, 2, 3, {"scores": np.zeros((1, 10), np.float64)}, None)
+    reply = decode_reply([bytes(f) for f in frames])
+    assert not ok and reply.status is Status.INTERNAL and "float64" in reply.error
+    frames, ok = _reply_frames(ran, 1, 2, 3, {"scores": np.zeros((1, 10), np.float32)}, None)
+    assert ok and decode_reply([bytes(f) for f in frames]).status is Status.OK

@@ -1,0 +1,49 @@
+"""A backend for in-process lane tests: the real ONNX Runtime one, wrapped to count,
+fail or hold what reaches it."""
+
+from __future__ import annotations
+
+import threading
+
+from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
+
+POISON = -999.0  # a value the failing wrapper refuses to run
+
+
+class CountingBackend:
+    """The real ONNX Runtime backend; counts rows run, fails any call holding a POISON
+    row, and, while `gate` is clear, holds each counted call at its start (`entered`
+    is set once a call waits there)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.calls: list[int] = []
+        self.counting = False
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self._real = OnnxRuntimeCpu()
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> CountingRunner:
+        return CountingRunner(self, self._real.load(model, lane))
+
+
+class CountingRunner:
+    def __init__(self, owner: CountingBackend, runner) -> None:
+        self._owner, self._runner = owner, runner
+
+    def run(self, inputs, output_names, stop=None):
+        first = next(iter(inputs.values()))
+        if self._owner.counting:
+            self._owner.rows += first.shape[0]
+            self._owner.calls.append(first.shape[0])
+            self._owner.entered.set()
+            assert self._owner.gate.wait(timeout=30), "the test never opened the gate"
+        if (first == POISON).any():
+            raise RuntimeError("poisoned row")
+        return self._runner.run(inputs, output_names, stop)
+
+    def close(self) -> None:
+        self._runner.close()
