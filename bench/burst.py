@@ -1,70 +1,158 @@
-"""A pipelined burst: how much of what admission lets in then expires.
+"""A burst from many peers, with realtime beside it and the bare floor, in one run.
 
-    python bench/burst.py [--requests 500] [--runs 5] [--model cnn-heavy] [--klass standard]
+    python bench/burst.py [--runs 3] [--peers 500] [--per-peer 20] [--json FILE] [--baseline DIR]
 
-Each run starts a fresh daemon (the built-in config), sends every request at once on
-one DEALER socket, and counts the replies. A request that is admitted and then
-expires in the queue (DEADLINE_EXCEEDED) is a promise admission could not keep; the
-target is at most 1% of the admitted.
+Each run, in turn:
+1. the floor: a bare ZeroMQ ROUTER, in a process of its own, that answers every
+   message at once with a header-only reply, takes the same burst, with the same
+   realtime peers beside it (their round trip there is what this box gives any server);
+2. edged: a fresh daemon, the built-in configuration, on ipc. 500 peers (DEALER
+   sockets) each pipeline 20 bulk requests for cnn-heavy (48 KiB each, a 3 s
+   deadline), all at once, while 10 realtime peers, in a process of their own, each
+   send mlp-light every 20 ms through the client library.
+Reported per run: requests lost or answered twice; admitted bulk that then expired;
+realtime OK and its round trip (with the daemon's own span beside it); the time to
+answer the whole burst against the floor's; the OVERLOADED round trip; the daemon's
+RSS before the burst and 1 s after its last reply. With --baseline DIR, the daemon is
+another checkout's (a worktree of an earlier commit): the same burst, before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
+import sys
 import tempfile
-from collections import Counter
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import msgpack
-import numpy as np
 import zmq
 
-from edged.loadgen.launch import DaemonProcess
-from edged.protocol import encode_request
+from edged.loadgen.burst import realtime_beside, stampede
+from edged.loadgen.launch import DaemonProcess, resident_kib, thread_cpu_seconds
 
-SHAPES = {"cnn-heavy": ("image", (3, 64, 64)), "mlp-light": ("x", (64,))}
+REALTIME_PEERS = 10
+REALTIME_PERIOD_MS = 20.0
 
 
-def burst(endpoint: str, model: str, klass: str, requests: int) -> Counter[str]:
-    name, shape = SHAPES[model]
-    inputs = {name: np.random.default_rng(0).standard_normal((1, *shape), dtype=np.float32)}
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+def floor_server(endpoint: str, ready: Any, stop: Any) -> None:
+    """Answer every message at once with a header-only reply: ZeroMQ's own cost."""
+    context = zmq.Context()
+    sock = context.socket(zmq.ROUTER)
     sock.sndhwm = sock.rcvhwm = 0
-    sock.linger = 0
-    sock.connect(endpoint)
+    sock.bind(endpoint)
+    ready.set()
+    while not stop.is_set():
+        if not sock.poll(100):
+            continue
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            header = msgpack.unpackb(frames[1].buffer)
+            sock.send_multipart([frames[0], msgpack.packb({"v": 1, "id": header["id"], "status": "OK"})])
+    sock.close(linger=0)
+    context.term()
+
+
+def floor_run(folder: str, peers: int, per_peer: int) -> dict[str, Any]:
+    endpoint = f"ipc://{folder}/floor.sock"
+    spawn = multiprocessing.get_context("spawn")
+    ready, stop = spawn.Event(), spawn.Event()
+    server = spawn.Process(target=floor_server, args=(endpoint, ready, stop))
+    server.start()
     try:
-        for i in range(requests):
-            sock.send_multipart(encode_request(i, model=model, klass=klass, inputs=inputs), copy=False)
-        statuses: Counter[str] = Counter()
-        for _ in range(requests):
-            if not sock.poll(30_000):
-                raise SystemExit(f"no reply within 30 s after {sum(statuses.values())} replies")
-            statuses[msgpack.unpackb(sock.recv_multipart()[0])["status"]] += 1
-        return statuses
+        ready.wait(30)
+        burst, beside, _ = beside_burst(endpoint, peers, per_peer, None)
+        return {"burst": burst, "realtime": beside}
     finally:
-        sock.close()
+        stop.set()
+        server.join(10)
 
 
-def main() -> None:
+def beside_burst(
+    endpoint: str, peers: int, per_peer: int, pid: int | None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+    """The burst, with realtime's peers beside it from a process of their own; and, given
+    the server's `pid`, the CPU seconds each of its threads took during the burst."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as other:
+        other.submit(time.sleep, 0).result()  # the process is up before the burst starts
+        # Realtime's pace runs from before the burst to past its end.
+        realtime = other.submit(realtime_beside, endpoint, REALTIME_PEERS, REALTIME_PERIOD_MS, 8.0)
+        time.sleep(1.0)
+        cpu_before = thread_cpu_seconds(pid) if pid else {}
+        burst = stampede(endpoint, peers, per_peer).summary()
+        cpu_after = thread_cpu_seconds(pid) if pid else {}
+        beside = realtime.result()
+    cpu = {name: round(cpu_after[name] - cpu_before.get(name, 0.0), 2) for name in cpu_after}
+    return burst, beside, {name: seconds for name, seconds in cpu.items() if seconds}
+
+
+def edged_run(folder: str, peers: int, per_peer: int, program: list[str] | None) -> dict[str, Any]:
+    endpoint = f"ipc://{folder}/edged.sock"
+    with DaemonProcess([endpoint], log_path=Path(folder) / "daemon.log", program=program) as daemon:
+        daemon.wait_serving()
+        rss_before = resident_kib(daemon.process.pid)
+        burst, beside, cpu = beside_burst(endpoint, peers, per_peer, daemon.process.pid)
+        time.sleep(1.0)
+        rss_after = resident_kib(daemon.process.pid)
+    return {
+        "burst": burst,
+        "realtime": beside,
+        "rss_kib": {"before": rss_before, "after_1s": rss_after},
+        "daemon_cpu_s": cpu,
+    }
+
+
+def report(run: int, floor: dict[str, Any], edged: dict[str, Any]) -> str:
+    burst, rt, rss = edged["burst"], edged["realtime"], edged["rss_kib"]
+    ok = rt["statuses"].get("OK", 0) / rt["sent"] if rt["sent"] else 0.0
+    trip, inside, floor_trip = rt["round_trip_ms"], rt["daemon_total_ms"], floor["realtime"]["round_trip_ms"]
+    took, floor_took = burst["seconds_to_answer_all"], floor["burst"]["seconds_to_answer_all"]
+    return "\n".join(
+        [
+            f"run {run}: {burst['sent']} bulk requests from the peers; statuses {burst['statuses']}",
+            f"  lost {burst['lost']}, duplicated {burst['duplicated']} (floor: lost {floor['burst']['lost']})",
+            f"  admitted bulk that expired: {burst['statuses'].get('DEADLINE_EXCEEDED', 0)} of {burst['admitted']} "
+            f"({burst['expired_of_admitted']:.1%})",
+            f"  realtime OK {ok:.1%} of {rt['sent']} {rt['statuses']}; round trip p50 {trip.get('p50', 0):.2f} / p99 "
+            f"{trip.get('p99', 0):.2f} / max {trip.get('max', 0):.2f} ms (inside the daemon p50 "
+            f"{inside.get('p50', 0):.2f} / p99 {inside.get('p99', 0):.2f} ms); beside the floor's burst "
+            f"p50 {floor_trip.get('p50', 0):.2f} / p99 {floor_trip.get('p99', 0):.2f} ms",
+            f"  whole burst answered in {took:.2f} s, the floor's in {floor_took:.2f} s: {took / floor_took:.2f}x",
+            f"  OVERLOADED round trip p50: {burst['overloaded_round_trip_p50_ms'] or 0:.1f} ms",
+            f"  the daemon's CPU seconds during the burst, by thread: {edged['daemon_cpu_s']}",
+            f"  RSS {rss['before'] / 1024:.0f} MiB before, {rss['after_1s'] / 1024:.0f} MiB 1 s after "
+            f"({rss['after_1s'] / rss['before']:.2f}x)",
+        ]
+    )
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=500)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--model", choices=sorted(SHAPES), default="cnn-heavy")
-    parser.add_argument("--klass", default="standard")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--peers", type=int, default=500)
+    parser.add_argument("--per-peer", type=int, default=20)
+    parser.add_argument("--json", type=Path, help="write every run's figures here")
+    parser.add_argument("--baseline", help="run another checkout's daemon instead of this one's")
     args = parser.parse_args()
-    totals: Counter[str] = Counter()
-    for run in range(args.runs):
+    program = ["env", f"PYTHONPATH={args.baseline}", sys.executable, "-m", "edged"] if args.baseline else None
+    runs = []
+    for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory(prefix="edged-burst-") as folder:
-            endpoint = f"ipc://{folder}/edged.sock"
-            with DaemonProcess([endpoint]) as daemon:
-                daemon.wait_serving()
-                statuses = burst(endpoint, args.model, args.klass, args.requests)
-        admitted = statuses["OK"] + statuses["DEADLINE_EXCEEDED"]
-        print(f"run {run + 1}: {dict(statuses)}; expired {statuses['DEADLINE_EXCEEDED']} of {admitted} admitted")
-        totals.update(statuses)
-    admitted = totals["OK"] + totals["DEADLINE_EXCEEDED"]
-    share = totals["DEADLINE_EXCEEDED"] / admitted if admitted else 0.0
-    print(f"all runs: {dict(totals)}; expired {share:.2%} of the admitted (target: at most 1%)")
+            floor = floor_run(folder, args.peers, args.per_peer)
+            edged = edged_run(folder, args.peers, args.per_peer, program)
+        runs.append({"floor": floor, "edged": edged})
+        print(report(run, floor, edged), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"peers": args.peers, "per_peer": args.per_peer, "runs": runs}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

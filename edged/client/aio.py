@@ -39,25 +39,27 @@ class AsyncClient(Api):
         self._context = zmq.asyncio.Context()
         immediate = self._fleet.several
         self._sockets = [dealer(self._context, e, curve, immediate) for e in self._fleet.endpoints]
+        self._class_sockets = {}
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
         self._receivers: list[asyncio.Task[None]] = []
 
     async def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         loop = asyncio.get_running_loop()
         if not self._receivers:
-            self._receivers = [loop.create_task(self._receive(i)) for i in range(len(self._sockets))]
+            self._receivers = [loop.create_task(self._receive(s, i)) for i, s in enumerate(self._sockets)]
         call = self._new_call(op, fields, timeout_ms)
         settled: asyncio.Future[None] = loop.create_future()
         ids: list[int] = []
 
         def send(index: int, deadline_ms: float | None) -> int | None:
             request_id, frames = self._frames(op, fields, deadline_ms)
-            # A NOBLOCK send completes at once: its future is done, with Again if not taken.
-            if self._sockets[index].send_multipart(frames, zmq.NOBLOCK, copy=False).exception() is not None:
-                return None
-            self._pending[request_id] = (call, send, settled)
-            ids.append(request_id)
-            return request_id
+            for sock in self._sockets_for(index, fields.get("klass")):
+                # A NOBLOCK send completes at once: its future is done, with Again if not taken.
+                if sock.send_multipart(frames, zmq.NOBLOCK, copy=False).exception() is None:
+                    self._pending[request_id] = (call, send, settled)
+                    ids.append(request_id)
+                    return request_id
+            return None
 
         try:
             call.advance(now_ms(), send)
@@ -71,8 +73,13 @@ class AsyncClient(Api):
                 self._pending.pop(request_id, None)
         return self._outcome(call, parse)
 
-    async def _receive(self, index: int) -> None:
-        sock, counters = self._sockets[index], self._fleet.counters[index]
+    def _connect(self, index: int, endpoint: str) -> zmq.asyncio.Socket:
+        sock = dealer(self._context, endpoint, None, immediate=True)
+        self._receivers.append(asyncio.get_running_loop().create_task(self._receive(sock, index)))
+        return sock
+
+    async def _receive(self, sock: zmq.asyncio.Socket, index: int) -> None:
+        counters = self._fleet.counters[index]
         while True:
             frames = await sock.recv_multipart(copy=False)
             try:
@@ -92,7 +99,7 @@ class AsyncClient(Api):
     async def close(self) -> None:
         for receiver in self._receivers:
             receiver.cancel()
-        for sock in self._sockets:
+        for sock in [*self._sockets, *(s for s in self._class_sockets.values() if s is not None)]:
             sock.close(linger=0)
         self._context.term()
 

@@ -17,7 +17,7 @@ from edged.client.errors import NoReply, raise_for_status
 from edged.client.fleet import EndpointCounters, Fleet
 from edged.client.keys import ClientKeys
 from edged.wire.codec import Buffer, Reply, encode_request
-from edged.wire.endpoints import is_tcp
+from edged.wire.endpoints import class_endpoint, is_tcp
 
 DEFAULT_TIMEOUT_MS = 5000.0
 
@@ -29,6 +29,26 @@ class Api:
     timeout_ms: float
     _fleet: Fleet
     _ids: Iterator[int]
+    _sockets: list[Any]  # per daemon: its shared endpoint's DEALER
+    # Per daemon and class: a DEALER on that class's own socket; None where it has none.
+    _class_sockets: dict[tuple[int, str], Any]
+
+    def _connect(self, index: int, endpoint: str) -> Any:
+        """A DEALER on daemon `index`'s `endpoint` (a class's own), read like the others."""
+        raise NotImplementedError
+
+    def _sockets_for(self, index: int, klass: str | None) -> list[Any]:
+        """Where a copy for daemon `index` may go, in order: its class's own socket, when
+        its endpoint has one (edged.wire.endpoints.class_endpoint), then the shared one.
+        The class's socket takes nothing while it is not connected (ZMQ_IMMEDIATE)."""
+        if klass is None:
+            return [self._sockets[index]]
+        key = (index, klass)
+        if key not in self._class_sockets:
+            endpoint = class_endpoint(self._fleet.endpoints[index], klass)
+            self._class_sockets[key] = None if endpoint is None else self._connect(index, endpoint)
+        own = self._class_sockets[key]
+        return [self._sockets[index]] if own is None else [own, self._sockets[index]]
 
     def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         raise NotImplementedError

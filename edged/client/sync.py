@@ -39,21 +39,35 @@ class Client(Api):
         self._fleet = Fleet(endpoint_list(endpoints), hedge, hedge_after_ms)
         immediate = self._fleet.several
         context = context or zmq.Context.instance()
+        self._context = context
         self._sockets = [dealer(context, e, curve, immediate) for e in self._fleet.endpoints]
+        self._class_sockets = {}
+        self._daemon_of: dict[zmq.Socket, int] = {}  # every socket: the daemon it reaches, by index
         self._poller = zmq.Poller()
-        for sock in self._sockets:
-            self._poller.register(sock, zmq.POLLIN)
+        for index, sock in enumerate(self._sockets):
+            self._watch(sock, index)
+
+    def _watch(self, sock: zmq.Socket, index: int) -> None:
+        self._daemon_of[sock] = index
+        self._poller.register(sock, zmq.POLLIN)
+
+    def _connect(self, index: int, endpoint: str) -> zmq.Socket:
+        sock = dealer(self._context, endpoint, None, immediate=True)
+        self._watch(sock, index)
+        return sock
 
     def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         call = self._new_call(op, fields, timeout_ms)
 
         def send(index: int, deadline_ms: float | None) -> int | None:
             request_id, frames = self._frames(op, fields, deadline_ms)
-            try:
-                self._sockets[index].send_multipart(frames, zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return None
-            return request_id
+            for sock in self._sockets_for(index, fields.get("klass")):
+                try:
+                    sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue
+                return request_id
+            return None
 
         call.advance(now_ms(), send)
         while not call.done:
@@ -66,7 +80,7 @@ class Client(Api):
 
     def _read(self, sock: zmq.Socket, call: Call | None, send: SendFn | None) -> None:
         """Every reply waiting on `sock`; one that is not the call's is late, and dropped."""
-        counters = self._fleet.counters[self._sockets.index(sock)]
+        counters = self._fleet.counters[self._daemon_of[sock]]
         while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -80,12 +94,12 @@ class Client(Api):
                 counters.late += 1
 
     def counters(self) -> dict[str, EndpointCounters]:
-        for sock in self._sockets:
+        for sock in self._daemon_of:
             self._read(sock, None, None)  # late replies already here count now, not at the next call
         return super().counters()
 
     def close(self) -> None:
-        for sock in self._sockets:
+        for sock in self._daemon_of:
             sock.close(linger=0)
 
     def __enter__(self) -> Client:

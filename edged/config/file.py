@@ -58,6 +58,8 @@ class Config:
     max_message_bytes: int = 64 * 1024 * 1024
     ipc_mode: int = 0o660  # of every ipc socket file: owner and group may connect
     ipc_group: int | None = None  # gid given to ipc socket files; None: the process's group
+    # Beside each ipc endpoint, a socket per class, read before the shared one (docs/protocol.md)
+    class_sockets: bool = True
     classes: tuple[ClassConfig, ...] = DEFAULT_CLASSES
     security: SecurityConfig = SecurityConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -120,6 +122,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
             "max_message_bytes",
             "ipc_mode",
             "ipc_group",
+            "class_sockets",
             "on_model_failure",
             "gpu_headroom_mb",
         },
@@ -165,6 +168,13 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         '"stop" (a model that fails to load or warm up stops start-up) or "skip" (serve the others)',
     )
 
+    class_sockets = server.get("class_sockets", True)
+    expect(
+        isinstance(class_sockets, bool),
+        "server.class_sockets",
+        class_sockets,
+        "true (beside each ipc endpoint, a socket per class) or false (the shared sockets only)",
+    )
     classes = parse_classes(raw.get("classes", {}))
     default_class = server.get("default_class", "standard")
     names = [c.name for c in classes]
@@ -185,6 +195,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         max_message_bytes=read_positive_int(server, "max_message_bytes", 64 * 1024 * 1024, "server."),
         ipc_mode=_ipc_mode(server.get("ipc_mode", 0o660)),
         ipc_group=_ipc_group(server.get("ipc_group")),
+        class_sockets=class_sockets,
         classes=classes,
         security=_security(subtable(raw, "security"), base_dir),
         metrics=_metrics(subtable(raw, "metrics")),

@@ -59,6 +59,7 @@ class Daemon:
             ipc_mode=config.ipc_mode,
             ipc_group=config.ipc_group,
             security=config.security,
+            classes=tuple(c.name for c in config.classes) if config.class_sockets else (),
         )
         self.dispatcher = Dispatcher(config, self.server, self.lifecycle)
         # The socket loop's Steering (edged.serve.transport.server): the dispatcher's own, no call between.

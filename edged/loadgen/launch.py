@@ -75,7 +75,25 @@ class DaemonProcess:
 def cpu_seconds(pid: int) -> float:
     """The CPU time a process has used, user and system (/proc/PID/stat): what the spin's
     cost is measured by."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """The CPU time of each of a process's threads: its main thread (the daemon's socket
+    loop) as "main", the others by their kernel name (ZeroMQ's "ZMQbg/IO/0", ...), the
+    same names summed."""
+    seconds: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = "main" if task.name == str(pid) else (task / "comm").read_text().strip()
+            seconds[name] = seconds.get(name, 0.0) + _stat_cpu_seconds(task / "stat")
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return seconds
+
+
+def _stat_cpu_seconds(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

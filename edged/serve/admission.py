@@ -7,6 +7,7 @@ A shed is a value with a reason and a retry hint, not an exception.
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,33 +149,70 @@ def _update(averages: dict[Key, float], key: Key, value: float) -> None:
     averages[key] = value if current is None else current + EWMA_WEIGHT * (value - current)
 
 
+# A lane's pace: the priced work it answers per ns of wall time while it holds work,
+# sampled over PACE_WINDOW_NS (or a shorter busy spell, of at least PACE_MIN_NS), each
+# sample weighing PACE_WEIGHT in the average. After PACE_STALE_NS idle, it starts over.
+PACE_WINDOW_NS = 50_000_000
+PACE_MIN_NS = 1_000_000
+PACE_WEIGHT = 0.5
+PACE_STALE_NS = 1_000_000_000
+
+
 class Backlog:
-    """What a lane has accepted and not yet answered: a count and its estimated work.
+    """What a lane has accepted and not yet answered: a count, its estimated work, and
+    the pace at which the lane gets through such work.
 
     Owned by a Lane. `Lane.offer` adds (the socket loop); whoever answers a job takes
     it away (the loop for a job it ran itself, else a worker, the watchdog or the
-    shutdown): every change under `_lock`. `depth` and `work_ns` are single fields,
-    so a reader on any thread sees a value some moment held, never a torn one.
+    shutdown): every change under `_lock`. `depth`, `work_ns` and `pace` are single
+    fields, so a reader on any thread sees a value some moment held, never a torn one.
+
+    The pace is measured, not assumed: whatever else takes the lane's cores (the
+    higher classes it yields to, the socket loop reading a burst, another process)
+    slows it, and admission divides the work ahead by it.
     """
 
-    def __init__(self, on_empty: Callable[[], None] | None = None) -> None:
+    def __init__(self, workers: int = 1, on_empty: Callable[[], None] | None = None) -> None:
         self._depth = 0
         self._work_ns = 0
         self._lock = threading.Lock()
         self._on_empty = on_empty  # told each time the last job is answered
+        self._ideal = float(workers)  # each worker getting through a priced ns in a ns
+        self._pace = self._ideal
+        self._spell_ns = 0  # when the current sample began
+        self._answered_ns = 0  # priced work answered since then
+        self._last_ns = 0  # when the last job was answered
 
     def add(self, cost_ns: int) -> None:
         with self._lock:
+            if not self._depth:
+                now_ns = time.monotonic_ns()
+                if now_ns - self._last_ns > PACE_STALE_NS:
+                    self._pace = self._ideal
+                self._spell_ns, self._answered_ns = now_ns, 0
             self._depth += 1
             self._work_ns += cost_ns
 
     def finish(self, cost_ns: int) -> None:
+        now_ns = time.monotonic_ns()
         with self._lock:
             self._depth -= 1
             self._work_ns -= cost_ns
+            self._answered_ns += cost_ns
+            self._last_ns = now_ns
+            spell_ns = now_ns - self._spell_ns
             emptied = self._depth == 0
+            if spell_ns >= PACE_WINDOW_NS or (emptied and spell_ns >= PACE_MIN_NS):
+                sample = self._answered_ns / spell_ns
+                self._pace = max((1 - PACE_WEIGHT) * self._pace + PACE_WEIGHT * sample, self._ideal / 100)
+                self._spell_ns, self._answered_ns = now_ns, 0
         if emptied and self._on_empty is not None:
             self._on_empty()
+
+    @property
+    def pace(self) -> float:
+        """Priced ns of work the lane answers per ns while it has work (its workers' count, ideally)."""
+        return self._pace
 
     @property
     def depth(self) -> int:
@@ -201,7 +239,7 @@ def admit(
             f"(classes.{klass.name}.queue_capacity = {klass.queue_capacity})",
             _ms(per_job_ns / klass.workers),
         )
-    queued_ns = max(backlog.work_ns - done_ns, 0) // klass.workers + above_ns
+    queued_ns = int(max(backlog.work_ns - done_ns, 0) / backlog.pace) + above_ns
     # The estimate of a long queue errs by a share of its length, and a job admitted with
     # no slack then expires: admission keeps that share in hand.
     ahead_ns = queued_ns + queued_ns // QUEUE_SLACK_DIVISOR

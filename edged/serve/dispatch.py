@@ -67,15 +67,16 @@ class Dispatcher:
         self.fixed_rows = fixed_rows
         self.failed = failed
 
-    def handle(self, route: Any, frames: list[Buffer], received_ns: int) -> None:
-        """Answer or admit one request; every call leads to exactly one reply."""
+    def handle(self, route: Any, frames: list[Buffer], received_ns: int, ingress: str | None) -> None:
+        """Answer or admit one request; every call leads to exactly one reply. `ingress`:
+        the class whose own socket it came on (None: a shared one)."""
         request_id = None
         try:
             limits = self.config.limits
             request = fast.decode_request(frames, limits) or decode_request(frames, limits)
             request_id = request.id
             if request.op == "infer":
-                self._infer(route, request, received_ns)
+                self._infer(route, request, received_ns, ingress)
             elif request.op == "health":
                 self._reply(route, encode_reply(request.id, Status.OK, **self.health()))
             elif request.op == "models":
@@ -110,6 +111,7 @@ class Dispatcher:
             "uptime_s": round((time.monotonic_ns() - self._started_ns) / 1e9, 3),
             "lanes": lanes,
             "failed_models": dict(self.failed),
+            "ingress": self._transport.ingress,
         }
 
     def status_line(self) -> str:
@@ -149,8 +151,14 @@ class Dispatcher:
             }
         return wire
 
-    def _infer(self, route: Any, request: Request, received_ns: int) -> None:
-        class_name = request.klass or self.config.default_class
+    def _infer(self, route: Any, request: Request, received_ns: int, ingress: str | None) -> None:
+        class_name = request.klass or ingress or self.config.default_class
+        if ingress is not None and class_name != ingress:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"this socket takes class {ingress!r} alone; send class {class_name!r} to the shared endpoint",
+                request.id,
+            )
         if class_name not in self._class_names:
             raise ProtocolError(
                 Status.NOT_FOUND,

@@ -1,9 +1,11 @@
-"""What an endpoint string says: tcp or not, and whether a tcp one binds to loopback
-only. Shared by the daemon (binding, CURVE) and the clients, which both may import it."""
+"""What an endpoint string says: tcp or not, whether a tcp one binds to loopback only,
+and where a class's own socket sits beside an ipc one. Shared by the daemon (binding,
+CURVE) and the clients, which both may import it."""
 
 from __future__ import annotations
 
 import ipaddress
+from pathlib import PurePosixPath
 
 LOOPBACK_NAMES = ("localhost", "lo")
 
@@ -21,3 +23,12 @@ def is_loopback(endpoint: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def class_endpoint(endpoint: str, klass: str) -> str | None:
+    """Where the socket of `klass` alone sits beside the shared ipc `endpoint`:
+    ipc://DIR/NAME.sock gives ipc://DIR/NAME-KLASS.sock. None for tcp, which has none."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    path = PurePosixPath(endpoint[len("ipc://") :])
+    return f"ipc://{path.with_name(f'{path.stem}-{klass}{path.suffix}')}"

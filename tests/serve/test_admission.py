@@ -3,6 +3,8 @@ cannot be met, with a retry hint a client can act on; admit otherwise."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from edged.config.classes import ClassConfig
@@ -17,8 +19,8 @@ def lane(**settings: int | float) -> ClassConfig:
     return ClassConfig("test", order=0, **{"queue_capacity": 4, "deadline_ms": 100.0, "workers": 1, **settings})
 
 
-def backlog_of(*costs_ns: int) -> Backlog:
-    backlog = Backlog()
+def backlog_of(*costs_ns: int, workers: int = 1) -> Backlog:
+    backlog = Backlog(workers)
     for cost in costs_ns:
         backlog.add(cost)
     return backlog
@@ -72,10 +74,25 @@ def test_a_budget_already_spent_sheds() -> None:
 
 
 def test_work_ahead_is_shared_among_the_workers() -> None:
-    backlog = backlog_of(10 * MS, 10 * MS)
     # Alone, one worker would finish at 25 ms (20 ms ahead, with a fifth in hand); two share it: 13 ms.
-    assert admit(lane(workers=1), backlog, cost_ns=1 * MS, budget_ns=14 * MS) is not None
-    assert admit(lane(workers=2), backlog, cost_ns=1 * MS, budget_ns=14 * MS) is None
+    one, two = backlog_of(10 * MS, 10 * MS), backlog_of(10 * MS, 10 * MS, workers=2)
+    assert admit(lane(workers=1), one, cost_ns=1 * MS, budget_ns=14 * MS) is not None
+    assert admit(lane(workers=2), two, cost_ns=1 * MS, budget_ns=14 * MS) is None
+
+
+def test_a_lane_measured_slower_than_its_prices_admits_less_work_behind_its_backlog() -> None:
+    """A job priced at 10 ms that takes at least 40 ms to answer (the lane's cores busy
+    with something else) halves the pace at least: the same work ahead now looks
+    twice as long, and a request that fitted behind it is shed."""
+    backlog = backlog_of(10 * MS)
+    assert admit(lane(), backlog_of(10 * MS, 10 * MS), cost_ns=1 * MS, budget_ns=30 * MS) is None
+    time.sleep(0.04)
+    backlog.finish(10 * MS)
+    assert backlog.pace <= 0.65, backlog.pace
+    backlog.add(10 * MS)
+    backlog.add(10 * MS)
+    shed = admit(lane(), backlog, cost_ns=1 * MS, budget_ns=30 * MS)
+    assert shed is not None and shed.reason == "deadline", shed
 
 
 def test_a_fifth_of_the_work_ahead_is_kept_in_hand() -> None:

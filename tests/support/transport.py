@@ -18,6 +18,10 @@ class NoSockets:
     def __init__(self, replies: queue.SimpleQueue[tuple[Any, list[Buffer]]] | None = None) -> None:
         self._replies = replies
 
+    @property
+    def ingress(self) -> dict[str, list[str]]:
+        return {}  # no sockets, so none of a class's own
+
     def reply(self, route: Any, frames: list[Buffer]) -> None:
         if self._replies is not None:
             self._replies.put((route, frames))

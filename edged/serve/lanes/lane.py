@@ -63,7 +63,7 @@ class Lane:
         self.models = models
         self.stats = stats or ClassStats()
         self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
-        self.backlog = Backlog(on_empty=self.precedence.idle)
+        self.backlog = Backlog(klass.workers, on_empty=self.precedence.idle)
         self.precedence.join(klass.order, self.backlog)
         self.service = ServiceTimes()
         self._backend = backend
@@ -187,7 +187,7 @@ class Lane:
             elements=elements,
         )
         if self.precedence.flying:
-            slack_ns = left_ns - cost_ns - self.backlog.work_ns // self.klass.workers
+            slack_ns = left_ns - cost_ns - int(self.backlog.work_ns / self.backlog.pace)
             self.precedence.make_room(self.klass.order, slack_ns, now_ns)
         self.place(job)
         return job

@@ -1,5 +1,6 @@
-"""The sockets: binding, CURVE, the serving loop and its stand-in; and `Transport`, all
-that the rest of serving may ask of them."""
+"""The sockets: binding, CURVE, the serving loop and its stand-in. Here, the boundary
+both ways: `Steering`, what the daemon gives the loop, and `Transport`, all that the
+rest of serving may ask of the sockets."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ class Transport(Protocol):
 
     def reply(self, route: Any, frames: list[Buffer]) -> None:
         """Send one reply to the peer `route` names, from any thread."""
+        ...
+
+    @property
+    def ingress(self) -> dict[str, list[str]]:
+        """By class: the endpoints of the sockets that take that class alone."""
         ...
 
     @property
@@ -33,3 +39,22 @@ class Transport(Protocol):
         """Run `call` on the loop's own thread while a stand-in serves the sockets; False
         (and `call` not run) on any other thread."""
         ...
+
+
+Route = tuple[int, list[Any]]  # (socket index, routing envelope)
+# handle(route, frames, received ns, ingress: the class whose own socket it came on, None for a shared one)
+Handler = Callable[[Route, list[Buffer], int, str | None], None]
+
+
+class Steering(Protocol):
+    """What the daemon gives the socket loop (`Server.run`): `handle` answers or admits a
+    request; `keep_running` is asked before each sleep; `tick` is the loop's own thread's
+    turn after every wake-up, and it alone steers the daemon; `serve_tick` is the
+    stand-in's turn in its place, which serves and never steers; `spin_deadline_ns` says
+    until when to poll rather than sleep (0: sleep now)."""
+
+    def handle(self, route: Route, frames: list[Buffer], received_ns: int, ingress: str | None) -> None: ...
+    def keep_running(self) -> bool: ...
+    def tick(self) -> None: ...
+    def serve_tick(self) -> None: ...
+    def spin_deadline_ns(self) -> int: ...

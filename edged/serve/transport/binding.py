@@ -1,22 +1,56 @@
-"""Binding the daemon's ROUTER sockets: options, ipc socket files, and the errors that
-name what stops a bind (edged.serve.transport.server then reads and writes them)."""
+"""The daemon's ROUTER sockets: binding them (options, ipc socket files, and the errors
+that name what stops a bind), and what the loop keeps of each bound one, its reply's
+send included (edged.serve.transport.server reads and writes them)."""
 
 from __future__ import annotations
 
 import errno
 import os
 import socket
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 
 from edged.serve.transport.curve import ServerKeys, make_curve_server
 from edged.wire.endpoints import is_tcp
 
+# zmq's flags as plain ints: its enum members make every `|` a Python call.
+_MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
+
 
 class EndpointError(RuntimeError):
     """An endpoint that cannot be bound; the message says why."""
+
+
+@dataclass(slots=True)
+class Bound:
+    """One bound ROUTER and what the loop keeps of it. Every use of the socket holds
+    `lock`, and only a holder writes `unroutable` (replies whose peer was gone)."""
+
+    sock: zmq.Socket
+    klass: str | None  # the class it takes alone; None: any (a shared endpoint)
+    rank: int  # read before the sockets of a higher rank: its class's place, the shared ones last
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    unroutable: int = 0
+
+    def send(self, envelope: list[Any], frames: list[Any]) -> None:
+        """Send one reply (holding `lock`); one whose peer is gone or full is counted."""
+        send = self.sock.send
+        try:
+            # Frame by frame with plain int flags: send_multipart's enum arithmetic costs
+            # microseconds per reply. A gone or full peer fails on the first frame.
+            for frame in envelope:
+                send(frame, _MORE, copy=False)
+            for frame in frames[:-1]:
+                send(frame, _MORE, copy=False)
+            send(frames[-1], _LAST, copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
+            self.unroutable += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +61,10 @@ class SocketOptions:
     curve: ServerKeys | None  # for tcp endpoints; None: plain
 
 
-def bind(context: zmq.Context, endpoint: str, options: SocketOptions) -> zmq.Socket:
-    """A ROUTER bound on `endpoint`, with the daemon's options; an ipc socket file gets
-    `ipc_mode` and `ipc_group`. Raises EndpointError, saying why, when it cannot."""
+def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread: int = 0) -> zmq.Socket:
+    """A ROUTER bound on `endpoint`, with the daemon's options, its connections served by
+    ZeroMQ's I/O thread number `io_thread`; an ipc socket file gets `ipc_mode` and
+    `ipc_group`. Raises EndpointError, saying why, when it cannot."""
     ipc_path = Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
     if ipc_path is not None:
         _prepare_ipc_path(ipc_path)
@@ -39,6 +74,7 @@ def bind(context: zmq.Context, endpoint: str, options: SocketOptions) -> zmq.Soc
     # it the send fails, and the one-reply promise can count what was lost.
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
+    sock.setsockopt(zmq.AFFINITY, 1 << io_thread)
     if options.curve is not None and is_tcp(endpoint):
         make_curve_server(sock, options.curve)
     # The umask makes the socket file no more open than ipc_mode from its first

@@ -1,27 +1,22 @@
-"""The socket loop: ROUTER sockets in, replies out. With edged.serve.transport.binding (binding
-them) and edged.serve.transport.curve (CURVE set-up), the only daemon modules that import zmq.
+"""The socket loop: ROUTER sockets in, replies out. With edged.serve.transport.binding
+and .curve, the only daemon modules that import zmq.
 
-Why a blocking zmq.Poller in one thread rather than asyncio: its round trips took
-about half of zmq.asyncio's on uvloop, and a third of the default loop's
-(docs/benchmarks.md, "Figures behind the code"). The hot path cannot afford the event loop.
+A blocking poll in one thread rather than asyncio: its round trips took about half
+of zmq.asyncio's on uvloop (docs/benchmarks.md, "Figures behind the code").
 
 The loop reads the sockets; a lane worker sends its own replies, so that a reply
-costs no second thread hand-off (the worker's wake-up of the loop, then the GIL:
-docs/benchmarks.md measured it on the heavy model). A ZeroMQ socket is not
-thread-safe, but may pass between threads behind a full memory barrier: every use
-of a socket (receive, send, its EVENTS) holds that socket's lock. The loop must then
-never sleep inside zmq_poll on a socket, which would use it unlocked: it sleeps in
-poll(2) on each socket's ZMQ_FD and on an eventfd. ZMQ_FD signals edges, and any
-use of a socket (a worker's send too) may take the edge of a message that arrived:
-so the loop reads each socket's EVENTS, under its lock, before it sleeps, and a
-worker that finds a message waiting after its send wakes the loop. A worker never
-waits for the lock: one that finds it taken (the loop is reading) hands the reply
-to the loop through an outbox, as every reply went before.
+costs no second thread hand-off. A ZeroMQ socket is not thread-safe, but may pass
+between threads behind a full memory barrier: every use of a socket (receive, send,
+its EVENTS) holds that socket's lock. So the loop never sleeps inside zmq_poll, which
+would use a socket unlocked: it sleeps in poll(2) on each socket's ZMQ_FD and on an
+eventfd. ZMQ_FD signals edges, and any use of a socket (a worker's send too) may take
+the edge of a message that arrived: so the loop reads each socket's EVENTS, under its
+lock, before it sleeps, and a worker that finds a message waiting after its send
+wakes the loop. A worker never waits for the lock: one that finds it taken (the loop
+is reading) leaves the reply in the loop's outbox.
 Being the loop is a role, held as a lock: by the thread that called `run`, except
-while that thread runs a backend call itself (`run_aside`), when a stand-in thread
+while that thread runs a backend call itself (`run_aside`), when the stand-in
 (edged.serve.transport.stand_in) may take it to serve what arrives meanwhile.
-With CURVE configured, a ZAP thread (edged.serve.transport.curve) checks each tcp handshake;
-it never sees the messages that follow.
 """
 
 from __future__ import annotations
@@ -29,54 +24,46 @@ from __future__ import annotations
 import logging
 import os
 import select
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import SecurityConfig
-from edged.serve.transport.binding import SocketOptions, bind
+from edged.serve.transport import Handler, Route, Steering
+from edged.serve.transport.binding import Bound, SocketOptions, bind
 from edged.serve.transport.curve import server_keys, start_authenticator
 from edged.serve.transport.stand_in import LoopRole
 from edged.wire.codec import Buffer
+from edged.wire.endpoints import class_endpoint
 
 log = logging.getLogger("edged.server")
 
 # How many messages one socket may deliver before the loop turns to its other sockets,
 # the questions asked of it and its housekeeping.
 RECEIVE_BURST = 64
+# While it reads a socket, the loop looks at the sockets of higher classes after this
+# many messages, and reads them first: a realtime request waits behind at most this
+# many of a burst on a lower socket, not behind one message from every busy peer.
+PRIORITY_EVERY = 4
 
 # zmq's flags as plain ints: its enum members make every `&` and `|` a Python call.
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
-_MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
-
-Route = tuple[int, list[Any]]  # (socket index, routing envelope)
-Handler = Callable[[Route, list[Buffer], int], None]
-
-
-class Steering(Protocol):
-    """What the daemon gives the socket loop (`Server.run`): `handle` answers or admits a
-    request; `keep_running` is asked before each sleep; `tick` is the loop's own thread's
-    turn after every wake-up, and it alone steers the daemon; `serve_tick` is the
-    stand-in's turn in its place, which serves and never steers; `spin_deadline_ns` says
-    until when to poll rather than sleep (0: sleep now)."""
-
-    def handle(self, route: Route, frames: list[Buffer], received_ns: int) -> None: ...
-    def keep_running(self) -> bool: ...
-    def tick(self) -> None: ...
-    def serve_tick(self) -> None: ...
-    def spin_deadline_ns(self) -> int: ...
+_LAST = int(zmq.NOBLOCK)
 
 
 class Server:
     """The daemon's sockets and the loop that reads them. Any thread sends a reply
     (`reply`), under the socket's lock, or leaves it in the outbox; any thread appends
-    a question (`ask`); only the loop takes either off."""
+    a question (`ask`); only the loop takes either off.
+
+    With `classes` given, each ipc endpoint gets a socket per class beside it
+    (edged.wire.endpoints.class_endpoint), in class order; the loop reads them before
+    the shared sockets, and a higher class's before a lower's."""
 
     def __init__(
         self,
@@ -86,16 +73,14 @@ class Server:
         ipc_mode: int = 0o660,
         ipc_group: int | None = None,
         security: SecurityConfig | None = None,
+        classes: tuple[str, ...] = (),
     ) -> None:
         # Refuse an unsafe or unreadable key set before anything is bound.
         curve = server_keys(endpoints, security or SecurityConfig())
         self._options = SocketOptions(max_message_bytes, ipc_mode, ipc_group, curve)
-        self._context = zmq.Context()
-        self._sockets: list[zmq.Socket] = []
-        # Per socket: every use of it holds its lock, and only holders write its count
-        # of unroutable replies.
-        self._locks: list[threading.Lock] = []
-        self._unroutable: list[int] = []
+        # A second I/O thread reads the class sockets: the first may be busy copying a burst.
+        self._context = zmq.Context(io_threads=2 if classes else 1)
+        self._bound: list[Bound] = []
         self._closed = False  # written under every lock: no reply is sent after close
         self._outbox: deque[tuple[Route, list[Buffer]]] = deque()
         self._asks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
@@ -104,32 +89,44 @@ class Server:
         # Set while the daemon drains: its loop learns at once that a worker answered.
         self.wake_on_reply = False
         self.endpoints = endpoints
+        self._ingress: dict[str, list[str]] = {}
         self._authenticator: ThreadAuthenticator | None = None
         try:
             if curve is not None:
                 # Before any bind: a CURVE socket with no ZAP handler refuses every client.
                 self._authenticator = start_authenticator(self._context, curve.allowed_clients_dir)
+            for rank, klass in enumerate(classes):
+                for shared in endpoints:
+                    if (own := class_endpoint(shared, klass)) is not None:
+                        self._bind(own, klass, rank, io_thread=1)
+                        self._ingress.setdefault(klass, []).append(own)
             for endpoint in endpoints:
-                self._sockets.append(bind(self._context, endpoint, self._options))
-                self._locks.append(threading.Lock())
-                self._unroutable.append(0)
+                self._bind(endpoint, None, len(classes))
         except Exception:
             self.close()
             raise
         if curve is not None:
             log.info("tcp endpoints use CURVE; clients served: the keys in %s", curve.allowed_clients_dir)
 
+    def _bind(self, endpoint: str, klass: str | None, rank: int, io_thread: int = 0) -> None:
+        self._bound.append(Bound(bind(self._context, endpoint, self._options, io_thread), klass, rank))
+
+    @property
+    def ingress(self) -> dict[str, list[str]]:
+        """By class: the endpoints of its own sockets."""
+        return self._ingress
+
     @property
     def unroutable(self) -> int:
         """Replies whose peer was gone or not reading."""
-        return sum(self._unroutable)
+        return sum(bound.unroutable for bound in self._bound)
 
     def reply(self, route: Route, frames: list[Buffer]) -> None:
         """Send a reply now, under the socket's lock. Off the loop, only when the lock is
         free at once: a worker that waited for it would then wait for the GIL, which the
         loop holds; the reply goes through the outbox instead, which the loop, awake, sends."""
         index = route[0]
-        lock = self._locks[index]
+        lock = self._bound[index].lock
         on_loop = self._role.here
         if not lock.acquire(blocking=on_loop):
             self._outbox.append((route, frames))
@@ -138,10 +135,10 @@ class Server:
         try:
             if self._closed:
                 return
-            self._send(index, route[1], frames)
+            self._bound[index].send(route[1], frames)
             # The send may have taken the edge that would wake the loop for a message
             # that has since arrived (the loop itself reads EVENTS before it sleeps).
-            if not on_loop and (self._sockets[index].getsockopt(_EVENTS) & _POLLIN or self.wake_on_reply):
+            if not on_loop and (self._bound[index].sock.getsockopt(_EVENTS) & _POLLIN or self.wake_on_reply):
                 os.eventfd_write(self._wake_fd, 1)
         finally:
             lock.release()
@@ -176,9 +173,9 @@ class Server:
         sleeping until `steering.spin_deadline_ns()`, if that is to come."""
         poller = select.poll()
         by_fd = {}  # each socket's ZMQ_FD: its index
-        for index, sock in enumerate(self._sockets):
-            with self._locks[index]:
-                fd = sock.getsockopt(zmq.FD)
+        for index, bound in enumerate(self._bound):
+            with bound.lock:
+                fd = bound.sock.getsockopt(zmq.FD)
             by_fd[fd] = index
             poller.register(fd, select.POLLIN)
         poller.register(self._wake_fd, select.POLLIN)
@@ -210,15 +207,18 @@ class Server:
             events = poller.poll(tick_ms)
         # A socket's own signal: read it at once (a signal with no message costs one
         # zmq.Again). The wake eventfd may stand for a signal a worker's send took.
-        ready = [by_fd[fd] for fd, _ in events if fd != self._wake_fd]
+        ready = sorted(by_fd[fd] for fd, _ in events if fd != self._wake_fd)
         if len(ready) < len(events):
             self._drain_wake()
             ready = self._readable()
         return ready
 
     def _turn(self, ready: list[int], handle: Handler, tick: Callable[[], None]) -> None:
-        """What the loop does when it wakes (holding the role): read the sockets in
-        `ready`, send the outbox, answer the questions, then `tick`."""
+        """What the loop does when it wakes (holding the role): `tick`, then read the
+        sockets in `ready`, send the outbox and answer the questions. The tick comes
+        first: news it acts on (a stop signal that interrupted the sleep) came before
+        these requests, which must be answered as the daemon now is (draining, say)."""
+        tick()
         for index in ready:
             self._receive(index, handle)
         self.flush()
@@ -228,7 +228,6 @@ class Server:
                 answer.set_result(question())
             except Exception as exc:
                 answer.set_exception(exc)
-        tick()
 
     def _stand_in_turn(self, steering: Steering) -> None:
         """The stand-in's turn, holding the role: whatever woke it, read everything."""
@@ -242,30 +241,39 @@ class Server:
             pass
 
     def _readable(self) -> list[int]:
-        """The sockets that hold a message (by index)."""
+        """The sockets that hold a message (by index, so a higher class's first)."""
+        return self._holding(range(len(self._bound)))
+
+    def _holding(self, indices: Iterable[int]) -> list[int]:
         ready = []
-        for index, sock in enumerate(self._sockets):
-            with self._locks[index]:
-                if sock.getsockopt(_EVENTS) & _POLLIN:
+        for index in indices:
+            bound = self._bound[index]
+            with bound.lock:
+                if bound.sock.getsockopt(_EVENTS) & _POLLIN:
                     ready.append(index)
         return ready
 
     def close(self) -> None:
         if self._authenticator is not None:
             self._authenticator.stop()
-        for lock in self._locks:
-            lock.acquire()
+        for bound in self._bound:
+            bound.lock.acquire()
         try:
             self._closed = True
             self._context.destroy(linger=0)  # every socket, even one whose bind failed
         finally:
-            for lock in self._locks:
-                lock.release()
+            for bound in self._bound:
+                bound.lock.release()
         os.close(self._wake_fd)
 
     def _receive(self, index: int, handle: Handler) -> None:
-        sock, lock = self._sockets[index], self._locks[index]
+        bound = self._bound[index]
+        sock, lock = bound.sock, bound.lock
+        higher = [i for i, other in enumerate(self._bound) if other.rank < bound.rank]
         for burst in range(RECEIVE_BURST):
+            if higher and burst and burst % PRIORITY_EVERY == 0:
+                for first in self._holding(higher):
+                    self._receive(first, handle)
             with lock:
                 # EVENTS or the socket's signal has just said the first message is there. For the
                 # next ones, asking (1 us) is cheaper than the zmq.Again an empty socket raises.
@@ -280,20 +288,4 @@ class Server:
             received_ns = time.monotonic_ns()
             # A REQ peer's envelope ends with an empty delimiter frame, and so must its reply.
             cut = 2 if len(frames) > 1 and len(frames[1]) == 0 else 1
-            handle((index, frames[:cut]), [frame.buffer for frame in frames[cut:]], received_ns)
-
-    def _send(self, index: int, envelope: list[Any], frames: list[Buffer]) -> None:
-        """Send one reply (holding the socket's lock)."""
-        send = self._sockets[index].send
-        try:
-            # Frame by frame with plain int flags: send_multipart's enum arithmetic costs
-            # microseconds per reply. A gone or full peer fails on the first frame.
-            for frame in envelope:
-                send(frame, _MORE, copy=False)
-            for frame in frames[:-1]:
-                send(frame, _MORE, copy=False)
-            send(frames[-1], _LAST, copy=False)
-        except zmq.ZMQError as exc:
-            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                raise
-            self._unroutable[index] += 1
+            handle((index, frames[:cut]), [frame.buffer for frame in frames[cut:]], received_ns, bound.klass)

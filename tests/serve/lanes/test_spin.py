@@ -85,13 +85,13 @@ def test_no_spin_while_a_lane_has_work() -> None:
         lifecycle.move(State.SERVING)
         x = np.zeros((1, 64), np.float32)
         realtime = [bytes(f) for f in encode_request(1, model="mlp-light", klass="realtime", inputs={"x": x})]
-        dispatcher.handle(None, realtime, time.monotonic_ns())
+        dispatcher.handle(None, realtime, time.monotonic_ns(), None)
         assert dispatcher.spin_deadline_ns() == 0  # a first request: nothing says the next comes soon
-        dispatcher.handle(None, realtime, time.monotonic_ns())  # within the spin of the first
+        dispatcher.handle(None, realtime, time.monotonic_ns(), None)  # within the spin of the first
         assert dispatcher.spin_deadline_ns() > time.monotonic_ns()
         backend.counting, backend.gate = True, threading.Event()  # the next call holds at its start
         standard = [bytes(f) for f in encode_request(2, model="mlp-light", klass="standard", inputs={"x": x})]
-        dispatcher.handle(None, standard, time.monotonic_ns())
+        dispatcher.handle(None, standard, time.monotonic_ns(), None)
         assert backend.entered.wait(10)
         assert dispatcher.spin_deadline_ns() == 0  # the standard lane is busy
         backend.gate.set()

@@ -45,7 +45,7 @@ def echo(short_tmp: Path) -> Iterator[tuple[Server, str]]:
     for worker in workers:
         worker.start()
 
-    def handle(route: Any, frames: list[Any], _received_ns: int) -> None:
+    def handle(route: Any, frames: list[Any], _received_ns: int, _klass: str | None) -> None:
         jobs.put((route, [bytes(frame) for frame in frames]))
 
     steering = SimpleNamespace(
@@ -139,7 +139,7 @@ def test_a_worker_that_finds_the_socket_taken_leaves_its_reply_to_the_loop(
     try:
         client.send(b"hello")  # the server learns the peer
         time.sleep(0.2)
-        with server._locks[0]:  # the loop, reading
+        with server._bound[0].lock:  # the loop, reading
             sender = threading.Thread(target=server.reply, args=((0, [b"client"]), [b"reply"]))
             sender.start()
             sender.join(1)
@@ -167,7 +167,7 @@ def test_the_server_and_the_tests_stand_in_each_give_all_that_transport_asks(imp
     must have each, with the same parameters, and so must the stand-in the in-process
     lane tests drive lanes with (else those tests would drive lanes differently)."""
     asked = {name for name in vars(Transport) if not name.startswith("_")}
-    assert asked == {"reply", "wake", "ask", "run_aside", "unroutable"}
+    assert asked == {"reply", "wake", "ask", "run_aside", "unroutable", "ingress"}
     for name in asked:
         wanted, given = getattr(Transport, name), getattr(implementation, name, None)
         assert given is not None, f"{implementation.__name__} has no {name}"

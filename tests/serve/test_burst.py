@@ -1,0 +1,37 @@
+"""A burst from many peers, bounded for the suite (bench/burst.py runs the full one and
+measures it): every request is answered exactly once, at most 1% of the bulk that was
+admitted then expires, and realtime, sent beside the burst from a process of its own,
+is all OK. Correctness only: no figure of speed is asserted here."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+from support import RunningDaemon
+
+from edged.loadgen.burst import realtime_beside, stampede
+
+PEERS, PER_PEER = 100, 10  # 1,000 requests of 48 KiB, sent within a fraction of a second
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_burst_is_answered_once_each_its_admitted_work_completes_and_realtime_stays_ok(
+    own_daemon: Callable[..., RunningDaemon],
+) -> None:
+    daemon = own_daemon()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as other:
+        other.submit(time.sleep, 0).result()  # the process is up before the burst starts
+        realtime = other.submit(realtime_beside, daemon.ipc, 4, 20.0, 6.0)
+        time.sleep(1.0)
+        burst = stampede(daemon.ipc, PEERS, PER_PEER)
+        beside = realtime.result(timeout=120)
+    figures = burst.summary()
+    assert (burst.lost, burst.duplicated) == (0, 0), figures
+    assert burst.admitted > 0, figures
+    assert burst.statuses["DEADLINE_EXCEEDED"] <= 0.01 * burst.admitted, figures
+    assert beside["sent"] > 0 and beside["statuses"] == {"OK": beside["sent"]}, beside
