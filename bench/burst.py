@@ -13,8 +13,9 @@ Each run, in turn:
 Reported per run: requests lost or answered twice; admitted bulk that then expired;
 realtime OK and its round trip (with the daemon's own span beside it); the time to
 answer the whole burst against the floor's; the OVERLOADED round trip; the daemon's
-RSS before the burst and 1 s after its last reply. With --baseline DIR, the daemon is
-another checkout's (a worktree of an earlier commit): the same burst, before and after.
+RSS before the burst and 1 s after its last reply. With --baseline DIR, each run also
+gives the same burst to another checkout's daemon (a worktree of an earlier commit),
+the two in an order swapped from run to run: before and after, interleaved.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def edged_run(folder: str, peers: int, per_peer: int, program: list[str] | None)
     }
 
 
-def report(run: int, floor: dict[str, Any], edged: dict[str, Any]) -> str:
+def report(run: str, floor: dict[str, Any], edged: dict[str, Any]) -> str:
     burst, rt, rss = edged["burst"], edged["realtime"], edged["rss_kib"]
     ok = rt["statuses"].get("OK", 0) / rt["sent"] if rt["sent"] else 0.0
     trip, inside, floor_trip = rt["round_trip_ms"], rt["daemon_total_ms"], floor["realtime"]["round_trip_ms"]
@@ -139,16 +140,20 @@ def main() -> int:
     parser.add_argument("--peers", type=int, default=500)
     parser.add_argument("--per-peer", type=int, default=20)
     parser.add_argument("--json", type=Path, help="write every run's figures here")
-    parser.add_argument("--baseline", help="run another checkout's daemon instead of this one's")
+    parser.add_argument("--baseline", help="also run another checkout's daemon, interleaved with this one's")
     args = parser.parse_args()
-    program = ["env", f"PYTHONPATH={args.baseline}", sys.executable, "-m", "edged"] if args.baseline else None
+    daemons: dict[str, list[str] | None] = {"this checkout": None}
+    if args.baseline:
+        daemons["baseline"] = ["env", f"PYTHONPATH={args.baseline}", sys.executable, "-m", "edged"]
     runs = []
     for run in range(1, args.runs + 1):
+        order = list(daemons) if run % 2 else list(reversed(daemons))
         with tempfile.TemporaryDirectory(prefix="edged-burst-") as folder:
             floor = floor_run(folder, args.peers, args.per_peer)
-            edged = edged_run(folder, args.peers, args.per_peer, program)
-        runs.append({"floor": floor, "edged": edged})
-        print(report(run, floor, edged), flush=True)
+            figures = {name: edged_run(folder, args.peers, args.per_peer, daemons[name]) for name in order}
+        runs.append({"floor": floor, **figures})
+        for name in daemons:
+            print(report(f"{run} ({name})", floor, figures[name]), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"peers": args.peers, "per_peer": args.per_peer, "runs": runs}, indent=1))
     return 0
