@@ -73,11 +73,18 @@ def test_inline_requests_survive_the_watchdog_replacing_the_lanes_worker(
     assert hung.status == "INTERNAL" and "has not returned" in hung.header["error"], hung.header
     # The abandoned worker's call returns and that worker ends: its runners are gone now.
     wait_for(lambda: realtime_stats(watcher)["late_dropped"] == 1, 60, "the hung call to return")
-    inline_before = realtime_stats(watcher)["inline"]
+
+    def on_loop() -> int:
+        # The loop's own runners serve both: inline, and aside when a busy box priced a
+        # light request over the inline limit (seen once, with two CI runs side by side).
+        figures = realtime_stats(watcher)
+        return figures["inline"] + figures["aside"]
+
+    before = on_loop()
     for i in range(20):
         reply = exchange(sock, light(i))
         assert reply.status == "OK", reply.header
-    assert realtime_stats(watcher)["inline"] - inline_before == 20, "the light requests did not run inline"
+    assert on_loop() - before == 20, "the light requests did not run on the loop's thread"
 
 
 def test_one_slow_inline_run_does_not_disqualify_a_model_and_repeated_ones_do_for_a_while(
