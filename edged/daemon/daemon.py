@@ -116,7 +116,7 @@ class Daemon:
     def _load(self, read_config: Callable[[], Config], stats: dict[str, ClassStats]) -> None:
         """The loader thread: build, then hand the result (or the failure) to the loop."""
         try:
-            self._loaded = load(read_config, stats, self.server)
+            self._loaded = load(read_config, stats, self.server, self.dispatcher.pending)
         except Exception as exc:
             self._loaded = exc
         self.server.wake()

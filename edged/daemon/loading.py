@@ -19,6 +19,7 @@ from edged.models.repository import ModelEntry, RepositoryError, discover, scan
 from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.lanes.lane import Lane
 from edged.serve.lanes.precedence import Precedence
+from edged.serve.pending import PendingBytes
 from edged.serve.stats import ClassStats
 from edged.serve.transport import Transport
 
@@ -42,10 +43,11 @@ def load(
     read_config: Callable[[], Config],
     stats: dict[str, ClassStats],
     transport: Transport,
+    pending: PendingBytes,
 ) -> Loaded:
     """Build warm lanes for the configuration `read_config` gives; raises what stops them.
     A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero.
-    The lanes reply, and run aside, through `transport`."""
+    The lanes reply, and run aside, through `transport`, and hold their requests' bytes in `pending`."""
     started = time.monotonic()
     config = read_config()
     variants = VARIANTS_OF.get(config.backend, config.backend)
@@ -69,7 +71,7 @@ def load(
     backend = backend_named(config.backend, config.fallback)
     while True:
         try:
-            reservations, lanes = _start_lanes(config, models, backend, stats, transport)
+            reservations, lanes = _start_lanes(config, models, backend, stats, transport, pending)
             break
         except ModelFailure as exc:
             fail(exc)
@@ -88,6 +90,7 @@ def _start_lanes(
     backend: Backend,
     stats: dict[str, ClassStats],
     transport: Transport,
+    pending: PendingBytes,
 ) -> tuple[dict[str, LaneReservation], dict[str, Lane]]:
     """Plan, start and measure a lane per class, each loaded and warm; all or none."""
     reserving = isinstance(backend, Reserving)
@@ -102,7 +105,7 @@ def _start_lanes(
     free = free_before
     try:
         for klass in config.classes:
-            lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence)
+            lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence, pending)
             lanes[klass.name] = lane
             lane.start()
             if reserving:

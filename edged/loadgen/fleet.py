@@ -164,7 +164,7 @@ def _daemon_stats(endpoint: str) -> dict[str, Any] | None:
     return {
         name: {
             "completed": figures["completed"],
-            "shed": figures["shed"]["queue_full"] + figures["shed"]["deadline"],
+            "shed": sum(figures["shed"].values()),
             "total_p99_us": figures["latency_us"]["total"]["p99"],
         }
         for name, figures in classes.items()

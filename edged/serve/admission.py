@@ -29,7 +29,7 @@ Key = TypeVar("Key", str, int)
 
 @dataclass(frozen=True, slots=True)
 class Shed:
-    reason: str  # "queue_full" or "deadline": the stats counter it lands in
+    reason: str  # "queue_full", "deadline" or "bytes": the stats counter it lands in
     message: str
     retry_after_ms: float
     beyond_one_run: bool = False  # the deadline is shorter than the model's own run
@@ -237,7 +237,7 @@ def admit(
             "queue_full",
             f"class {klass.name!r} has {depth} requests waiting or running, its capacity "
             f"(classes.{klass.name}.queue_capacity = {klass.queue_capacity})",
-            _ms(per_job_ns / klass.workers),
+            retry_hint_ms(per_job_ns / klass.workers),
         )
     queued_ns = int(max(backlog.work_ns - done_ns, 0) / backlog.pace) + above_ns
     # The estimate of a long queue errs by a share of its length, and a job admitted with
@@ -254,10 +254,13 @@ def admit(
                 f"class {klass.name!r} cannot meet the deadline: about {ahead_ns / 1e6:.3f} ms of work is ahead "
                 f"of this request and {max(budget_ns, 0) / 1e6:.3f} ms are left"
             )
-        return Shed("deadline", message, _ms(ahead_ns + cost_ns - budget_ns), beyond_one_run=cost_ns > budget_ns)
+        return Shed(
+            "deadline", message, retry_hint_ms(ahead_ns + cost_ns - budget_ns), beyond_one_run=cost_ns > budget_ns
+        )
     return None
 
 
-def _ms(ns: float) -> float:
+def retry_hint_ms(ns: float) -> float:
+    """A retry hint from a wait in ns."""
     # Rounded up to 0.1 ms: a retry hint of 0 would invite an immediate, doomed retry.
     return max(round(ns / 1e6 + 0.05, 1), 0.1)

@@ -16,6 +16,7 @@ import numpy as np
 
 from edged.serve.admission import Backlog
 from edged.serve.lanes.batching import Job
+from edged.serve.pending import PendingBytes
 from edged.serve.stats import ClassStats
 from edged.serve.transport import Transport
 from edged.wire import fast
@@ -31,10 +32,11 @@ class Answers:
     """One lane's answering. The one writer of `Job.answered`, under `_lock`: a
     worker, the watchdog and the shutdown may race to answer a job, and one wins."""
 
-    def __init__(self, transport: Transport, stats: ClassStats, backlog: Backlog) -> None:
+    def __init__(self, transport: Transport, stats: ClassStats, backlog: Backlog, pending: PendingBytes) -> None:
         self._reply = transport.reply
         self.stats = stats
         self._backlog = backlog
+        self._pending = pending
         self._lock = threading.Lock()
 
     def _claim(self, job: Job) -> bool:
@@ -43,7 +45,8 @@ class Answers:
             if job.answered:
                 return False
             job.answered = True
-            return True
+        self._pending.give_back(job.peer, job.nbytes)
+        return True
 
     def result(
         self,

@@ -16,6 +16,7 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
 from edged.serve.answers import timing_us
 from edged.serve.lanes.lane import Lane
+from edged.serve.pending import PendingBytes
 from edged.serve.transport import Transport
 from edged.wire import fast
 from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
@@ -41,6 +42,8 @@ class Dispatcher:
         self.reservations: dict[str, LaneReservation] = {}  # by class; empty on a backend that reserves nothing
         self.fixed_rows = False  # the backend's buffers hold max_batch rows (see edged.backends.fixed_rows)
         self.failed: dict[str, str] = {}  # models not served, and why (server.on_model_failure = "skip")
+        # The bytes admitted requests hold: daemon-wide, kept across reloads (its limits are start-up's).
+        self.pending = PendingBytes(config.limits)
         self._lifecycle = lifecycle
         self._reply = transport.reply
         self._transport = transport
@@ -119,7 +122,7 @@ class Dispatcher:
         parts = []
         for name, lane in self.lanes.items():
             stats = lane.stats
-            shed = stats.shed_queue_full + stats.shed_deadline
+            shed = stats.shed_queue_full + stats.shed_deadline + stats.shed_bytes
             parts.append(f"{name} {stats.completed} ok, {shed} shed, p99 {stats.total_us.percentile(0.99)} us")
         return f"{self._lifecycle.reported}: " + "; ".join(parts)
 

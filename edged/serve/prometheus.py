@@ -65,7 +65,7 @@ class StatsCollector:
         )
         outcomes = CounterMetricFamily(
             "edged_requests",
-            "Requests by how they ended: completed, failed, expired, or shed (queue_full, deadline).",
+            "Requests by how they ended: completed, failed, expired, or shed (queue_full, deadline, bytes).",
             labels=["class", "outcome"],
         )
         counters = {key: CounterMetricFamily(name, text, labels=["class"]) for key, name, text in CLASS_COUNTERS}

@@ -79,6 +79,7 @@ class ClassStats:
     admitted: int = 0
     shed_queue_full: int = 0
     shed_deadline: int = 0
+    shed_bytes: int = 0  # over limits.max_pending_bytes(_per_peer) (edged.serve.pending)
     expired: int = 0
     completed: int = 0
     late_completed: int = 0  # of those, answered OK after their deadline (admission misjudged their cost)
@@ -95,6 +96,15 @@ class ClassStats:
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count_shed(self, reason: str) -> None:
+        """A request shed on arrival, for a Shed's `reason` (the loop's own count)."""
+        if reason == "queue_full":
+            self.shed_queue_full += 1
+        elif reason == "deadline":
+            self.shed_deadline += 1
+        else:
+            self.shed_bytes += 1
 
     def done(self, ok: bool, queue_us: int, compute_us: int, total_us: int, late: bool = False) -> None:
         """A request answered after admission: OK (`ok`) or failed, with its times; `late`:
@@ -141,7 +151,7 @@ class ClassStats:
         return {
             "received": self.received,
             "admitted": self.admitted,
-            "shed": {"queue_full": self.shed_queue_full, "deadline": self.shed_deadline},
+            "shed": {"queue_full": self.shed_queue_full, "deadline": self.shed_deadline, "bytes": self.shed_bytes},
             "expired": self.expired,
             "completed": self.completed,
             "late_completed": self.late_completed,

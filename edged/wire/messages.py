@@ -60,6 +60,9 @@ class Limits:
     max_header_bytes: int = 64 * 1024
     max_tensors: int = 16
     max_tensor_elements: int = 1 << 24
+    # Held by admitted requests not yet answered (edged.serve.pending): in all, and per client.
+    max_pending_bytes: int = 1 << 30
+    max_pending_bytes_per_peer: int = 1 << 28
 
 
 @dataclass(slots=True)

@@ -26,6 +26,9 @@ class NoSockets:
         if self._replies is not None:
             self._replies.put((route, frames))
 
+    def peer(self, route: Any) -> bytes:
+        return b""
+
     def wake(self) -> None:
         """Nothing to wake."""
 

@@ -33,6 +33,8 @@ class Job:
     cost_ns: int  # estimated service time, charged to the backlog until answered
     rows: int = 1  # its size along the batch dimension (Signature.rows), read at every step
     elements: int = 0  # its size, for a model priced by size (Signature.elements); else 0
+    peer: bytes = b""  # who sent it, and the bytes its inputs hold, counted until it is answered
+    nbytes: int = 0
     answered: bool = False  # written by edged.serve.answers only, under its claim
 
     def fits_with(self, other: Job) -> bool:

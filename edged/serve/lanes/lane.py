@@ -1,12 +1,8 @@
 """Lanes: one per priority class, reserved at start-up, each with its own queue,
-worker threads and backend runners, and its own admission state.
-
-`offer` prices a request, lets admission decide (edged.serve.admission.admit), and
-sheds it at once or places the job on one of its routes (edged.serve.lanes.routes):
-on the socket loop's thread when the lane is idle (inline when it is cheap, else aside
-with a stand-in on the sockets), else on a worker. Replies go through the Transport
-the lane was given: a lane never touches a socket.
-"""
+worker threads and backend runners, and its own admission state. `offer` prices a
+request, lets admission decide (edged.serve.admission), and sheds it at once or places
+the job on one of its routes (edged.serve.lanes.routes): on the socket loop's thread
+when the lane is idle, else on a worker. Replies go through the lane's Transport."""
 
 from __future__ import annotations
 
@@ -30,6 +26,7 @@ from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.routes import Aside, Inline, Queued, Route
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.lanes.worker import STOP, Remeasure, Worker
+from edged.serve.pending import PendingBytes
 from edged.serve.stats import ClassStats
 from edged.serve.transport import Transport
 from edged.wire.codec import Request, Status
@@ -58,6 +55,7 @@ class Lane:
         transport: Transport,
         stats: ClassStats | None = None,
         precedence: Precedence | None = None,
+        pending: PendingBytes | None = None,
     ) -> None:
         self.klass = klass
         self.models = models
@@ -76,7 +74,8 @@ class Lane:
         self._idle_routes: tuple[Route, ...] = (self._queued,)  # where a job goes when nothing is ahead of it
         self._last_remeasure_ns = 0
         self._calls = OpenCalls()
-        self._answers = Answers(transport, self.stats, self.backlog)
+        self._pending = pending or PendingBytes()  # daemon-wide, kept across reloads
+        self._answers = Answers(transport, self.stats, self.backlog, self._pending)
         self._recovery: tuple[str, Worker] | None = None  # why the lane is not ok, and the worker it waits for
 
     # --- life cycle --------------------------------------------------------
@@ -170,7 +169,10 @@ class Lane:
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
-        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns))
+        peer, nbytes = self._transport.peer(route), sum(array.nbytes for array in inputs.values())
+        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns)) or (
+            self._pending.take(peer, nbytes, self.backlog)
+        )
         if shed is not None:
             return self._shed(shed, model, rows, elements, now_ns)
         self.stats.admitted += 1
@@ -185,6 +187,8 @@ class Lane:
             cost_ns=cost_ns,
             rows=rows,
             elements=elements,
+            peer=peer,
+            nbytes=nbytes,
         )
         if self.precedence.flying:
             slack_ns = left_ns - cost_ns - int(self.backlog.work_ns / self.backlog.pace)
@@ -212,10 +216,7 @@ class Lane:
                 self._remeasure(model, now_ns)
             else:
                 shed = replace(shed, message=f"{shed.message} ({PRICED_PAST_MEASURED})")
-        if shed.reason == "queue_full":
-            self.stats.shed_queue_full += 1
-        else:
-            self.stats.shed_deadline += 1
+        self.stats.count_shed(shed.reason)
         return shed
 
     def _remeasure(self, model: ModelEntry, now_ns: int) -> None:

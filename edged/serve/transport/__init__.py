@@ -27,6 +27,10 @@ class Transport(Protocol):
         """Replies whose peer was gone or not reading."""
         ...
 
+    def peer(self, route: Any) -> bytes:
+        """Who sent the request `route` answers: the same bytes for every request of one client."""
+        ...
+
     def wake(self) -> None:
         """Make the loop take a turn now (safe from signal handlers)."""
         ...

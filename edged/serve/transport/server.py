@@ -143,6 +143,10 @@ class Server:
         finally:
             lock.release()
 
+    def peer(self, route: Route) -> bytes:
+        """The routing id ZeroMQ gave the sending connection."""
+        return route[1][0].bytes
+
     def flush(self) -> None:
         """Send the replies that found a socket busy."""
         outbox = self._outbox

@@ -94,7 +94,7 @@ def test_stats_has_counters_per_class(context: zmq.Context, endpoint: str, kind:
     for figures in classes.values():
         for counter in COUNTERS:
             assert isinstance(figures[counter], int) and figures[counter] >= 0, counter
-        assert set(figures["shed"]) == {"queue_full", "deadline"}
+        assert set(figures["shed"]) == {"queue_full", "deadline", "bytes"}
         for stage in ("queue", "compute", "total"):
             assert {"p50", "p99", "max", "count"} <= set(figures["latency_us"][stage])
 
