@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import tempfile
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,52 +11,10 @@ from gpu_checks import MIB, ROOT, CpuReference, random_inputs, worst, write
 
 from edged.backends.cuda import CudaError
 from edged.config import ClassConfig, parse_config
+from edged.loadgen.gpu_memory_check import fill, format_memory_table, memory_configs
 from edged.models.repository import discover
 
 LEAVE_FREE = 64 * MIB  # what the filler leaves of the card
-
-
-def memory_configs() -> dict[str, str]:
-    """The daemon configs of the memory check, by name. A config that names classes
-    defines them all, so the cuda_graph one names the three built-in classes."""
-    server = f'[server]\nbackend = "onnxruntime-cuda"\nmodel_repository = "{ROOT / "engines"}"\n'
-    graphs = "[classes.realtime]\ncuda_graph = true\n[classes.standard]\n[classes.bulk]\n"
-    return {"default classes": server, "realtime cuda_graph": server + graphs}
-
-
-def fill(
-    alloc: Callable[[int], Any | None],
-    free_bytes: Callable[[], int],
-    leave_bytes: int,
-    largest: int = 256 * MIB,
-    smallest: int = MIB,
-) -> list[tuple[Any, int]]:
-    """Allocate chunks, `largest` first, until less than `leave_bytes` plus one chunk of
-    `smallest` is free: a chunk that fails, or would leave less than `leave_bytes`, halves
-    the size. `alloc` returns a handle or None; returns [(handle, size)]."""
-    chunks: list[tuple[Any, int]] = []
-    size, budget = largest, free_bytes()
-    while size >= smallest and sum(s for _, s in chunks) < budget:
-        handle = alloc(size) if free_bytes() - size >= leave_bytes else None
-        if handle is None:
-            size //= 2
-        else:
-            chunks.append((handle, size))
-    return chunks
-
-
-def format_memory_table(lanes: list[dict[str, Any]]) -> str:
-    """Planned against measured device memory, per config and lane, in MiB."""
-
-    def mib(nbytes: int | None) -> str:
-        return "-" if nbytes is None else f"{nbytes / MIB:.1f}"
-
-    lines = ["| config | lane | planned MiB | measured MiB |", "|---|---|---|---|"]
-    lines += [
-        f"| {lane['config']} | {lane['lane']} | {mib(lane['planned_bytes'])} | {mib(lane['measured_bytes'])} |"
-        for lane in lanes
-    ]
-    return "\n".join(lines)
 
 
 def every_request(client: Any, classes: tuple[ClassConfig, ...], cpu: CpuReference) -> list[str]:

@@ -1,5 +1,6 @@
 """bench/gpu_checks.py without a GPU: its command line, its refusal here, and the parts
-of its checks that are plain arithmetic (the filler's chunks, the configs, the table).
+of its checks that are plain arithmetic (edged.loadgen.gpu_memory_check: the filler's
+chunks, the configs, the table).
 None of this shows that a check passes on a GPU; bench/gpu_verify.sh is where it runs."""
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ from support import REPO_ROOT
 
 from edged.backends.cuda import cuda_available
 from edged.config import parse_config
+from edged.loadgen import gpu_memory_check
 
 ROOT = REPO_ROOT
 CHECKS = ROOT / "bench" / "gpu_checks.py"
 MIB = 1024 * 1024
 NO_CUDA = cuda_available()
-
-sys.path.insert(0, str(ROOT / "bench"))  # as when the script runs: its check modules sit beside it
-import gpu_check_memory  # noqa: E402
 
 
 def checks(*args: str) -> subprocess.CompletedProcess[str]:
@@ -63,7 +62,7 @@ class FakeCard:
 
 def test_fake_card_the_filler_leaves_the_asked_memory_and_no_more_than_a_page_beside() -> None:
     card = FakeCard(free=10_000 * MIB + 300 * 1024)
-    chunks = gpu_check_memory.fill(card.alloc, lambda: card.free, 64 * MIB)
+    chunks = gpu_memory_check.fill(card.alloc, lambda: card.free, 64 * MIB)
     assert 64 * MIB <= card.free < 66 * MIB
     sizes = [size for _, size in chunks]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] == 256 * MIB and sizes[-1] >= MIB
@@ -72,7 +71,7 @@ def test_fake_card_the_filler_leaves_the_asked_memory_and_no_more_than_a_page_be
 
 def test_fake_card_a_chunk_that_fails_halves_the_size_and_filling_goes_on() -> None:
     card = FakeCard(free=2_000 * MIB, largest_hole=100 * MIB)
-    chunks = gpu_check_memory.fill(card.alloc, lambda: card.free, 64 * MIB)
+    chunks = gpu_memory_check.fill(card.alloc, lambda: card.free, 64 * MIB)
     assert {size for _, size in chunks} <= {64 * MIB, 32 * MIB, 16 * MIB, 8 * MIB, 4 * MIB, 2 * MIB, MIB}
     assert 64 * MIB <= card.free < 66 * MIB
     assert card.asked[:2] == [256 * MIB, 128 * MIB]  # both refused, then 64 MiB chunks
@@ -80,16 +79,16 @@ def test_fake_card_a_chunk_that_fails_halves_the_size_and_filling_goes_on() -> N
 
 def test_fake_card_a_card_already_below_the_floor_is_left_alone() -> None:
     card = FakeCard(free=50 * MIB)
-    assert gpu_check_memory.fill(card.alloc, lambda: card.free, 64 * MIB) == [] and card.asked == []
+    assert gpu_memory_check.fill(card.alloc, lambda: card.free, 64 * MIB) == [] and card.asked == []
 
 
 def test_fake_card_allocations_that_free_nothing_stop_at_the_free_memory_seen_first() -> None:
-    chunks = gpu_check_memory.fill(lambda size: object(), lambda: 1024 * MIB, 64 * MIB)
+    chunks = gpu_memory_check.fill(lambda size: object(), lambda: 1024 * MIB, 64 * MIB)
     assert sum(size for _, size in chunks) == 1024 * MIB
 
 
 def test_the_memory_check_configs_parse_with_the_built_in_classes() -> None:
-    configs = gpu_check_memory.memory_configs()
+    configs = gpu_memory_check.memory_configs()
     assert list(configs) == ["default classes", "realtime cuda_graph"]
     parsed = {name: parse_config(tomllib.loads(text), base_dir=ROOT) for name, text in configs.items()}
     for config in parsed.values():
@@ -104,7 +103,7 @@ def test_the_memory_check_configs_parse_with_the_built_in_classes() -> None:
 
 
 def test_the_memory_table_gives_planned_and_measured_mib_per_lane() -> None:
-    table = gpu_check_memory.format_memory_table(
+    table = gpu_memory_check.format_memory_table(
         [
             {"config": "default classes", "lane": "realtime", "planned_bytes": 3 * MIB, "measured_bytes": 5 * MIB // 2},
             {"config": "default classes", "lane": "bulk", "planned_bytes": 0, "measured_bytes": None},
