@@ -180,8 +180,9 @@ class Dispatcher:
                 f"unknown model {request.model!r}: this daemon serves {sorted(self.models)}",
                 request.id,
             )
-        inputs = model.signature.bind(request)
-        rows = model.signature.rows(inputs)
+        # From the header alone: a request that is shed never has its payload looked at.
+        model.signature.check(request)
+        rows, elements = model.signature.measure(request)
         if self.fixed_rows and rows > lane.klass.max_batch:
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,
@@ -189,7 +190,7 @@ class Dispatcher:
                 "one call may carry on this backend: split the request or send it to a class with a larger max_batch",
                 request.id,
             )
-        outcome = lane.offer(route, request, model, inputs, rows, received_ns)
+        outcome = lane.offer(route, request, model, rows, elements, received_ns)
         if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.
             total_us = (time.monotonic_ns() - received_ns) // 1000

@@ -6,6 +6,7 @@ inputs that passed here, so they stay short (the Polygraphy runner pattern).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,9 +40,19 @@ class Signature:
 
     def bind(self, request: Request) -> dict[str, np.ndarray]:
         """The request's inputs as arrays (views of its frames), checked against the model."""
-        if self._expected(request):
-            return tensor_views(request)
-        return self._checked(request)
+        self.check(request)
+        return tensor_views(request)
+
+    def check(self, request: Request) -> None:
+        """Raise ProtocolError unless the request's header fits the model: from the header
+        alone (decoding checked each payload's length against its spec)."""
+        if not self._expected(request):
+            self._checked(request)
+
+    def measure(self, request: Request) -> tuple[int, int]:
+        """A checked request's rows and elements (see `rows`, `elements`), from its header."""
+        rows = request.inputs[0].shape[0] if self.batchable else 1
+        return rows, sum(math.prod(spec.shape) for spec in request.inputs) if self.sized else 0
 
     def _expected(self, request: Request) -> bool:
         """Whether `request` is the common one: the declared inputs in the declared order,
@@ -65,7 +76,7 @@ class Signature:
                     return False
         return True
 
-    def _checked(self, request: Request) -> dict[str, np.ndarray]:
+    def _checked(self, request: Request) -> None:
         given = {spec.name: spec for spec in request.inputs}
         if len(given) != len(request.inputs):
             raise self._error(request, "an input name appears twice")
@@ -103,7 +114,6 @@ class Signature:
                     f"model {request.model!r} has no outputs {unknown}; it has {list(self.output_names)}",
                     request.id,
                 )
-        return tensor_views(request)
 
     def rows(self, inputs: dict[str, np.ndarray]) -> int:
         """A request's size along the batch dimension (1 for a model that does not batch)."""

@@ -24,6 +24,7 @@ import onnxruntime as ort
 import zmq
 
 from edged.loadgen.launch import DaemonProcess
+from edged.wire.codec import Buffer, Request, decode_request
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINES = REPO_ROOT / "engines"
@@ -121,6 +122,11 @@ class RawReply:
     def output(self, index: int = 0) -> np.ndarray:
         spec = self.header["outputs"][index]
         return np.frombuffer(self.payloads[index], dtype=spec["dtype"]).reshape(spec["shape"])
+
+
+def decoded(frames: list[Buffer]) -> Request:
+    """A request as the daemon decodes it, from the frames a client sends."""
+    return decode_request([bytes(frame) for frame in frames])
 
 
 def header(**fields: Any) -> bytes:

@@ -13,8 +13,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from edged.backends import Backend
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
@@ -29,7 +27,7 @@ from edged.serve.lanes.worker import STOP, Remeasure, Worker
 from edged.serve.pending import PendingBytes
 from edged.serve.stats import ClassStats
 from edged.serve.transport import Transport
-from edged.wire.codec import Request, Status
+from edged.wire.codec import Request, Status, tensor_views
 
 log = logging.getLogger("edged.lanes")
 
@@ -156,20 +154,20 @@ class Lane:
         route: Any,
         request: Request,
         model: ModelEntry,
-        inputs: dict[str, np.ndarray],
         rows: int,
+        elements: int,
         received_ns: int,
     ) -> Job | Shed:
-        """Admit a valid request of `rows` rows and place it, or shed it at once."""
+        """Admit a checked request of `rows` rows (and `elements`, for a model priced by
+        size) and place it, or shed it at once: from its header, its payload untouched."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        elements = model.signature.elements(inputs)
         cost_ns = self.service.charge_ns(model.name, rows, elements)
         now_ns = time.monotonic_ns()
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
-        peer, nbytes = self._transport.peer(route), sum(array.nbytes for array in inputs.values())
+        peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
         shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns)) or (
             self._pending.take(peer, nbytes, self.backlog)
         )
@@ -180,7 +178,7 @@ class Lane:
             route=route,
             request_id=request.id,
             model=model,
-            inputs=inputs,
+            inputs=tensor_views(request),
             output_names=tuple(request.outputs or model.signature.output_names),
             received_ns=received_ns,
             deadline_ns=received_ns + budget_ns,

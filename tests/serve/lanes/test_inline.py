@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from support import RunningDaemon, connect, exchange, header, random_input, run_edged, short_dir, wait_for
+from support import RunningDaemon, connect, decoded, exchange, header, random_input, run_edged, short_dir, wait_for
 from support.backends import CountingBackend
 from support.models import save_sleeper, sleep_for
 from support.stream_models import padder
@@ -25,7 +25,6 @@ from edged.models.repository import discover
 from edged.protocol import encode_request
 from edged.serve.admission import Shed
 from edged.serve.lanes.lane import Lane
-from edged.wire.codec import Request
 
 # Realtime's watchdog fires at 200 ms; the sleeper's long runs take 0.8 s and 1.6 s here.
 CONFIG = """
@@ -178,8 +177,8 @@ def test_a_shed_at_a_guessed_price_sets_no_remeasure_going_padder(padder_reposit
     backend.counting = True
     try:
         x = np.zeros((1, 200_000), np.float32)
-        request = Request(id=1, op="infer", model="padder", klass="realtime", deadline_ms=0.001)
-        shed = lane.offer(1, request, model, {"x": x}, 1, time.monotonic_ns())
+        request = decoded(encode_request(1, model="padder", klass="realtime", deadline_ms=0.001, inputs={"x": x}))
+        shed = lane.offer(1, request, model, *model.signature.measure(request), time.monotonic_ns())
         assert isinstance(shed, Shed) and shed.beyond_one_run and "priced past the largest input" in shed.message
         time.sleep(0.5)  # a remeasure would have run within a few ms
     finally:

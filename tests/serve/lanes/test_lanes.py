@@ -15,16 +15,18 @@ from dataclasses import replace
 import numpy as np
 import onnxruntime as ort
 import pytest
-from support import REPO_ROOT
+from support import REPO_ROOT, decoded
 from support.backends import POISON, CountingBackend
 from support.transport import NoSockets
 
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry, discover
+from edged.serve.admission import Shed
+from edged.serve.lanes import lane as lane_module
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.lane import Lane
-from edged.wire.codec import Request, Status, decode_reply
+from edged.wire.codec import Status, decode_reply, encode_request
 
 ROOT = REPO_ROOT
 
@@ -241,8 +243,9 @@ def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_
     try:
         for route, value in ((1, POISON), (2, 0.5)):
             x = np.full((1, 64), value, np.float32)
-            request = Request(id=route, op="infer", model="mlp-light", klass="realtime", deadline_ms=1000.0)
-            lane.offer(route, request, model, {"x": x}, len(x), time.monotonic_ns())
+            frames = encode_request(route, model="mlp-light", klass="realtime", deadline_ms=1000.0, inputs={"x": x})
+            request = decoded(frames)
+            lane.offer(route, request, model, *model.signature.measure(request), time.monotonic_ns())
         got = collect(replies, 2)
     finally:
         lane.stop(2.0)
@@ -265,3 +268,23 @@ def test_an_output_the_wire_cannot_carry_is_answered_internal_with_its_dtype(mod
     assert not ok and reply.status is Status.INTERNAL and "float64" in reply.error
     frames, ok = _reply_frames(ran, 1, 2, 3, {"scores": np.zeros((1, 10), np.float32)}, None)
     assert ok and decode_reply([bytes(f) for f in frames]).status is Status.OK
+
+
+def test_a_shed_is_decided_from_the_header_and_the_payload_is_looked_at_only_once_admitted(models, monkeypatch):
+    """Shedding at wire speed: the lane's admission reads the header's sizes, and only a
+    request it admits has its payload viewed as arrays."""
+    lane, _, replies = make_lane(ClassConfig("t", order=0), {"mlp-light": models["mlp-light"]})
+    model = models["mlp-light"]
+    viewed: list[object] = []
+    real_views = lane_module.tensor_views
+    monkeypatch.setattr(lane_module, "tensor_views", lambda request: viewed.append(request.id) or real_views(request))
+    x = np.ones((1, 64), np.float32)
+    try:
+        for route, deadline_ms in ((1, 1e-6), (2, 1000.0)):
+            request = decoded(encode_request(route, model="mlp-light", deadline_ms=deadline_ms, inputs={"x": x}))
+            outcome = lane.offer(route, request, model, *model.signature.measure(request), time.monotonic_ns())
+            assert isinstance(outcome, Shed) == (route == 1), outcome
+        got = collect(replies, 1)
+    finally:
+        lane.stop(2.0)
+    assert viewed == [2] and got[2].status is Status.OK
