@@ -34,7 +34,7 @@ import msgpack
 import zmq
 
 from edged.loadgen.burst import realtime_beside, stampede
-from edged.loadgen.launch import DaemonProcess, resident_kib, thread_cpu_seconds
+from edged.loadgen.launch import DaemonProcess, checkout_program, resident_kib, thread_cpu_seconds
 
 REALTIME_PEERS = 10
 REALTIME_PERIOD_MS = 20.0
@@ -144,7 +144,7 @@ def main() -> int:
     args = parser.parse_args()
     daemons: dict[str, list[str] | None] = {"this checkout": None}
     if args.baseline:
-        daemons["baseline"] = ["env", f"PYTHONPATH={args.baseline}", sys.executable, "-m", "edged"]
+        daemons["baseline"] = checkout_program(args.baseline)
     runs = []
     for run in range(1, args.runs + 1):
         order = list(daemons) if run % 2 else list(reversed(daemons))

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from paths import MODEL_INPUTS, MODELS, ROOT, WARMUP, InProcess, RoundTrips, dealer, helper_server
 
-from edged.loadgen.launch import DaemonProcess, cpu_seconds
+from edged.loadgen.launch import DaemonProcess, checkout_program, cpu_seconds
 from edged.loadgen.sweep import Stream, format_table, progress_to_stderr, run_load
 from edged.wire.codec import encode_request
 
@@ -232,7 +232,7 @@ def main() -> None:
             sleeping = stack.enter_context(DaemonProcess([endpoints["edged_no_spin"]], config=no_spin_config))
             started = [daemon, sleeping]
             if args.baseline:
-                baseline = ["env", f"PYTHONPATH={args.baseline}", sys.executable, "-m", "edged"]
+                baseline = checkout_program(args.baseline)
                 started.append(stack.enter_context(DaemonProcess([endpoints["edged_baseline"]], program=baseline)))
             for each in started:
                 each.wait_serving()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.loadgen.isolation import BEST, FACTORS, run_isolation
+from edged.loadgen.launch import checkout_program
 from edged.loadgen.sweep import progress_to_stderr
 
 CONFIG = "all on"
@@ -61,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     sides = {
         "after": None,
-        "before": ["env", f"PYTHONPATH={args.baseline}", sys.executable, "-m", "edged"],
+        "before": checkout_program(args.baseline),
     }
     capacity = run_isolation(args.duration, progress_to_stderr, configs=(BEST,))["bulk_capacity_rps"]
     print(f"bulk capacity alone ({BEST}, this checkout): {capacity:.1f} req/s", file=sys.stderr)

@@ -72,6 +72,12 @@ class DaemonProcess:
         self.stop()
 
 
+def checkout_program(checkout: str) -> list[str]:
+    """`python -m edged` from another checkout (a worktree of an earlier commit): the
+    `program` of a DaemonProcess for a before-and-after in one run."""
+    return ["env", f"PYTHONPATH={checkout}", sys.executable, "-m", "edged"]
+
+
 def cpu_seconds(pid: int) -> float:
     """The CPU time a process has used, user and system (/proc/PID/stat): what the spin's
     cost is measured by."""

@@ -210,6 +210,11 @@ class Backlog:
             self._on_empty()
 
     @property
+    def average_job_ns(self) -> float:
+        """The estimated work of the average job held (0 with none)."""
+        return self._work_ns / max(self._depth, 1)
+
+    @property
     def pace(self) -> float:
         """Priced ns of work the lane answers per ns while it has work (its workers' count, ideally)."""
         return self._pace
@@ -232,7 +237,7 @@ def admit(
     depth = backlog.depth
     if depth >= klass.queue_capacity:
         # One slot frees when the average job ahead finishes on one of the workers.
-        per_job_ns = backlog.work_ns / max(depth, 1)
+        per_job_ns = backlog.average_job_ns
         return Shed(
             "queue_full",
             f"class {klass.name!r} has {depth} requests waiting or running, its capacity "

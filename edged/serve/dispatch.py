@@ -121,9 +121,10 @@ class Dispatcher:
         """One line for systemd's status: the state, then each class's counts and p99."""
         parts = []
         for name, lane in self.lanes.items():
-            stats = lane.stats
-            shed = stats.shed_queue_full + stats.shed_deadline + stats.shed_bytes
-            parts.append(f"{name} {stats.completed} ok, {shed} shed, p99 {stats.total_us.percentile(0.99)} us")
+            # A snapshot: the workers count outcomes meanwhile, under the stats' lock.
+            figures = lane.stats.snapshot(lane.backlog.depth)
+            shed, p99 = sum(figures["shed"].values()), figures["latency_us"]["total"]["p99"]
+            parts.append(f"{name} {figures['completed']} ok, {shed} shed, p99 {p99} us")
         return f"{self._lifecycle.reported}: " + "; ".join(parts)
 
     def stats(self) -> dict[str, Any]:

@@ -43,7 +43,7 @@ class PendingBytes:
                 self._by_peer[peer] = held + nbytes
                 self._total += nbytes
                 return None
-        return Shed("bytes", why, retry_hint_ms(backlog.work_ns / max(backlog.depth, 1)))
+        return Shed("bytes", why, retry_hint_ms(backlog.average_job_ns))
 
     def give_back(self, peer: bytes, nbytes: int) -> None:
         if not nbytes:  # a job built by hand, never taken (in-process lane tests)

@@ -167,10 +167,10 @@ class Lane:
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
-        peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
-        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns)) or (
-            self._pending.take(peer, nbytes, self.backlog)
-        )
+        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns))
+        if shed is None:  # its bytes are held only once admission admits it
+            peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
+            shed = self._pending.take(peer, nbytes, self.backlog)
         if shed is not None:
             return self._shed(shed, model, rows, elements, now_ns)
         self.stats.admitted += 1

@@ -35,6 +35,7 @@ class Bound:
     rank: int  # read before the sockets of a higher rank: its class's place, the shared ones last
     lock: threading.Lock = field(default_factory=threading.Lock)
     unroutable: int = 0
+    higher: tuple[int, ...] = ()  # the sockets, by index, read first: those of a lower rank
 
     def send(self, envelope: list[Any], frames: list[Any]) -> None:
         """Send one reply (holding `lock`); one whose peer is gone or full is counted."""

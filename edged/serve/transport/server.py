@@ -102,6 +102,8 @@ class Server:
                         self._ingress.setdefault(klass, []).append(own)
             for endpoint in endpoints:
                 self._bind(endpoint, None, len(classes))
+            for bound in self._bound:
+                bound.higher = tuple(i for i, other in enumerate(self._bound) if other.rank < bound.rank)
         except Exception:
             self.close()
             raise
@@ -272,8 +274,7 @@ class Server:
 
     def _receive(self, index: int, handle: Handler) -> None:
         bound = self._bound[index]
-        sock, lock = bound.sock, bound.lock
-        higher = [i for i, other in enumerate(self._bound) if other.rank < bound.rank]
+        sock, lock, higher = bound.sock, bound.lock, bound.higher
         for burst in range(RECEIVE_BURST):
             if higher and burst and burst % PRIORITY_EVERY == 0:
                 for first in self._holding(higher):
