@@ -41,7 +41,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from edged.backends import backend_named
     from edged.config import default_repository
-    from edged.config.classes import DEFAULT_CLASSES
+    from edged.config.classes import default_classes
     from edged.models.onnx_import import parse_data, parse_shapes, write_folder
     from edged.models.repository import RepositoryError, entries_of
     from edged.models.warmup import ModelFailure
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"wrote {manifest.parent / model.variant.path.name} and {manifest}:")
     print(manifest.read_text())
-    klass = DEFAULT_CLASSES[0]
+    klass = default_classes()[0]
     try:
         runner = load_and_warm(backend_named("onnxruntime"), model, klass, service := ServiceTimes())
     except ModelFailure as exc:

@@ -2,7 +2,7 @@
 once at start-up (and on reload); an error names the key and the fix.
 """
 
-from edged.config.classes import DEFAULT_CLASSES, ClassConfig
+from edged.config.classes import ClassConfig, default_classes
 from edged.config.file import (
     Config,
     MetricsConfig,
@@ -15,12 +15,12 @@ from edged.config.file import (
 from edged.config.settings import ConfigError
 
 __all__ = [
-    "DEFAULT_CLASSES",
     "ClassConfig",
     "Config",
     "ConfigError",
     "MetricsConfig",
     "SecurityConfig",
+    "default_classes",
     "default_endpoint",
     "default_repository",
     "load_config",

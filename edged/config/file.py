@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from edged.config.classes import DEFAULT_CLASSES, ClassConfig, parse_classes
+from edged.config.classes import ClassConfig, default_classes, parse_classes
 from edged.config.settings import ConfigError, expect, no_unknown, read_int, read_positive_int, subtable
 from edged.wire.codec import Limits
 
@@ -60,7 +60,7 @@ class Config:
     ipc_group: int | None = None  # gid given to ipc socket files; None: the process's group
     # Beside each ipc endpoint, a socket per class, read before the shared one (docs/protocol.md)
     class_sockets: bool = True
-    classes: tuple[ClassConfig, ...] = DEFAULT_CLASSES
+    classes: tuple[ClassConfig, ...] = field(default_factory=default_classes)
     security: SecurityConfig = SecurityConfig()
     metrics: MetricsConfig = MetricsConfig()
 

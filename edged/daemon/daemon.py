@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from edged.config import Config
+from edged.config.classes import loop_work_lines
 from edged.daemon.lifecycle import Lifecycle, State
 from edged.daemon.loading import Loaded, load
 from edged.daemon.systemd import Notifier
@@ -95,6 +96,8 @@ class Daemon:
             signal.signal(signum, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_reload_signal)
         log.info("listening on %s; loading models", ", ".join(self.config.endpoints))
+        for line in loop_work_lines(self.config.classes):
+            log.info("%s", line)
         self._start_loading(lambda: self.config)
         tick_ms = TICK_MS
         if self.notifier.watchdog_interval_ns:

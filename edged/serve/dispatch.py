@@ -14,7 +14,6 @@ from edged.config import Config
 from edged.daemon.lifecycle import Lifecycle
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
-from edged.serve.answers import timing_us
 from edged.serve.lanes.lane import Lane
 from edged.serve.pending import PendingBytes
 from edged.serve.transport import Transport
@@ -195,15 +194,7 @@ class Dispatcher:
         if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.
             total_us = (time.monotonic_ns() - received_ns) // 1000
-            timing = timing_us(0, 0, total_us)
-            reply = encode_reply(
-                request.id,
-                Status.OVERLOADED,
-                error=outcome.message,
-                retry_after_ms=outcome.retry_after_ms,
-                timing_us=timing,
-            )
-            self._reply(route, reply)
+            self._reply(route, fast.encode_overloaded(request.id, outcome.message, outcome.retry_after_ms, total_us))
         if lane.klass.spin_us:
             self._note_for_spin(class_name, lane.klass.spin_us * 1000, received_ns)
 

@@ -27,6 +27,7 @@ from edged.wire.codec import (
     Limits,
     Request,
     RequestId,
+    Status,
     TensorSpec,
 )
 from edged.wire.tensors import DTYPES
@@ -59,6 +60,15 @@ class _OkHeader(msgspec.Struct):
     status: str
     timing_us: _Timing
     outputs: list[TensorSpec]
+
+
+class _OverloadedHeader(msgspec.Struct):
+    v: int
+    id: Any
+    status: str
+    error: str
+    retry_after_ms: float
+    timing_us: _Timing
 
 
 _decoder = msgspec.msgpack.Decoder(_Header)
@@ -132,3 +142,11 @@ def encode_ok(
         payloads.append(array.data)
     header = _OkHeader(PROTOCOL_VERSION, request_id, "OK", _Timing(queue_us, compute_us, total_us), specs)
     return [_encode(header), *payloads]
+
+
+def encode_overloaded(request_id: RequestId, message: str, retry_after_ms: float, total_us: int) -> list[Buffer]:
+    """An OVERLOADED reply's one frame: the same bytes as the checked encoder's, packed
+    from a struct, since a burst is answered mostly with these."""
+    timing = _Timing(0, 0, total_us)
+    header = _OverloadedHeader(PROTOCOL_VERSION, request_id, Status.OVERLOADED.value, message, retry_after_ms, timing)
+    return [_encode(header)]

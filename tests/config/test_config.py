@@ -15,9 +15,9 @@ import pytest
 from support import REPO_ROOT
 
 from edged.config import (
-    DEFAULT_CLASSES,
     Config,
     ConfigError,
+    default_classes,
     default_endpoint,
     default_repository,
     load_config,
@@ -42,7 +42,7 @@ def test_no_settings_give_the_documented_defaults() -> None:
     assert config.models == ()
     assert config.limits == Limits()
     assert config.max_message_bytes == 64 * 1024 * 1024
-    assert config.classes == DEFAULT_CLASSES
+    assert config.classes == default_classes()
 
 
 def test_default_classes_put_realtime_first_with_the_tightest_deadline() -> None:
@@ -104,7 +104,7 @@ def test_every_setting_is_read() -> None:
 def test_a_file_that_names_classes_defines_the_full_set() -> None:
     config = parse('[server]\ndefault_class = "realtime"\n[classes.realtime]\ndeadline_ms = 5\n')
     (realtime,) = config.classes
-    default_realtime = DEFAULT_CLASSES[0]
+    default_realtime = default_classes()[0]
     # Settings not named keep that class's built-in values.
     assert realtime.deadline_ms == 5.0
     assert realtime.queue_capacity == default_realtime.queue_capacity
@@ -276,11 +276,11 @@ def test_the_example_config_names_every_key_at_its_default() -> None:
         defaults
     )
     raw = tomllib.loads(example.read_text())
-    # spin_us's default depends on the machine's cores: the realtime table explains it in a
-    # comment, and written out it would pin one machine's value on every other.
+    # inline_max_us's and spin_us's defaults depend on the machine: the realtime table explains
+    # them in comments, and written out they would pin one machine's values on every other.
     class_keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name"}
     for name, table in raw["classes"].items():
-        keys = class_keys - {"spin_us"} if name == "realtime" else class_keys
+        keys = class_keys - {"inline_max_us", "spin_us"} if name == "realtime" else class_keys
         assert set(table) == keys, f"classes.{name} lacks {sorted(keys - set(table))}"
 
 
@@ -296,11 +296,35 @@ def test_on_six_cores_or_more_realtime_and_the_loop_get_cores_of_their_own() -> 
     assert resolve_cores(named, list(range(16))) == named  # a class that names its cores takes over
 
 
-def test_the_loop_spins_after_realtime_by_default_when_realtime_runs_on_the_loop() -> None:
-    from edged.config.classes import resolve_spin
+def test_the_loops_inline_cap_and_spin_follow_the_machines_measured_hand_off() -> None:
+    from edged.config.classes import resolve_loop_work
 
-    unresolved = tuple(dataclasses.replace(c, spin_us=None) for c in parse("").classes)
-    assert [c.spin_us for c in resolve_spin(unresolved)] == [250, 0, 0]
+    unresolved = tuple(
+        dataclasses.replace(c, spin_us=None, inline_max_us=None if c.order == 0 else 0) for c in parse("").classes
+    )
+
+    def loop_work(handoff_us: float, classes: tuple[ClassConfig, ...] = unresolved) -> list[tuple[int, int]]:
+        return [(c.inline_max_us or 0, c.spin_us or 0) for c in resolve_loop_work(classes, handoff_us)]
+
+    # The 2-core VM's hand-off (11-15 us) gives what was tuned there; a slower CPU's, more.
+    assert loop_work(12.0) == [(300, 240), (0, 0), (0, 0)]
+    assert loop_work(30.0) == [(750, 600), (0, 0), (0, 0)]
+    # Bounded whatever the probe says: at least 50 us, at most 1 ms and 1/20 of realtime's deadline.
+    assert loop_work(0.5)[0] == (50, 50)
+    assert loop_work(500.0)[0] == (1000, 1000)
+    tight = (dataclasses.replace(unresolved[0], deadline_ms=4.0), *unresolved[1:])
+    assert loop_work(30.0, tight)[0] == (200, 600)
     no_inline = (dataclasses.replace(unresolved[0], inline_max_us=0), *unresolved[1:])
-    assert resolve_spin(no_inline)[0].spin_us == 0  # the loop runs none of its work
-    assert parse(klass("realtime", "spin_us = 40")).classes[0].spin_us == 40  # as set, on any machine
+    assert loop_work(12.0, no_inline)[0] == (0, 0)  # the loop runs none of its work: no spin
+    # As set, on any machine.
+    assert parse(klass("realtime", "spin_us = 40\ninline_max_us = 70")).classes[0].inline_max_us == 70
+    assert parse(klass("realtime", "spin_us = 40")).classes[0].spin_us == 40
+
+
+def test_the_hand_off_is_measured_on_this_machine() -> None:
+    from edged.config.machine import handoff_us
+
+    realtime = parse("").classes[0]
+    # A thread's wake-up and back: microseconds on any machine this runs on, never 0.
+    assert 1.0 < handoff_us() < 5_000.0
+    assert realtime.inline_max_us == min(max(int(25 * handoff_us()), 50), 1000)

@@ -193,3 +193,23 @@ def test_the_fast_ok_reply_reads_as_the_checked_one(request_id: Any, outputs: di
 def test_a_float32_reply_takes_the_fast_path_and_float64_does_not() -> None:
     assert fast.encode_ok(1, 0, 0, 0, {"y": np.zeros((1, 10), np.float32)}) is not None
     assert fast.encode_ok(1, 0, 0, 0, {"y": np.zeros((1, 10), np.float64)}) is None
+
+
+# --- the OVERLOADED reply ------------------------------------------------------
+
+
+@given(
+    request_id=st.none() | st.integers(0, 2**64 - 1) | st.text(max_size=10) | st.binary(max_size=16),
+    message=st.text(max_size=200),
+    retry_after_ms=st.floats(0.1, 1e6),
+    total_us=st.integers(0, 2**40),
+)
+@settings(max_examples=300)
+def test_the_fast_overloaded_reply_is_the_checked_ones_bytes(
+    request_id: Any, message: str, retry_after_ms: float, total_us: int
+) -> None:
+    timing = {"queue": 0, "compute": 0, "total": total_us}
+    expected = encode_reply(
+        request_id, Status.OVERLOADED, error=message, retry_after_ms=retry_after_ms, timing_us=timing
+    )
+    assert fast.encode_overloaded(request_id, message, retry_after_ms, total_us) == expected

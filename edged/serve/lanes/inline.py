@@ -61,7 +61,7 @@ class InlinePath:
     def __init__(self, klass: ClassConfig, worker: Worker) -> None:
         self._klass = klass
         self._worker = worker
-        self._limit_ns = klass.inline_max_us * 1000
+        self._limit_ns = (klass.inline_max_us or 0) * 1000  # None only before resolve_loop_work
         self._standing: dict[str, _Standing] = {model.name: _Standing() for model in worker.models}
         self._thread: int | None = None  # the loop's, which warmed the runners: the only one to call them
 
