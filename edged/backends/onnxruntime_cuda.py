@@ -34,7 +34,7 @@ import numpy as np
 
 from edged.backends import BackendError, CallStop, cuda, green
 from edged.backends.capture_gate import CAPTURE_GATE
-from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, reserve_lanes
+from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, io_bytes, reserve_lanes
 from edged.backends.onnxruntime_gpu import GPU_INSTALL, PROVIDER, create_session, load_cuda_libraries, runtime_conflict
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
@@ -223,6 +223,19 @@ class OnnxRuntimeCuda:
 
     def free_bytes(self) -> int:
         return cuda.memory_info()[0]
+
+    def warm_context(self, models: Sequence[ModelEntry]) -> int:
+        """A session of the smallest model, at batch 1, loaded, run and freed: what stays taken
+        afterwards is the process's one-time share (the context's modules, the libraries' first
+        handles), which the first lane's measurement would otherwise absorb."""
+        if not models:
+            return 0
+        model = min(models, key=lambda m: m.variant.path.stat().st_size)
+        klass = ClassConfig("context", order=0)
+        reservation = ModelReservation(model.name, 1, io_bytes(model, 1), model.variant.path.stat().st_size, 0)
+        before = self.free_bytes()
+        OnnxRuntimeCudaRunner(self._ort, model, klass, reservation).close()
+        return max(0, before - self.free_bytes())
 
     def reserve(
         self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig], free_bytes: int

@@ -105,15 +105,21 @@ def test_the_memory_check_configs_parse_with_the_built_in_classes() -> None:
 def test_the_memory_table_gives_planned_and_measured_mib_per_lane() -> None:
     table = gpu_memory_check.format_memory_table(
         [
-            {"config": "default classes", "lane": "realtime", "planned_bytes": 3 * MIB, "measured_bytes": 5 * MIB // 2},
+            {
+                "config": "default classes",
+                "lane": "realtime",
+                "planned_bytes": 3 * MIB,
+                "measured_bytes": 5 * MIB // 2,
+                "context_bytes": 300 * MIB,
+            },
             {"config": "default classes", "lane": "bulk", "planned_bytes": 0, "measured_bytes": None},
         ]
     )
     assert table.splitlines() == [
-        "| config | lane | planned MiB | measured MiB |",
-        "|---|---|---|---|",
-        "| default classes | realtime | 3.0 | 2.5 |",
-        "| default classes | bulk | 0.0 | - |",
+        "| config | lane | planned MiB | measured MiB | context MiB |",
+        "|---|---|---|---|---|",
+        "| default classes | realtime | 3.0 | 2.5 | 300.0 |",
+        "| default classes | bulk | 0.0 | - | - |",
     ]
 
 

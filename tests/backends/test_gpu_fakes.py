@@ -178,6 +178,19 @@ def test_fake_ort_load_runs_every_batch_size_up_to_max_batch(
     assert set(ort.rows_run) == {1, 2, 3, 4}
 
 
+def test_fake_ort_warm_context_runs_one_session_of_the_smallest_model_and_frees_it(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    from support.gpu import MODELS
+
+    ort = fake_ort(monkeypatch, log)
+    free = iter([1000, 900])  # before and after: what stays taken is the context's share
+    fake_cuda.memory_info = lambda: (next(free), 2000)
+    assert onnxruntime_cuda.OnnxRuntimeCuda().warm_context(MODELS) == 100
+    assert log.count("session.create") == 1 and log.count("session.freed") == 1 and ort.rows_run == [1]
+    assert log[-1] == "stream.close"
+
+
 def test_fake_ort_session_placed_on_the_cpu_stops_start_up_in_one_sentence(
     monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
 ) -> None:
