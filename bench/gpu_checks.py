@@ -7,10 +7,12 @@ NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which run
 
 stream: that ONNX Runtime launches a lane's kernels on the lane's own stream, the one
 edged hands it as `user_compute_stream`. In this process, a runner for mlp-light (as
-bench/gpu_bench.py's floor, plain and with CUDA graphs) first runs one input, so the
-device input buffer holds it; then a wait on a flag in mapped pinned host memory
-(cuStreamWaitValue32) is enqueued on the runner's stream, and a second input is run in
-a thread. Its input copies queue behind the wait. After 200 ms the call must still be
+bench/gpu_bench.py's floor, plain and with CUDA graphs) is loaded on a thread of its
+own, as a lane's worker, and first runs one input there, so the device input buffer
+holds it; then a wait on a flag in mapped pinned host memory (cuStreamWaitValue32) is
+enqueued on the runner's stream, and the same thread runs a second input (ONNX Runtime
+keeps CUDA graphs per thread: the load-time graphs replay). Its input copies queue
+behind the wait. After 200 ms the call must still be
 running; the flag is set from the host; the outputs must then match the CPU's for the
 second input. Kernels launched on any other stream would have run at once, on the
 first input still in the buffer, and the outputs would be the first input's.

@@ -5,17 +5,24 @@ None of this shows that a check passes on a GPU; bench/gpu_verify.sh is where it
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
+import threading
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from support import REPO_ROOT
+from support.fake_cuda import FakeCuda
+from support.gpu import MLP, fake_ort
 
+from edged.backends import onnxruntime_cuda
 from edged.backends.cuda import cuda_available
-from edged.config import parse_config
+from edged.config import ClassConfig, parse_config
 from edged.loadgen import gpu_memory_check
 
 ROOT = REPO_ROOT
@@ -140,3 +147,26 @@ def test_gpu_verify_runs_the_steps_asked_for_and_lists_the_stream_checks_refusal
     assert rows[0] == "| deps     | ok      | all importable |"
     assert rows[1].startswith("| stream   | FAIL(1) | gpu_checks.py stream needs a CUDA GPU")
     assert len(rows) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["deps.log", "stream.log"]
+
+
+def test_fake_ort_the_stream_check_loads_captures_and_runs_the_held_call_on_one_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ONNX Runtime keeps CUDA graphs per thread: the held run must replay the graphs
+    captured at load, as a lane's worker does, so all of it happens on one thread."""
+    log: list[str] = []
+    monkeypatch.setattr(onnxruntime_cuda, "cuda", FakeCuda(log))
+    ort = fake_ort(monkeypatch, log)
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    stream_check = importlib.import_module("gpu_check_stream")
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    klass = ClassConfig("realtime", order=0, max_batch=4, cuda_graph=True)
+    backend.reserve([MLP], [klass], backend.free_bytes())
+    flag = SimpleNamespace(device=0, set=lambda value: log.append("flag.set"), close=lambda: None)
+    cpu = SimpleNamespace(run=lambda model, inputs: [np.zeros((4, 10), np.float32)])
+    result = stream_check.held_run(lambda: backend.load(MLP, klass), MLP, cpu, flag=lambda: flag)
+    assert "error" not in result, result
+    assert ort.captured == {"1", "2", "3", "4"}
+    assert len(ort.threads) == 1 and threading.get_ident() not in ort.threads
+    last_run = len(log) - 1 - log[::-1].index("ort.run")
+    assert log.index("stream.wait") < last_run and "stream.close" in log

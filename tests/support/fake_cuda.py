@@ -6,6 +6,7 @@ Tests that use them say "fake" in their names; nothing here shows that a GPU wor
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -30,6 +31,9 @@ class FakeCuda(types.SimpleNamespace):
 
             def synchronize(self) -> None:
                 log.append("stream.synchronize")
+
+            def wait_value32(self, device_pointer: int, value: int) -> None:
+                log.append("stream.wait")
 
             def capture(self, enqueue: Callable[[], None]) -> Graph:
                 log.append("capture.begin")
@@ -117,6 +121,7 @@ class _Session:
 
     def run_with_iobinding(self, binding: _Binding, options: Any) -> None:
         self._ort.rows_run.append(binding.rows)
+        self._ort.threads.add(threading.get_ident())
         graph_id = options.entries.get("gpu_graph_id")
         if graph_id is not None:
             runs = self._ort.runs[graph_id] = self._ort.runs.get(graph_id, 0) + 1
@@ -162,6 +167,7 @@ class FakeOrt(types.ModuleType):
         self.runs: dict[str, int] = {}
         self.captured: set[str] = set()
         self.rows_run: list[int] = []  # the rows bound at each run, in order
+        self.threads: set[int] = set()  # the threads that ran or captured
         self.sessions: list[dict[str, Any]] = []  # what each session was created with
 
         class RunOptions:
