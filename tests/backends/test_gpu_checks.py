@@ -38,12 +38,12 @@ def checks(*args: str) -> subprocess.CompletedProcess[str]:
 def test_gpu_checks_help_names_both_checks_and_what_they_prove() -> None:
     done = checks("--help")
     assert done.returncode == 0, done.stderr
-    assert "{stream,memory}" in done.stdout and "--out" in done.stdout
+    assert "{stream,memory,green}" in done.stdout and "--out" in done.stdout
     assert "cuStreamWaitValue32" in done.stdout and "64 MiB" in done.stdout
 
 
 @pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
-@pytest.mark.parametrize("check", ["stream", "memory"])
+@pytest.mark.parametrize("check", ["stream", "memory", "green"])
 def test_gpu_checks_without_a_gpu_stops_with_one_sentence_and_the_reason(check: str, tmp_path: Path) -> None:
     done = checks(check, "--out", str(tmp_path))
     assert done.returncode == 1
@@ -170,3 +170,26 @@ def test_fake_ort_the_stream_check_loads_captures_and_runs_the_held_call_on_one_
     assert len(ort.threads) == 1 and threading.get_ident() not in ort.threads
     last_run = len(log) - 1 - log[::-1].index("ort.run")
     assert log.index("stream.wait") < last_run and "stream.close" in log
+
+
+def test_the_green_check_passes_a_runner_equal_to_the_cpu_and_fails_one_that_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The comparison the green check makes, with ONNX Runtime's CPU runner standing in for
+    the green context's (which cannot exist here): cnn-heavy, through cuDNN on a GPU."""
+    from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
+    from edged.models.repository import discover
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    green = importlib.import_module("gpu_check_green")
+    cpu = importlib.import_module("gpu_checks").CpuReference()
+    model = next(m for m in discover(ROOT / "engines", "onnxruntime") if m.name == "cnn-heavy")
+    runner = OnnxRuntimeCpu().load(model, ClassConfig("bulk", order=2, max_batch=16))
+    assert [r["ok"] for r in green.compare(runner, model, cpu)] == [True, True, True]
+
+    class Off:
+        def run(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
+            return [out * 1.5 for out in runner.run(inputs, names)]  # far past the TF32 bound
+
+    assert [r["ok"] for r in green.compare(Off(), model, cpu)] == [False, False, False]
+    runner.close()
