@@ -9,7 +9,9 @@ import importlib
 import os
 import subprocess
 import sys
+import tarfile
 import threading
+import time
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -130,23 +132,55 @@ def test_the_memory_table_gives_planned_and_measured_mib_per_lane() -> None:
     ]
 
 
-@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
-def test_gpu_verify_runs_the_steps_asked_for_and_lists_the_stream_checks_refusal(tmp_path: Path) -> None:
-    """bench/gpu_verify.sh with GPU_VERIFY_STEPS: only those steps, each a row of the final
-    table with its log's last line; a failed step fails the whole."""
-    env = {**os.environ, "GPU_VERIFY_STEPS": "deps stream", "PYTHON": sys.executable}
-    done = subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu_verify.sh"), str(tmp_path)],
+def verify(call: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_verify.sh"), call, str(out)],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env={**os.environ, "PYTHON": sys.executable, **env},
     )
+
+
+def packed(out: Path, call: str) -> dict[str, str]:
+    """The files of a call's archive, by name, as text."""
+    with tarfile.open(out / f"gpu-verify-{call}.tar.gz") as archive:
+        return {Path(m.name).name: archive.extractfile(m).read().decode() for m in archive.getmembers() if m.isfile()}
+
+
+@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
+def test_gpu_verify_runs_the_steps_asked_for_and_returns_two_files_whatever_the_steps(tmp_path: Path) -> None:
+    """bench/gpu_verify.sh with GPU_VERIFY_STEPS: only those steps, each a row of the call's
+    table with its log's last line; everything in one archive beside the table (a call
+    returns 8 files at most); a failed step fails the whole. Here, with no GPU, the
+    library check names what is missing before any session."""
+    done = verify("1", tmp_path, GPU_VERIFY_STEPS="deps libs stream")
     assert done.returncode == 1, done.stdout + done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "step" not in line]
-    assert rows[0] == "| deps     | ok      | all importable |"
-    assert rows[1].startswith("| stream   | FAIL(1) | gpu_checks.py stream needs a CUDA GPU")
-    assert len(rows) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["deps.log", "stream.log"]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "outcome" not in line]
+    assert rows[0].startswith("| deps | ok | ") and rows[0].endswith("| all importable |")
+    assert rows[1].startswith("| libs | FAIL(1) |") and "CUDA provider needs cuBLAS" in rows[1]
+    assert rows[2].startswith("| stream | FAIL(1) |") and "needs a CUDA GPU" in rows[2]
+    assert len(rows) == 3 and sorted(p.name for p in tmp_path.iterdir()) == ["gpu-verify-1.md", "gpu-verify-1.tar.gz"]
+    logs = packed(tmp_path, "1")
+    assert sorted(logs) == ["deps.log", "gpu-verify-1.md", "libs.log", "stream.log"]
+    assert "cuDNN (libcudnn.so.9" in logs["libs.log"]
+
+
+def test_gpu_verify_a_step_that_hangs_is_ended_by_its_time_limit_and_its_log_kept(tmp_path: Path) -> None:
+    """A wedged step must not eat the call: it ends within the call's budget, is marked,
+    and what it printed comes back."""
+    hangs = tmp_path / "python"
+    hangs.write_text(
+        f'#!/bin/sh\ncase "$*" in *find_spec*) echo started; exec sleep 60;; esac\nexec {sys.executable} "$@"\n'
+    )
+    hangs.chmod(0o755)
+    out = tmp_path / "out"
+    start = time.monotonic()
+    done = verify("1", out, GPU_VERIFY_STEPS="deps", GPU_VERIFY_BUDGET_S="25", PYTHON=str(hangs))
+    assert time.monotonic() - start < 30
+    assert done.returncode == 1
+    assert "| deps | FAIL(timeout 10 s) |" in done.stdout and done.stdout.rstrip().endswith("| started |")
+    assert packed(out, "1")["deps.log"] == "started\n"
 
 
 def test_fake_ort_the_stream_check_loads_captures_and_runs_the_held_call_on_one_thread(
