@@ -92,6 +92,7 @@ def lane_memory(config: str, lane: str, gpu: dict[str, Any]) -> dict[str, Any]:
         "lane": lane,
         "planned_bytes": gpu["planned_bytes"],
         "measured_bytes": gpu["measured_bytes"],
+        "context_bytes": gpu["context_bytes"],
     }
 
 

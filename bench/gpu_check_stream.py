@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from edged.config import ClassConfig
 from edged.models.repository import ModelEntry
 
 HELD_S = 0.2  # how long the check holds the lane's stream
+LOAD_S = 120  # for the runner's load (captures included) and its first run
 
 
 class MappedFlag:
@@ -41,32 +43,56 @@ def can_map_host_memory() -> bool:
     return bool(check("cudaDeviceGetAttribute", rt.cudaDeviceGetAttribute(attribute, 0)))
 
 
-def held_run(runner: Any, model: ModelEntry, cpu: CpuReference) -> dict[str, Any]:
-    """One gated run on `runner`'s stream (see the module's docstring)."""
+def held_run(
+    load: Callable[[], Any], model: ModelEntry, cpu: CpuReference, flag: Callable[[], Any] = MappedFlag
+) -> dict[str, Any]:
+    """One gated run on the stream of the runner `load` makes (see the module's docstring).
+
+    ONNX Runtime keeps CUDA graphs per thread, so the runner is loaded (its graphs captured),
+    run, held and closed on one thread, as a lane's worker does: a run on another thread
+    would capture anew behind the wait instead of replaying the graphs made at load."""
     names = list(model.signature.output_names)
     first, gated = random_inputs(model, 4, seed=1), random_inputs(model, 4, seed=2)
-    runner.run(first, names)  # the device input buffer now holds `first`
-    flag = MappedFlag()
-    done: dict[str, Any] = {}
+    loaded, go, done = threading.Event(), threading.Event(), {}
 
-    def call() -> None:
+    def work() -> None:
         try:
+            runner = done["runner"] = load()
+        except BaseException as exc:  # reported below
+            done["error"] = repr(exc)
+            loaded.set()
+            return
+        try:
+            runner.run(first, names)  # the device input buffer now holds `first`
+            loaded.set()
+            go.wait()
             done["outputs"] = runner.run(gated, names)
         except BaseException as exc:  # reported below
             done["error"] = repr(exc)
+        finally:
+            loaded.set()
+            runner.close()
 
-    thread = threading.Thread(target=call, daemon=True)
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    loaded.wait(LOAD_S)
+    if "error" in done or not loaded.is_set():
+        go.set()
+        thread.join(LOAD_S)
+        return {"held": False, "error": done.get("error", f"the runner did not load and run within {LOAD_S} s")}
+    mapped = flag()
+    held = False
     try:
-        runner.stream.wait_value32(flag.device, 1)
-        thread.start()
+        done["runner"].stream.wait_value32(mapped.device, 1)
+        go.set()
         time.sleep(HELD_S)
         held = thread.is_alive()
     finally:
-        flag.set(1)  # whatever happened, release the stream
-        if thread.ident is not None:
-            thread.join(60)
+        mapped.set(1)  # whatever happened, release the stream
+        go.set()
+        thread.join(60)
         if not thread.is_alive():
-            flag.close()  # else the stream may still read it: left allocated
+            mapped.close()  # else the stream may still read it: left allocated
     if "outputs" not in done:
         return {"held": held, "error": done.get("error", "the run did not finish within 60 s of the release")}
     error, bound = worst(model, done["outputs"], cpu.run(model, gated))
@@ -102,16 +128,13 @@ def run(out: Path) -> int:
             "realtime", order=0, max_batch=4, stream_priority=-1, arena_cap_mb=512, cuda_graph=cuda_graph
         )
         backend.reserve([model], [klass], backend.free_bytes())
-        runner = backend.load(model, klass)
         try:
-            result = held_run(runner, model, cpu)
+            result = held_run(lambda klass=klass: backend.load(model, klass), model, cpu)
         except CudaError as exc:
             if "CUDA_ERROR_NOT_SUPPORTED" not in str(exc):
                 raise
             print(f"stream: UNSUPPORTED: {exc}")
             return UNSUPPORTED
-        finally:
-            runner.close()
         results.append({"cuda_graph": cuda_graph, **result})
         print(f"cuda_graph={cuda_graph}: {result}")
     write(out, "stream", {"device": backend.device_name, "model": model.name, "held_s": HELD_S, "runs": results})

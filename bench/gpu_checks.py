@@ -2,15 +2,18 @@
 
     python bench/gpu_checks.py stream [--out DIR]
     python bench/gpu_checks.py memory [--out DIR]
+    python bench/gpu_checks.py green [--out DIR]
 
 NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs both).
 
 stream: that ONNX Runtime launches a lane's kernels on the lane's own stream, the one
 edged hands it as `user_compute_stream`. In this process, a runner for mlp-light (as
-bench/gpu_bench.py's floor, plain and with CUDA graphs) first runs one input, so the
-device input buffer holds it; then a wait on a flag in mapped pinned host memory
-(cuStreamWaitValue32) is enqueued on the runner's stream, and a second input is run in
-a thread. Its input copies queue behind the wait. After 200 ms the call must still be
+bench/gpu_bench.py's floor, plain and with CUDA graphs) is loaded on a thread of its
+own, as a lane's worker, and first runs one input there, so the device input buffer
+holds it; then a wait on a flag in mapped pinned host memory (cuStreamWaitValue32) is
+enqueued on the runner's stream, and the same thread runs a second input (ONNX Runtime
+keeps CUDA graphs per thread: the load-time graphs replay). Its input copies queue
+behind the wait. After 200 ms the call must still be
 running; the flag is set from the host; the outputs must then match the CPU's for the
 second input. Kernels launched on any other stream would have run at once, on the
 first input still in the buffer, and the outputs would be the first input's.
@@ -22,6 +25,11 @@ process with cudaMalloc chunks (256 MiB, halving down to 1 MiB) until about 64 M
 left, then send every class a request at every batch size from 1 to its max_batch for
 every model; each reply must be OK and agree with ONNX Runtime's CPU provider within
 the TF32 bound (edged.backends.tf32). Then the filler is freed and the daemon stopped.
+
+green: that ONNX Runtime computes correctly on a green context's stream, with cuDNN: a
+runner for cnn-heavy (convolutions) in a class with `sm_count` = BULK_SMS, as the GPU
+benchmark's last scenario, at 1, 5 and 16 rows, each against the CPU within the TF32
+bound. bench/gpu_verify.sh runs it before that scenario, which runs only if it passed.
 
 Each prints a table and a verdict line last, writes DIR/gpu-checks-NAME.json, and exits
 non-zero on failure (3 where the device cannot run the check at all).
@@ -92,7 +100,7 @@ def write(out: Path, check: str, record: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=("stream", "memory"))
+    parser.add_argument("check", choices=("stream", "memory", "green"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu-checks-CHECK.json")
     args = parser.parse_args(argv)
     needs_gpu(args.check)

@@ -1,89 +1,152 @@
 #!/usr/bin/env bash
-# The one command for a lent GPU machine: does onnxruntime-gpu's CUDA provider really
-# load, do the GPU tests pass, does ONNX Runtime compute on each lane's stream, does a
-# daemon serve with the card full, what does the GPU benchmark measure. Prints a short
-# table last; full results go to the folder given as $1, else $OUT, else ./gpu-verify.
+# The GPU verification, for a lent GPU machine (../shared/device.md): one short sequence of
+# device calls. NOT RUN YET: written on machines with no GPU.
 #
-#   bench/gpu_verify.sh [FOLDER]          (from the repository root or anywhere)
+# Here, in the repository's root, first (downloads the wheels the machine lacks and splits
+# them into parts; onnxruntime-gpu is ~256 MB, 5 parts, and pyzmq and msgspec one each):
+#   ../shared/tools/device-wheels onnxruntime-gpu==1.31.1 pyzmq msgspec
+# Then these device calls, in order, back to back (a machine idle for 30 s is handed back):
+#   for each part .devwheels/pNN but the last:
+#     run(carry=[".devwheels/pNN"], command="mkdir -p /tmp/parts && cp .devwheels/pNN/* /tmp/parts/")
+#   the last part, then call 1:
+#     run(carry=[".devwheels/pLAST"], command="mkdir -p /tmp/parts && cp .devwheels/pLAST/* /tmp/parts/ && bench/gpu_verify.sh 1")
+#   run(command="bench/gpu_verify.sh 2")
+#   run(command="bench/gpu_verify.sh 3")
+#   run(command="bench/gpu_verify.sh 4")
 #
-# Steps: deps, provider, tests (pytest -m gpu), stream and memory (bench/gpu_checks.py),
-# bench (bench/gpu_bench.py). GPU_VERIFY_STEPS="stream memory" runs only those named.
+#   bench/gpu_verify.sh CALL [FOLDER]      CALL 1 to 4; FOLDER defaults to $OUT, else ./gpu-verify
 #
-# Time, estimated (none of it measured yet): deps and provider ~15 s, tests ~1 min,
-# stream ~20 s, memory ~1.5 min (two daemons), bench ~7.5 min with
-# GPU_BENCH_ARGS="--duration 5 --repeats 2" (see its docstring): ~11 min of commands,
-# ~16-18 min of device time with the machine's start and onnxruntime-gpu's wheel. One
-# device call may run 10 min, so make two, back to back while the machine is warm:
-#   GPU_VERIFY_STEPS="deps provider tests stream memory" bench/gpu_verify.sh "$OUT"
-#   GPU_VERIFY_STEPS=bench GPU_BENCH_ARGS="--duration 5 --repeats 2" bench/gpu_verify.sh "$OUT"
+# 1: install the carried wheels into /tmp/site (once); deps; libs (cuBLAS and cuDNN load,
+#    from the machine's own `nvidia` packages); provider (a session really on CUDA); tests
+#    (pytest -m gpu); stream and memory (bench/gpu_checks.py).
+# 2, 3: bench/gpu_bench.py, scenarios 1-4, then 5-8 (--duration 5 --repeats 2).
+# 4: bench/gpu_checks.py green, then scenario 9 (bulk in a green context) only if it passed.
+# Estimated, not measured: ~6 min for call 1, ~4 min each for 2-4; with the machine's start
+# and the wheels' calls, ~20-25 min of device time.
 #
-# NOT RUN YET: written on a machine with no GPU; it cannot run there. The first session
-# with a GPU runs it and fixes what breaks. On a lent machine (see device.md):
-# - onnxruntime-gpu is not there and cannot be downloaded from it: prepare its wheel with
-#   `../shared/tools/device-wheels onnxruntime-gpu==1.31.1`, make the run calls it prints,
-#   then run this with `export PYTHONPATH=/tmp/site:$PYTHONPATH` in the same command;
-#   the machine's own CPU onnxruntime stays in its site folder, behind /tmp/site;
-# - edged's other dependencies (pyzmq, msgpack, msgspec, onnx, ml_dtypes, pytest, hypothesis)
-#   must be importable too: step 0 names any that are missing (carry them the same way).
-# GPU_BENCH_ARGS adds arguments to bench/gpu_bench.py (say "--duration 5 --repeats 2"
-# to stay within one call's time limit; "--scenarios 1,2,8,9" runs a subset).
+# Every step runs under `timeout`, within what is left of GPU_VERIFY_BUDGET_S (default 540
+# s, under the 600 s a call may run). Its log is written as it runs, and after every step
+# the call's logs and results are packed again into FOLDER/gpu-verify-CALL.tar.gz (one
+# file; a call cut short still returns what finished), with FOLDER/gpu-verify-CALL.md, the
+# table of steps. GPU_VERIFY_STEPS="deps stream" runs only the steps named.
 set -uo pipefail
+call=${1:?usage: bench/gpu_verify.sh CALL [FOLDER], CALL 1 to 4}
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=$(mkdir -p "${1:-${OUT:-gpu-verify}}" && cd "${1:-${OUT:-gpu-verify}}" && pwd)
+out=$(mkdir -p "${2:-${OUT:-gpu-verify}}" && cd "${2:-${OUT:-gpu-verify}}" && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-verify-$call.XXXX")  # packed into $out, never written there
+trap 'rm -rf "$work"' EXIT
 cd "$root"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-py=${PYTHON:-python3}
-declare -a summary
+export py=${PYTHON:-python3} site=/tmp/site work
+export PYTHONPATH="$site:$root${PYTHONPATH:+:$PYTHONPATH}"
+started=$SECONDS
+budget=${GPU_VERIFY_BUDGET_S:-540}
+summary="$out/gpu-verify-$call.md"
+printf '| step | outcome | seconds | last line of its log |\n|---|---|---|---|\n' >"$summary"
+failed=0
 
-steps=" ${GPU_VERIFY_STEPS:-deps provider tests stream memory bench} "
+pack() {
+  cp "$summary" "$work/"
+  tar -czf "$out/gpu-verify-$call.tar.gz.part" -C "$work" . && mv "$out/gpu-verify-$call.tar.gz.part" "$out/gpu-verify-$call.tar.gz"
+}
 
-step() {  # step NAME COMMAND...: run, log to $out/NAME.log, remember the outcome
-  local name=$1
-  shift
-  [[ $steps == *" $name "* ]] || return 0  # not asked for in GPU_VERIFY_STEPS
-  echo "== $name: $*" >&2
-  "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  tail -n 25 "$out/$name.log" >&2
-  # The log's last line says what passed and what was skipped (a GPU test skipped is not a pass).
-  summary+=("$(printf '| %-8s | %-7s | %s |' "$name" "$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")" \
-    "$(tail -n 1 "$out/$name.log" | cut -c1-90)")")
+step() {  # step NAME LIMIT_S COMMAND...: run under timeout, log to $work/NAME.log, record, pack
+  local name=$1 limit=$2
+  shift 2
+  [[ -z ${GPU_VERIFY_STEPS:-} || " $GPU_VERIFY_STEPS " == *" $name "* ]] || return 0
+  local left=$((budget - (SECONDS - started) - 15))  # 15 s kept for packing
+  ((limit > left)) && limit=$left
+  if ((limit < 5)); then
+    echo "| $name | SKIPPED | 0 | no time left in the call's budget |" >>"$summary"
+    failed=1
+    return 1
+  fi
+  echo "== $name (at most ${limit} s): $*" >&2
+  # A function of this script runs in a shell of its own, so that timeout can end it.
+  declare -F "$1" >/dev/null && set -- bash -c "$(declare -f "$1"); \"\$@\"" _ "$@"
+  local begin=$SECONDS rc outcome
+  timeout -k 5 "$limit" "$@" >"$work/$name.log" 2>&1
+  rc=$?
+  tail -n 20 "$work/$name.log" >&2
+  case $rc in
+    0) outcome=ok ;;
+    124 | 137) outcome="FAIL(timeout ${limit} s)" ;;
+    *) outcome="FAIL($rc)" ;;
+  esac
+  ((rc == 0)) || failed=1
+  echo "| $name | $outcome | $((SECONDS - begin)) | $(tail -n 1 "$work/$name.log" | tr '|' '/' | cut -c1-100) |" >>"$summary"
+  pack
   return $rc
 }
 
-step deps "$py" -c "
-import importlib.util as u, sys
-missing = [m for m in ('numpy', 'zmq', 'msgpack', 'msgspec', 'onnx', 'ml_dtypes', 'pytest', 'hypothesis', 'onnxruntime')
-           if u.find_spec(m) is None]
-sys.exit(f'missing: {missing}') if missing else print('all importable')"
+install_wheels() {  # the parts carried to /tmp/parts, joined and installed into /tmp/site
+  if [ -d "$site/onnxruntime" ]; then echo "already installed in $site"; return 0; fi
+  ls /tmp/parts/*.part.* >/dev/null 2>&1 || { echo "no wheel parts in /tmp/parts: make the carry calls first"; return 1; }
+  mkdir -p /tmp/wheels
+  for wheel in $(ls /tmp/parts | sed 's/\.part\...$//' | sort -u); do
+    cat /tmp/parts/"$wheel".part.* >/tmp/wheels/"$wheel"
+  done
+  "$py" -m pip install -q --no-index --no-deps --target "$site" /tmp/wheels/*.whl && ls "$site"
+}
 
-step provider "$py" -c "
+# The machine's cuBLAS and cuDNN are in its own Python's `nvidia` packages (nvidia/cu13/lib,
+# nvidia/cudnn/lib), where onnxruntime-gpu in /tmp/site does not look: put them on the path.
+nvidia_libs=$(timeout 30 "$py" -c "
+import pathlib, sys
+found = [lib for entry in sys.path if (pathlib.Path(entry or '.') / 'nvidia').is_dir()
+         for lib in sorted((pathlib.Path(entry or '.') / 'nvidia').glob('*/lib'))]
+print(':'.join(str(lib) for lib in found))" 2>/dev/null)
+export LD_LIBRARY_PATH="${nvidia_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+bench() {
+  # shellcheck disable=SC2086  # GPU_BENCH_ARGS is a list of words
+  "$py" bench/gpu_bench.py --out "$work" --duration 5 --repeats 2 ${GPU_BENCH_ARGS:-} "$@"
+}
+
+case $call in
+  1)
+    step install 120 install_wheels
+    step deps 30 "$py" -c "
+import importlib.util as u, sys
+names = ('numpy', 'zmq', 'msgpack', 'msgspec', 'onnx', 'ml_dtypes', 'pytest', 'hypothesis', 'onnxruntime', 'cuda.bindings')
+missing = [m for m in names if u.find_spec(m) is None]
+sys.exit(f'missing: {missing}') if missing else print('all importable')"
+    step libs 60 "$py" -c "
+import os, onnxruntime as ort
+from edged.backends.onnxruntime_gpu import load_cuda_libraries, nvidia_folders
+print('onnxruntime', ort.__version__, 'from', ort.__file__, 'built for CUDA', getattr(ort, 'cuda_version', '?'))
+print('LD_LIBRARY_PATH:', os.environ.get('LD_LIBRARY_PATH'))
+print('nvidia folders:', [str(f) for f in nvidia_folders()])
+load_cuda_libraries(ort)
+print('the CUDA runtime, cuBLAS and cuDNN load')"
+    step provider 90 "$py" -c "
 import onnxruntime as ort
 from edged.backends.cuda import cuda_available, device_info
-print('onnxruntime', ort.__version__, 'from', ort.__file__)
+from edged.backends.onnxruntime_gpu import load_cuda_libraries
 reason = cuda_available()
 if reason: raise SystemExit(reason)
 print('device:', device_info(0))
-if hasattr(ort, 'preload_dlls'): ort.preload_dlls()
-if hasattr(ort, 'print_debug_info'): ort.print_debug_info()
+load_cuda_libraries(ort)
 print('available:', ort.get_available_providers())
-session = ort.InferenceSession('engines/mlp-light/model.onnx', providers=['CUDAExecutionProvider'])
-print('session providers:', session.get_providers())
+session = ort.InferenceSession('engines/cnn-heavy/model.onnx', providers=['CUDAExecutionProvider'], enable_fallback=0)
 # get_available_providers lists CUDA even when it cannot load: the session's own list tells.
+print('session providers:', session.get_providers())
 if session.get_providers()[0] != 'CUDAExecutionProvider': raise SystemExit('the CUDA provider did not load')"
+    step tests 180 "$py" -m pytest -m gpu -v -rs -p no:cacheprovider tests/backends/test_gpu.py tests/backends/test_tensorrt.py
+    step stream 90 "$py" bench/gpu_checks.py stream --out "$work"
+    step memory 240 "$py" bench/gpu_checks.py memory --out "$work"
+    ;;
+  2) step bench-1-4 540 bench --scenarios 1,2,3,4 ;;
+  3) step bench-5-8 540 bench --scenarios 5,6,7,8 ;;
+  4)
+    step green 120 "$py" bench/gpu_checks.py green --out "$work" &&
+      step bench-9 420 bench --scenarios 9
+    ;;
+  *) echo "CALL is 1, 2, 3 or 4, not $call" >&2; exit 2 ;;
+esac
 
-step tests "$py" -m pytest -m gpu -v -rs tests/backends/test_gpu.py tests/backends/test_tensorrt.py
-# ONNX Runtime's kernels on the lane's stream: held by a wait on it, then equal to the CPU.
-step stream "$py" bench/gpu_checks.py stream --out "$out"
-# A daemon with the rest of the card taken: every class, model and batch size still OK.
-step memory "$py" bench/gpu_checks.py memory --out "$out"
-# shellcheck disable=SC2086  # GPU_BENCH_ARGS is a list of words
-step bench "$py" bench/gpu_bench.py --out "$out" ${GPU_BENCH_ARGS:-}
-
+pack
 echo
-echo "results in $out"
-[ -f "$out/gpu-bench.md" ] && cat "$out/gpu-bench.md"
-echo "| step     | outcome | last line of $out/STEP.log |"
-echo "|---|---|---|"
-printf '%s\n' "${summary[@]}"
-! printf '%s\n' "${summary[@]}" | grep -q FAIL
+echo "results in $out/gpu-verify-$call.tar.gz"
+[ -f "$work/gpu-bench.md" ] && cat "$work/gpu-bench.md"
+cat "$summary"
+exit $failed

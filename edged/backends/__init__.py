@@ -103,6 +103,12 @@ class Reserving(Protocol):
         """Every class's plan; refused whole when together they exceed `free_bytes`."""
         ...
 
+    def warm_context(self, models: Sequence[ModelEntry]) -> int:
+        """Load and free a throwaway session before any lane, so that the process's one-time
+        costs on the device (the CUDA context's modules, the libraries' first handles) are
+        not counted in the first lane's memory; returns what they took."""
+        ...
+
 
 @runtime_checkable
 class Describing(Protocol):

@@ -72,6 +72,9 @@ class LaneReservation:
     models: tuple[ModelReservation, ...]
     arena_capped: bool
     measured_bytes: int | None = None  # the drop in free device memory while the lane loaded and warmed
+    # The process's one-time share, measured once before any lane with a throwaway session
+    # (the same figure on every lane, counted in none of their measured_bytes).
+    context_bytes: int | None = None
 
     @property
     def device_bytes(self) -> int:
@@ -94,6 +97,7 @@ class LaneReservation:
             "stream_priority": self.stream_priority,
             "planned_bytes": self.device_bytes,
             "measured_bytes": self.measured_bytes,
+            "context_bytes": self.context_bytes,
             "pinned_bytes": self.pinned_bytes,
             "arena_capped": self.arena_capped,
         }

@@ -9,9 +9,11 @@ Per worker and model, at load (never per request):
 - `gpu_mem_limit`: the lane's `arena_cap_mb` split between its sessions;
 - device buffers for every input and output at the class's largest batch, bound
   with I/O binding, and pinned host buffers to stage them;
-- with `cuda_graph = true`, one CUDA graph per batch size (ONNX Runtime's
-  `gpu_graph_id` run option), each captured here, at load (see CAPTURE_RUNS), alone
-  in the process (edged.backends.capture_gate).
+- a run at every batch size up to the class's largest, so cuDNN's algorithm search
+  and the arena's growth happen here; with `cuda_graph = true`, one CUDA graph per
+  batch size (ONNX Runtime's `gpu_graph_id` run option), each captured here (see
+  CAPTURE_RUNS), alone in the process (edged.backends.capture_gate).
+The session itself: edged.backends.onnxruntime_gpu.
 
 Weights are not shared between lanes: ONNX Runtime copies each session's
 initializers to the device. `SessionOptions.add_initializer` can share a host
@@ -26,21 +28,20 @@ Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any
 
 import numpy as np
 
 from edged.backends import BackendError, CallStop, cuda, green
 from edged.backends.capture_gate import CAPTURE_GATE
-from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, reserve_lanes
+from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, io_bytes, reserve_lanes
+from edged.backends.onnxruntime_gpu import GPU_INSTALL, PROVIDER, create_session, load_cuda_libraries, runtime_conflict
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 from edged.wire.codec import DTYPES
 
 # One daemon owns one GPU: edged@N sets CUDA_VISIBLE_DEVICES=N, so it is device 0 here.
 DEVICE = 0
-PROVIDER = "CUDAExecutionProvider"
 # The CUDA provider captures a graph id's graph on the run after its first regular
 # runs of it (two in recent releases, one in older ones): warm-up runs each batch size
 # this many times, so the capture happens at load whichever release is installed.
@@ -59,7 +60,6 @@ class OnnxRuntimeCudaRunner:
         """With `stream`, the session runs on that stream, which the caller owns (the GPU
         benchmark's one-stream ablation); without, on a stream of its own at the lane's priority."""
         cuda.set_device(DEVICE)  # the current device is per thread: this is the worker's
-        self._ort = ort
         self._signature = model.signature
         self._max_rows = lane.max_batch if self._signature.batchable else 1
         self._specs = {spec.name: spec for spec in model.signature.inputs + model.signature.outputs}
@@ -68,6 +68,7 @@ class OnnxRuntimeCudaRunner:
         self._session: Any = None
         self._binding: Any = None
         self._run_options: dict[int, Any] = {}
+        self.cpu_nodes = False  # some nodes run on the CPU (onnxruntime_gpu.create_session)
         self._owns_stream = stream is None
         self.stream = stream
         try:
@@ -75,29 +76,24 @@ class OnnxRuntimeCudaRunner:
                 if self.stream is None:
                     self.stream = lane_stream(lane)
                 self._create(ort, model, lane, reservation)
-            if lane.cuda_graph:
-                # So that no request pays for a capture, nor runs before its size's graph exists.
-                for rows in range(1, self._max_rows + 1):
+            for rows in range(1, self._max_rows + 1):
+                # Every batch size once at load, so that no request pays for cuDNN's exhaustive
+                # algorithm search at its shape or for the arena's growth, and the lane's measured
+                # memory counts both; with cuda_graph, each size's graph is captured here.
+                if lane.cuda_graph:
                     with CAPTURE_GATE.exclusive():  # one size at a time: other lanes serve in between
                         for _ in range(CAPTURE_RUNS):
                             self._run(self._signature.zeros(rows), self._outputs, None)
+                else:
+                    self.run(self._signature.zeros(rows), self._outputs)
         except BaseException:
             self.close()
             raise
 
     def _create(self, ort: Any, model: ModelEntry, lane: ClassConfig, reservation: ModelReservation) -> None:
         """The session, its buffers and binding, and a run option per batch size."""
-        self._session = ort.InferenceSession(
-            str(model.variant.path), self._options(), providers=[(PROVIDER, self._provider(lane, reservation))]
-        )
-        placed = self._session.get_providers()[0]
-        if placed != PROVIDER:
-            # ONNX Runtime falls back to the CPU without raising when the CUDA provider cannot load.
-            raise BackendError(
-                f"{model.name}: ONNX Runtime put the session on {placed}, not {PROVIDER}, so its CUDA provider "
-                "did not load (cuDNN or cuBLAS not found: python -c 'import onnxruntime as o; o.preload_dlls(); "
-                "o.print_debug_info()' shows what it finds)"
-            )
+        created = create_session(ort, model.variant.path, model.name, lane, self._provider(lane, reservation))
+        self._session, self.cpu_nodes = created.session, created.cpu_nodes
         for spec in self._specs.values():
             nbytes = int(np.prod(fixed_shape(model, spec, self._max_rows), dtype=np.int64))
             self._staged[spec.name] = cuda.Staged(DTYPES[spec.dtype], nbytes * DTYPES[spec.dtype].itemsize)
@@ -165,12 +161,6 @@ class OnnxRuntimeCudaRunner:
 
     # --- load-time steps -------------------------------------------------------
 
-    def _options(self) -> Any:
-        options = self._ort.SessionOptions()
-        options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        return options
-
     def _provider(self, lane: ClassConfig, reservation: ModelReservation) -> dict[str, str]:
         options = {
             "device_id": str(DEVICE),
@@ -179,6 +169,9 @@ class OnnxRuntimeCudaRunner:
             # Copies on the compute stream too, so they stay in order with the lane's kernels (without its priority).
             "do_copy_in_default_stream": "1",
             "enable_cuda_graph": "1" if lane.cuda_graph else "0",
+            # The provider's default, said here: the fastest algorithm per shape, searched at
+            # load, since warm-up runs every batch size (heuristic search would pick faster, worse).
+            "cudnn_conv_algo_search": "EXHAUSTIVE",
         }
         if reservation.arena_limit_bytes:
             options["gpu_mem_limit"] = str(reservation.arena_limit_bytes)
@@ -198,28 +191,6 @@ class OnnxRuntimeCudaRunner:
             shape = list(self._shape(name, rows))
             self._binding.bind_output(name, "cuda", DEVICE, staged.dtype, shape, staged.device.pointer)
         self._bound_rows = rows
-
-
-# Both builds in one environment (an install of the `cpu` extra, then the `gpu` one): take
-# both out, since each removes files of the other, and put the GPU build back alone.
-GPU_INSTALL = "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'onnxruntime-gpu>=1.20'"
-
-
-def runtime_conflict() -> str | None:
-    """Why the installed ONNX Runtime cannot be trusted with CUDA, or None: both of its
-    distributions installed in one site folder write one `onnxruntime` package, so the
-    CUDA provider is there or not depending on which was installed last. (In different
-    folders, the first on sys.path is imported, and the provider check tells.)"""
-    found = {}
-    for name in ("onnxruntime", "onnxruntime-gpu"):
-        try:
-            found[name] = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            pass
-    if len(found) < 2 or len({str(dist.locate_file("")) for dist in found.values()}) > 1:
-        return None
-    both = " and ".join(f"{name} {dist.version}" for name, dist in found.items())
-    return f"{both} are both installed, into one onnxruntime package folder that only one can own: {GPU_INSTALL}"
 
 
 class OnnxRuntimeCuda:
@@ -243,11 +214,7 @@ class OnnxRuntimeCuda:
                 f'server.backend = "onnxruntime-cuda" needs onnxruntime-gpu, but this onnxruntime has no {PROVIDER}: '
                 + GPU_INSTALL
             )
-        # onnxruntime-gpu (1.21+) finds the cuDNN and cuBLAS of the nvidia-* wheels only
-        # when asked to load them, before its first CUDA session.
-        preload = getattr(ort, "preload_dlls", None)
-        if preload is not None:
-            preload()
+        load_cuda_libraries(ort)  # before its first CUDA session, or the provider drops silently
         self._ort = ort
         cuda.set_device(DEVICE)
         self.device = cuda.device_info(DEVICE)
@@ -256,6 +223,19 @@ class OnnxRuntimeCuda:
 
     def free_bytes(self) -> int:
         return cuda.memory_info()[0]
+
+    def warm_context(self, models: Sequence[ModelEntry]) -> int:
+        """A session of the smallest model, at batch 1, loaded, run and freed: what stays taken
+        afterwards is the process's one-time share (the context's modules, the libraries' first
+        handles), which the first lane's measurement would otherwise absorb."""
+        if not models:
+            return 0
+        model = min(models, key=lambda m: m.variant.path.stat().st_size)
+        klass = ClassConfig("context", order=0)
+        reservation = ModelReservation(model.name, 1, io_bytes(model, 1), model.variant.path.stat().st_size, 0)
+        before = self.free_bytes()
+        OnnxRuntimeCudaRunner(self._ort, model, klass, reservation).close()
+        return max(0, before - self.free_bytes())
 
     def reserve(
         self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig], free_bytes: int

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, backend_named, fixed_rows
-from edged.backends.gpu_memory import MIB, LaneReservation, check_measured
+from edged.backends.gpu_memory import MIB, LaneReservation, check_measured, mib
 from edged.config import Config
 from edged.models.repository import ModelEntry, RepositoryError, discover, scan
 from edged.models.warmup import ModelFailure, one_size_warning
@@ -94,6 +94,9 @@ def _start_lanes(
 ) -> tuple[dict[str, LaneReservation], dict[str, Lane]]:
     """Plan, start and measure a lane per class, each loaded and warm; all or none."""
     reserving = isinstance(backend, Reserving)
+    context = backend.warm_context(models) if reserving else 0
+    if reserving:
+        log.info("the GPU context's one-time share: %s, counted in no lane", mib(context))
     free_before = backend.free_bytes() if reserving else 0
     # Checked before any lane allocates: a set of lanes that cannot fit is refused whole.
     reservations = backend.reserve(models, config.classes, free_before) if reserving else {}
@@ -112,7 +115,7 @@ def _start_lanes(
                 # One lane at a time, so the drop in free memory is this lane's (on a reload
                 # the serving lanes' arenas, grown at their own warm-up, rarely move).
                 before, free = free, backend.free_bytes()
-                measured = replace(reservations[klass.name], measured_bytes=before - free)
+                measured = replace(reservations[klass.name], measured_bytes=before - free, context_bytes=context)
                 reservations[klass.name] = measured
                 log.info("%s", measured.describe())
         if reserving:

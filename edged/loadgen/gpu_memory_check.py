@@ -43,14 +43,16 @@ def fill(
 
 
 def format_memory_table(lanes: list[dict[str, Any]]) -> str:
-    """Planned against measured device memory, per config and lane, in MiB."""
+    """Planned against measured device memory, per config and lane, in MiB, beside the
+    context's one-time share (the process's, measured once before the lanes)."""
 
     def mib(nbytes: int | None) -> str:
         return "-" if nbytes is None else f"{nbytes / MIB:.1f}"
 
-    lines = ["| config | lane | planned MiB | measured MiB |", "|---|---|---|---|"]
+    lines = ["| config | lane | planned MiB | measured MiB | context MiB |", "|---|---|---|---|---|"]
     lines += [
-        f"| {lane['config']} | {lane['lane']} | {mib(lane['planned_bytes'])} | {mib(lane['measured_bytes'])} |"
+        f"| {lane['config']} | {lane['lane']} | {mib(lane['planned_bytes'])} | {mib(lane['measured_bytes'])} "
+        f"| {mib(lane.get('context_bytes'))} |"
         for lane in lanes
     ]
     return "\n".join(lines)

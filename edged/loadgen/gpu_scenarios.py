@@ -11,6 +11,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.client import Client
 from edged.config.classes import ClassConfig
 from edged.config.file import default_repository
 from edged.loadgen.gpu_utilisation import UtilisationSampler
@@ -26,6 +28,7 @@ from edged.loadgen.sweep import Stream, run_load
 from edged.models.repository import discover
 
 ENGINES = default_repository()
+START_S = 180  # a daemon not serving by then has failed (its log is kept)
 ONE_STREAM = [sys.executable, str(ENGINES.parent / "bench" / "one_stream.py")]
 
 
@@ -72,6 +75,8 @@ arena_cap_mb = 1024
 # (Hopper's partition granularity), leaving realtime 36 that bulk never occupies.
 BULK_SMS = 96
 BULK_ALONE, BULK_ALONE_2X = "bulk alone", "bulk alone at 2x rate"
+# The green context last: ONNX Runtime on a green context's stream is the least known
+# part, run in a call of its own once bench/gpu_checks.py green has passed.
 SCENARIOS = (
     Scenario("realtime alone", bulk=False),
     Scenario("with bulk, priority streams"),
@@ -79,46 +84,97 @@ SCENARIOS = (
     Scenario("with bulk, priority streams, realtime CUDA graphs", cuda_graph=True),
     Scenario("with bulk, own streams, all priority 0", realtime_priority=0),
     Scenario("with bulk, one shared stream", "onnxruntime-cuda-one-stream", 0, one_stream=True),
-    Scenario(f"with bulk in a green context of {BULK_SMS} SMs", bulk_sms=BULK_SMS),
     Scenario(BULK_ALONE, realtime=False),
     Scenario(BULK_ALONE_2X, realtime=False, bulk_rate_factor=2.0),
+    Scenario(f"with bulk in a green context of {BULK_SMS} SMs", bulk_sms=BULK_SMS),
 )
 SATURATED_WITHIN = 0.10  # bulk saturates: twice the offered rate adds at most this share of rows/s
 
 
 def scenario(
-    spec: Scenario, streams: tuple[Stream, Stream], inputs: dict[str, Any], duration_s: float
+    spec: Scenario,
+    streams: tuple[Stream, Stream],
+    inputs: dict[str, Any],
+    duration_s: float,
+    failed_log: Path | None = None,
 ) -> dict[str, Any]:
+    """One run of `spec` against a fresh daemon. A run that fails returns its error, and
+    its daemon's log is kept at `failed_log`; the daemon's log is dropped otherwise."""
     realtime, bulk = streams[0], streams[1].scaled(spec.bulk_rate_factor)
     with tempfile.TemporaryDirectory(prefix="edged-gpu-") as folder:
-        config = Path(folder) / "edged.toml"
-        config.write_text(spec.config_text())
-        endpoint = f"ipc://{folder}/d.sock"
         log = Path(folder) / "daemon.log"
-        program = ONE_STREAM if spec.one_stream else None
-        with DaemonProcess([endpoint], config=config, log_path=log, program=program) as daemon:
-            daemon.wait_serving(timeout_s=300)
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as other:
-                # Bulk's generator: its own process and socket. A first empty run imports
-                # and connects there, so both loads start within milliseconds of each other.
-                other.submit(run_load, endpoint, [], inputs, 0.0).result()
-                with UtilisationSampler() as utilisation:
-                    bulk_rows = (
-                        other.submit(run_load, endpoint, [bulk], inputs, duration_s, seed=1) if spec.bulk else None
-                    )
-                    rows = run_load(endpoint, [realtime], inputs, duration_s) if spec.realtime else []
-                    if bulk_rows is not None:
-                        rows += bulk_rows.result(timeout=duration_s + 120)
+        try:
+            rows, utilisation, figures = _load(spec, folder, log, (realtime, bulk), inputs, duration_s)
+        except Exception as exc:  # one scenario's failure must not cost the others' results
+            kept = None
+            if failed_log is not None and log.exists():
+                failed_log.parent.mkdir(parents=True, exist_ok=True)
+                failed_log.write_bytes(log.read_bytes())
+                kept = str(failed_log)
+            return {"scenario": spec.name, "error": f"{type(exc).__name__}: {exc}", "daemon_log": kept}
     for row in rows:
         stream = realtime if row["class"] == realtime.klass else bulk
         row["sent_rps"] = row["sent"] / duration_s
         row["ok_rows_per_s"] = row["ok"] * stream.rows / duration_s
+        # Measured, not assumed: on a GPU a cancelled call still waits for what its stream
+        # already holds, so its time until it stopped tells whether preemption bought anything.
+        row["preempted"] = figures[row["class"]]["preempted"]
+        row["compute_p50_us"] = figures[row["class"]]["latency_us"]["compute"]["p50"]
     return {
         "scenario": spec.name,
         "classes": rows,
         "gpu_util_pct": utilisation.median,
         "gpu_util_samples": utilisation.samples,
     }
+
+
+def _load(
+    spec: Scenario, folder: str, log: Path, streams: tuple[Stream, Stream], inputs: dict[str, Any], duration_s: float
+) -> tuple[list[dict[str, Any]], UtilisationSampler, dict[str, Any]]:
+    """The daemon, both loads, and the daemon's own figures per class at the end."""
+    realtime, bulk = streams
+    config = Path(folder) / "edged.toml"
+    config.write_text(spec.config_text())
+    endpoint = f"ipc://{folder}/d.sock"
+    program = ONE_STREAM if spec.one_stream else None
+    with DaemonProcess([endpoint], config=config, log_path=log, program=program) as daemon:
+        daemon.wait_serving(timeout_s=START_S)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as other:
+            # Bulk's generator: its own process and socket. A first empty run imports
+            # and connects there, so both loads start within milliseconds of each other.
+            other.submit(run_load, endpoint, [], inputs, 0.0).result()
+            with UtilisationSampler() as utilisation:
+                bulk_rows = other.submit(run_load, endpoint, [bulk], inputs, duration_s, seed=1) if spec.bulk else None
+                rows = run_load(endpoint, [realtime], inputs, duration_s) if spec.realtime else []
+                if bulk_rows is not None:
+                    rows += bulk_rows.result(timeout=duration_s + 120)
+        with Client(endpoint, timeout_ms=10_000) as client:
+            figures = client.stats()["classes"]
+    return rows, utilisation, figures
+
+
+def run_scenarios(
+    chosen: list[Scenario],
+    streams: tuple[Stream, Stream],
+    inputs: dict[str, Any],
+    duration_s: float,
+    repeats: int,
+    out: Path,
+    save: Callable[[list[list[dict[str, Any]]]], None],
+) -> list[list[dict[str, Any]]]:
+    """Every scenario `repeats` times, interleaved; `save` gets the repetitions so far after
+    each run, so a call cut short keeps what it measured. A failed run's daemon log is kept
+    in `out` as gpu-bench-N-R.log (N the scenario's number, R the repetition)."""
+    repetitions: list[list[dict[str, Any]]] = []
+    for repetition in range(repeats):
+        print(f"repetition {repetition + 1} of {repeats}", file=sys.stderr)
+        repetitions.append([])
+        for spec in chosen:
+            number = SCENARIOS.index(spec) + 1 if spec in SCENARIOS else 0
+            failed_log = out / f"gpu-bench-{number}-{repetition + 1}.log"
+            repetitions[-1].append(scenario(spec, streams, inputs, duration_s, failed_log))
+            save(repetitions)
+    return repetitions
 
 
 def floor(model_name: str, runs: int) -> dict[str, float]:
@@ -148,20 +204,33 @@ def floor(model_name: str, runs: int) -> dict[str, float]:
 
 
 def medians(repetitions: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per scenario and class, the median over the repetitions of each figure in the table."""
+    """Per scenario and class, the median over the repetitions of each figure in the table;
+    a scenario whose every run failed keeps its first error."""
     table = []
-    for runs in zip(*repetitions):
+    for every in zip(*repetitions):
+        runs = [run for run in every if "classes" in run]
+        failed = len(every) - len(runs)
+        if not runs:
+            table.append(
+                {"scenario": every[0]["scenario"], "classes": [], "failed": failed, "error": every[0]["error"]}
+            )
+            continue
         rows = []
         for per_class in zip(*(run["classes"] for run in runs)):
             row = {"class": per_class[0]["class"], "offered_rps": per_class[0]["offered_rps"]}
-            for key in ("sent_rps", "ok", "overloaded", "goodput_rps", "ok_rows_per_s"):
+            for key in ("sent_rps", "ok", "overloaded", "goodput_rps", "ok_rows_per_s", "compute_p50_us"):
                 row[key] = statistics.median(r[key] for r in per_class)
             latency = [r["latency_us"] for r in per_class]
             row["latency_us"] = {k: statistics.median(lat[k] for lat in latency) for k in ("p50", "p99", "p999")}
+            row["preempted_calls"] = statistics.median(r["preempted"]["calls"] for r in per_class)
+            stopped = [
+                r["preempted"]["work_us"] / r["preempted"]["calls"] for r in per_class if r["preempted"]["calls"]
+            ]
+            row["preempted_us_each"] = statistics.median(stopped) if stopped else None
             rows.append(row)
         utilisation = [run["gpu_util_pct"] for run in runs if run.get("gpu_util_pct") is not None]
         median_util = statistics.median(utilisation) if utilisation else None
-        table.append({"scenario": runs[0]["scenario"], "classes": rows, "gpu_util_pct": median_util})
+        table.append({"scenario": runs[0]["scenario"], "classes": rows, "gpu_util_pct": median_util, "failed": failed})
     return table
 
 
@@ -187,30 +256,45 @@ def saturation(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"saturated": saturated, "rise": rise, "sent_rise": sent_rise, "verdict": verdict}
 
 
-def format_table(device: str, repeats: int, results: list[dict[str, Any]], floor_us: dict[str, float]) -> str:
+def format_table(device: str, repeats: int, results: list[dict[str, Any]], floor_us: dict[str, float] | None) -> str:
+    """The medians as a Markdown table. "preempted" is the class's calls cancelled for a higher
+    class, and the median time each ran until it stopped beside its calls' median: about
+    equal, and preemption bought nothing (on a GPU, a cancelled call waits for its stream)."""
     lines = [
         f"device: {device}; median of {repeats} interleaved repetitions",
         "| scenario | class | offered/s | sent/s | ok | shed | good/s | ok rows/s | p50 ms | p99 ms | p99.9 ms "
-        "| GPU util % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| GPU util % | preempted (ms until stopped / call p50) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
+        if not result["classes"]:
+            lines.append(f"| {result['scenario']} | FAILED ({result['failed']} of {repeats}): {result['error']} |")
+            continue
         util = result.get("gpu_util_pct")
         util_text = "-" if util is None else f"{util:.0f}"
+        failed = f" ({result['failed']} of {repeats} runs failed)" if result.get("failed") else ""
         for row in result["classes"]:
             lat = row["latency_us"]
             lines.append(
-                f"| {result['scenario']} | {row['class']} | {row['offered_rps']:.0f} | {row['sent_rps']:.0f} | "
+                f"| {result['scenario']}{failed} | {row['class']} | {row['offered_rps']:.0f} | {row['sent_rps']:.0f} | "
                 f"{row['ok']:.0f} | {row['overloaded']:.0f} | {row['goodput_rps']:.1f} | {row['ok_rows_per_s']:.0f} | "
                 + " | ".join(f"{lat[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
-                + f" | {util_text} |"
+                + f" | {util_text} | {_preempted(row)} |"
             )
-    lines.append(
-        "| floor (in-process runner) | realtime | - | - | - | - | - | - | "
-        + " | ".join(f"{floor_us[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
-        + " | - |"
-    )
+    if floor_us is not None:
+        lines.append(
+            "| floor (in-process runner) | realtime | - | - | - | - | - | - | "
+            + " | ".join(f"{floor_us[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
+            + " | - | - |"
+        )
     return "\n".join(lines)
+
+
+def _preempted(row: dict[str, Any]) -> str:
+    each = row.get("preempted_us_each")
+    if each is None:
+        return "0"
+    return f"{row['preempted_calls']:.0f} ({each / 1000:.2f} / {row['compute_p50_us'] / 1000:.2f})"
 
 
 def scenario_numbers(text: str) -> list[int]:

@@ -169,6 +169,7 @@ def test_cuda_graph_is_off_by_default_and_takes_a_boolean() -> None:
 
 
 FAKE_SESSION_MB = 3  # what each session the fake GPU loads takes off its free memory
+FAKE_CONTEXT_MB = 40  # what its first session takes for good
 
 
 def serve_on_fake_gpu(free_mb: int, folder: Path, server: str = "") -> subprocess.Popen[bytes]:
@@ -182,7 +183,12 @@ def serve_on_fake_gpu(free_mb: int, folder: Path, server: str = "") -> subproces
         [*command, "--endpoint", f"ipc://{folder}/d.sock"],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "EDGED_FAKE_GPU_FREE_MB": str(free_mb), "EDGED_FAKE_GPU_SESSION_MB": str(FAKE_SESSION_MB)},
+        env={
+            **os.environ,
+            "EDGED_FAKE_GPU_FREE_MB": str(free_mb),
+            "EDGED_FAKE_GPU_SESSION_MB": str(FAKE_SESSION_MB),
+            "EDGED_FAKE_GPU_CONTEXT_MB": str(FAKE_CONTEXT_MB),
+        },
     )
 
 
@@ -213,11 +219,14 @@ def test_fake_gpu_daemon_reports_each_lane_plan_and_measured_memory_in_stats_and
         assert gpu["planned_bytes"] == expected[klass.name].device_bytes > 0
         assert gpu["pinned_bytes"] == expected[klass.name].pinned_bytes
         sessions = sum(m.sessions for m in expected[klass.name].models)
+        # The first lane's figure holds its sessions alone: the context's share is reported apart.
         assert gpu["measured_bytes"] == sessions * FAKE_SESSION_MB * MIB > 0, klass.name
+        assert gpu["context_bytes"] == FAKE_CONTEXT_MB * MIB, klass.name
         assert memory[klass.name]["lane_measured_bytes"] == gpu["measured_bytes"]
     assert memory["bulk"]["io_bytes_per_worker"] == io_bytes(mlp(), 16)
     log = (folder / "daemon.log").read_text()
     assert "lane realtime: stream priority -1, planned" in log
+    assert f"the GPU context's one-time share: {FAKE_CONTEXT_MB:.1f} MiB, counted in no lane" in log
     # realtime: a session per model for its worker and one for its inline path
     assert f"measured {2 * len(MODELS) * FAKE_SESSION_MB:.1f} MiB" in log
 
@@ -239,7 +248,7 @@ def test_fake_gpu_daemon_whose_lanes_leave_less_than_the_headroom_refuses_to_sta
 
 def test_fake_gpu_daemon_too_small_for_its_lanes_refuses_to_start_naming_each() -> None:
     folder = short_dir()
-    daemon = serve_on_fake_gpu(0, folder)
+    daemon = serve_on_fake_gpu(FAKE_CONTEXT_MB, folder)  # none left once the context has its share
     try:
         assert daemon.wait(60) == 1
     finally:

@@ -5,17 +5,26 @@ None of this shows that a check passes on a GPU; bench/gpu_verify.sh is where it
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
+import tarfile
+import threading
+import time
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from support import REPO_ROOT
+from support.fake_cuda import FakeCuda
+from support.gpu import MLP, fake_ort
 
+from edged.backends import onnxruntime_cuda
 from edged.backends.cuda import cuda_available
-from edged.config import parse_config
+from edged.config import ClassConfig, parse_config
 from edged.loadgen import gpu_memory_check
 
 ROOT = REPO_ROOT
@@ -31,12 +40,12 @@ def checks(*args: str) -> subprocess.CompletedProcess[str]:
 def test_gpu_checks_help_names_both_checks_and_what_they_prove() -> None:
     done = checks("--help")
     assert done.returncode == 0, done.stderr
-    assert "{stream,memory}" in done.stdout and "--out" in done.stdout
+    assert "{stream,memory,green}" in done.stdout and "--out" in done.stdout
     assert "cuStreamWaitValue32" in done.stdout and "64 MiB" in done.stdout
 
 
 @pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
-@pytest.mark.parametrize("check", ["stream", "memory"])
+@pytest.mark.parametrize("check", ["stream", "memory", "green"])
 def test_gpu_checks_without_a_gpu_stops_with_one_sentence_and_the_reason(check: str, tmp_path: Path) -> None:
     done = checks(check, "--out", str(tmp_path))
     assert done.returncode == 1
@@ -105,32 +114,116 @@ def test_the_memory_check_configs_parse_with_the_built_in_classes() -> None:
 def test_the_memory_table_gives_planned_and_measured_mib_per_lane() -> None:
     table = gpu_memory_check.format_memory_table(
         [
-            {"config": "default classes", "lane": "realtime", "planned_bytes": 3 * MIB, "measured_bytes": 5 * MIB // 2},
+            {
+                "config": "default classes",
+                "lane": "realtime",
+                "planned_bytes": 3 * MIB,
+                "measured_bytes": 5 * MIB // 2,
+                "context_bytes": 300 * MIB,
+            },
             {"config": "default classes", "lane": "bulk", "planned_bytes": 0, "measured_bytes": None},
         ]
     )
     assert table.splitlines() == [
-        "| config | lane | planned MiB | measured MiB |",
-        "|---|---|---|---|",
-        "| default classes | realtime | 3.0 | 2.5 |",
-        "| default classes | bulk | 0.0 | - |",
+        "| config | lane | planned MiB | measured MiB | context MiB |",
+        "|---|---|---|---|---|",
+        "| default classes | realtime | 3.0 | 2.5 | 300.0 |",
+        "| default classes | bulk | 0.0 | - | - |",
     ]
 
 
-@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
-def test_gpu_verify_runs_the_steps_asked_for_and_lists_the_stream_checks_refusal(tmp_path: Path) -> None:
-    """bench/gpu_verify.sh with GPU_VERIFY_STEPS: only those steps, each a row of the final
-    table with its log's last line; a failed step fails the whole."""
-    env = {**os.environ, "GPU_VERIFY_STEPS": "deps stream", "PYTHON": sys.executable}
-    done = subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu_verify.sh"), str(tmp_path)],
+def verify(call: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_verify.sh"), call, str(out)],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env={**os.environ, "PYTHON": sys.executable, **env},
     )
+
+
+def packed(out: Path, call: str) -> dict[str, str]:
+    """The files of a call's archive, by name, as text."""
+    with tarfile.open(out / f"gpu-verify-{call}.tar.gz") as archive:
+        return {Path(m.name).name: archive.extractfile(m).read().decode() for m in archive.getmembers() if m.isfile()}
+
+
+@pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
+def test_gpu_verify_runs_the_steps_asked_for_and_returns_two_files_whatever_the_steps(tmp_path: Path) -> None:
+    """bench/gpu_verify.sh with GPU_VERIFY_STEPS: only those steps, each a row of the call's
+    table with its log's last line; everything in one archive beside the table (a call
+    returns 8 files at most); a failed step fails the whole. Here, with no GPU, the
+    library check names what is missing before any session."""
+    done = verify("1", tmp_path, GPU_VERIFY_STEPS="deps libs stream")
     assert done.returncode == 1, done.stdout + done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "step" not in line]
-    assert rows[0] == "| deps     | ok      | all importable |"
-    assert rows[1].startswith("| stream   | FAIL(1) | gpu_checks.py stream needs a CUDA GPU")
-    assert len(rows) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["deps.log", "stream.log"]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "outcome" not in line]
+    assert rows[0].startswith("| deps | ok | ") and rows[0].endswith("| all importable |")
+    assert rows[1].startswith("| libs | FAIL(1) |") and "CUDA provider needs cuBLAS" in rows[1]
+    assert rows[2].startswith("| stream | FAIL(1) |") and "needs a CUDA GPU" in rows[2]
+    assert len(rows) == 3 and sorted(p.name for p in tmp_path.iterdir()) == ["gpu-verify-1.md", "gpu-verify-1.tar.gz"]
+    logs = packed(tmp_path, "1")
+    assert sorted(logs) == ["deps.log", "gpu-verify-1.md", "libs.log", "stream.log"]
+    assert "cuDNN (libcudnn.so.9" in logs["libs.log"]
+
+
+def test_gpu_verify_a_step_that_hangs_is_ended_by_its_time_limit_and_its_log_kept(tmp_path: Path) -> None:
+    """A wedged step must not eat the call: it ends within the call's budget, is marked,
+    and what it printed comes back."""
+    hangs = tmp_path / "python"
+    hangs.write_text(
+        f'#!/bin/sh\ncase "$*" in *find_spec*) echo started; exec sleep 60;; esac\nexec {sys.executable} "$@"\n'
+    )
+    hangs.chmod(0o755)
+    out = tmp_path / "out"
+    start = time.monotonic()
+    done = verify("1", out, GPU_VERIFY_STEPS="deps", GPU_VERIFY_BUDGET_S="25", PYTHON=str(hangs))
+    assert time.monotonic() - start < 30
+    assert done.returncode == 1
+    assert "| deps | FAIL(timeout 10 s) |" in done.stdout and done.stdout.rstrip().endswith("| started |")
+    assert packed(out, "1")["deps.log"] == "started\n"
+
+
+def test_fake_ort_the_stream_check_loads_captures_and_runs_the_held_call_on_one_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ONNX Runtime keeps CUDA graphs per thread: the held run must replay the graphs
+    captured at load, as a lane's worker does, so all of it happens on one thread."""
+    log: list[str] = []
+    monkeypatch.setattr(onnxruntime_cuda, "cuda", FakeCuda(log))
+    ort = fake_ort(monkeypatch, log)
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    stream_check = importlib.import_module("gpu_check_stream")
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    klass = ClassConfig("realtime", order=0, max_batch=4, cuda_graph=True)
+    backend.reserve([MLP], [klass], backend.free_bytes())
+    flag = SimpleNamespace(device=0, set=lambda value: log.append("flag.set"), close=lambda: None)
+    cpu = SimpleNamespace(run=lambda model, inputs: [np.zeros((4, 10), np.float32)])
+    result = stream_check.held_run(lambda: backend.load(MLP, klass), MLP, cpu, flag=lambda: flag)
+    assert "error" not in result, result
+    assert ort.captured == {"1", "2", "3", "4"}
+    assert len(ort.threads) == 1 and threading.get_ident() not in ort.threads
+    last_run = len(log) - 1 - log[::-1].index("ort.run")
+    assert log.index("stream.wait") < last_run and "stream.close" in log
+
+
+def test_the_green_check_passes_a_runner_equal_to_the_cpu_and_fails_one_that_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The comparison the green check makes, with ONNX Runtime's CPU runner standing in for
+    the green context's (which cannot exist here): cnn-heavy, through cuDNN on a GPU."""
+    from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
+    from edged.models.repository import discover
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    green = importlib.import_module("gpu_check_green")
+    cpu = importlib.import_module("gpu_checks").CpuReference()
+    model = next(m for m in discover(ROOT / "engines", "onnxruntime") if m.name == "cnn-heavy")
+    runner = OnnxRuntimeCpu().load(model, ClassConfig("bulk", order=2, max_batch=16))
+    assert [r["ok"] for r in green.compare(runner, model, cpu)] == [True, True, True]
+
+    class Off:
+        def run(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
+            return [out * 1.5 for out in runner.run(inputs, names)]  # far past the TF32 bound
+
+    assert [r["ok"] for r in green.compare(Off(), model, cpu)] == [False, False, False]
+    runner.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ from support import wait_for
 from support.fake_cuda import PROVIDER, FakeCuda, FakeTrt
 from support.gpu import MLP, REALTIME, fake_installed, fake_ort
 
-from edged.backends import BackendError, cuda_calls, onnxruntime_cuda, tensorrt
+from edged.backends import BackendError, cuda_calls, onnxruntime_cuda, onnxruntime_gpu, tensorrt
 from edged.backends import cuda as cuda_layer
 from edged.backends.capture_gate import CaptureGate
 from edged.config import ClassConfig
@@ -74,6 +75,120 @@ def test_fake_ort_backend_preloads_the_cuda_libraries_before_its_first_session(
     backend.reserve([MLP], [REALTIME], backend.free_bytes())
     backend.load(MLP, REALTIME).close()
     assert log.index("preload_dlls") < log.index("session.create")
+
+
+def test_fake_libraries_one_that_cannot_be_loaded_stops_start_up_naming_it_before_any_session(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    """The first GPU run's likeliest failure: cuDNN not where ONNX Runtime looks."""
+    fake_ort(monkeypatch, log)
+
+    def open_library(name: str) -> None:
+        if "cudnn" in name:
+            raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+        log.append(f"load {name}")
+
+    monkeypatch.setattr(onnxruntime_gpu, "open_library", open_library)
+    with pytest.raises(BackendError) as refusal:
+        onnxruntime_cuda.OnnxRuntimeCuda()
+    message = str(refusal.value)
+    assert "needs cuDNN (libcudnn.so.9: cannot open shared object file" in message
+    assert "cuBLAS" not in message and "LD_LIBRARY_PATH" in message
+    assert "load libcublasLt.so.13" in log and "session.create" not in log
+
+
+def test_fake_libraries_found_in_an_nvidia_folder_on_sys_path_are_loaded_from_there(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda, tmp_path: Path
+) -> None:
+    """As on a lent machine: onnxruntime-gpu in /tmp/site, cuDNN in the machine's own site folder."""
+    fake_ort(monkeypatch, log)
+    cudnn = tmp_path / "nvidia" / "cudnn" / "lib"
+    cudnn.mkdir(parents=True)
+    for name in ("libcudnn.so.9", "libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_cnn.so.9"):
+        (cudnn / name).touch()
+    monkeypatch.setattr(onnxruntime_gpu.sys, "path", ["/nowhere", str(tmp_path)])
+
+    def open_library(name: str) -> None:
+        if "cudnn" in name and "/" not in name:
+            raise OSError(f"{name}: cannot open shared object file")
+        log.append(f"load {name}")
+
+    monkeypatch.setattr(onnxruntime_gpu, "open_library", open_library)
+    onnxruntime_cuda.OnnxRuntimeCuda()
+    assert f"load {cudnn / 'libcudnn.so.9'}" in log and f"load {cudnn / 'libcudnn_cnn.so.9'}" in log
+
+
+def test_fake_ort_a_provider_that_raises_is_reported_with_its_own_error_not_run_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ort = fake_ort(monkeypatch, log, provider_error="CUDNN failure 4: CUDNN_STATUS_INTERNAL_ERROR")
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    backend.reserve([MLP], [REALTIME], backend.free_bytes())
+    with pytest.raises(BackendError) as refusal:
+        backend.load(MLP, REALTIME)
+    message = str(refusal.value)
+    assert message.endswith("failed to create the session: CUDNN failure 4: CUDNN_STATUS_INTERNAL_ERROR")
+    assert "not found" not in message and "EP Error" not in capsys.readouterr().out
+    assert [s["enable_fallback"] for s in ort.sessions] == [0]
+
+
+def test_fake_ort_sessions_take_the_lanes_threads_never_spin_and_refuse_cpu_nodes(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    ort = fake_ort(monkeypatch, log)
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    klass = replace(REALTIME, threads=3)
+    backend.reserve([MLP], [klass], backend.free_bytes())
+    runner = backend.load(MLP, klass)
+    (created,) = ort.sessions
+    options = created["options"]
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (3, 1)
+    assert options.config["session.intra_op.allow_spinning"] == "0"
+    assert options.config["session.inter_op.allow_spinning"] == "0"
+    assert options.config["session.disable_cpu_ep_fallback"] == "1"
+    assert created["providers"][0][1]["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    assert not runner.cpu_nodes
+    runner.close()
+
+
+def test_fake_ort_a_model_with_nodes_left_to_the_cpu_loads_with_a_warning_that_says_so(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda, caplog: pytest.LogCaptureFixture
+) -> None:
+    ort = fake_ort(monkeypatch, log, cpu_nodes=True)
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    backend.reserve([MLP], [REALTIME], backend.free_bytes())
+    with caplog.at_level("WARNING", logger="edged"):
+        runner = backend.load(MLP, REALTIME)
+    assert runner.cpu_nodes
+    assert [s["options"].config["session.disable_cpu_ep_fallback"] for s in ort.sessions] == ["1", "0"]
+    assert "mlp-light: some of its nodes run on the CPU, not the GPU" in caplog.text
+    runner.close()
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_fake_ort_load_runs_every_batch_size_up_to_max_batch(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda, cuda_graph: bool
+) -> None:
+    """cuDNN's algorithm search and the arena's growth happen at load, at every size a request may bring."""
+    ort = fake_ort(monkeypatch, log)
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    klass = replace(REALTIME, max_batch=4, cuda_graph=cuda_graph)
+    backend.reserve([MLP], [klass], backend.free_bytes())
+    backend.load(MLP, klass).close()
+    assert set(ort.rows_run) == {1, 2, 3, 4}
+
+
+def test_fake_ort_warm_context_runs_one_session_of_the_smallest_model_and_frees_it(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    from support.gpu import MODELS
+
+    ort = fake_ort(monkeypatch, log)
+    free = iter([1000, 900])  # before and after: what stays taken is the context's share
+    fake_cuda.memory_info = lambda: (next(free), 2000)
+    assert onnxruntime_cuda.OnnxRuntimeCuda().warm_context(MODELS) == 100
+    assert log.count("session.create") == 1 and log.count("session.freed") == 1 and ort.rows_run == [1]
+    assert log[-1] == "stream.close"
 
 
 def test_fake_ort_session_placed_on_the_cpu_stops_start_up_in_one_sentence(

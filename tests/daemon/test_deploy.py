@@ -4,6 +4,7 @@ configuration edged accepts, and a grace period that never cuts a drain short.""
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -93,3 +94,64 @@ def test_the_service_and_the_disruption_budget_select_the_daemons_pods() -> None
     labels = one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
     for selector in (one("Service")["spec"]["selector"], one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"]):
         assert selector.items() <= labels.items()
+
+
+# --- the container definition the DaemonSet's image is built from -----------------------
+
+CONTAINERFILE = REPO_ROOT / "deploy" / "container" / "Containerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Containerfile, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", CONTAINERFILE.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def instruction(name: str) -> list[str]:
+    return [args for key, args in instructions() if key == name]
+
+
+def test_the_container_runs_a_cuda_13_runtime_with_the_gpu_extra() -> None:
+    (base,) = instruction("FROM")
+    assert re.fullmatch(r"nvidia/cuda:13\.\d+\.\d+-cudnn-runtime-ubuntu\d+\.\d+", base), base
+    assert any('pip install --no-cache-dir "/src[gpu]"' in run for run in instruction("RUN"))
+
+
+def test_the_container_agrees_with_the_daemonset_user_command_volumes_port_and_probe() -> None:
+    pod = one("DaemonSet")["spec"]["template"]["spec"]
+    edged = container()
+    (user,) = instruction("USER")
+    assert user == f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
+    (command,) = instruction("CMD")
+    assert json.loads(command) == edged["command"]
+    (expose,) = instruction("EXPOSE")
+    assert int(expose) == edged["ports"][0]["containerPort"]
+    (volumes,) = instruction("VOLUME")
+    mounts = {Path(m["mountPath"]) for m in edged["volumeMounts"] if m["name"] != "tmp"}
+    # Each mount of the pod (the config's files, the keys, the models, the socket) lies in a volume.
+    assert all(any(mount == Path(v) or Path(v) in mount.parents for v in json.loads(volumes)) for mount in mounts)
+    assert config_toml()["server"]["model_repository"] in json.loads(volumes)
+    env = " ".join(instruction("ENV"))
+    assert all(f"{e['name']}={e['value']}" in env for e in edged["env"])
+    (health,) = instruction("HEALTHCHECK")
+    options, probe = health.split(" CMD ", 1)
+    assert json.loads(probe) == edged["livenessProbe"]["exec"]["command"]
+    live, started = edged["livenessProbe"], edged["startupProbe"]
+    assert options.split() == [
+        f"--interval={live['periodSeconds']}s",
+        f"--timeout={live['timeoutSeconds']}s",
+        f"--retries={live['failureThreshold']}",
+        f"--start-period={started['periodSeconds'] * started['failureThreshold']}s",
+    ]
+
+
+def test_the_image_tag_is_the_package_version_and_the_docs_build_it_so() -> None:
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    tag = f"edged:{version}"
+    assert container()["image"] == tag
+    build = f"docker build -f deploy/container/Containerfile -t {tag} ."
+    assert build in CONTAINERFILE.read_text()
+    for doc in ("README.md", "docs/operations.md"):
+        text = (REPO_ROOT / doc).read_text()
+        assert build in text and "not built" in text.lower(), doc

@@ -36,6 +36,8 @@ def test_gpu_bench_harness_on_the_cpu_runs_realtime_beside_bulk_from_another_pro
         "CPU", 2, gpu_scenarios.medians([[result], [result]]), {"p50": 1.0, "p99": 2.0, "p999": 3.0}
     )
     assert "median of 2 interleaved repetitions" in table and "| cpu | bulk | 50 |" in table
+    # The daemon's own figures, read before it stops: preemption is measured, not assumed.
+    assert set(bulk["preempted"]) == {"calls", "rows", "work_us"} and bulk["compute_p50_us"] > 0
     assert result["gpu_util_pct"] is None or isinstance(result["gpu_util_pct"], float)  # None: no nvidia-smi here
 
 
@@ -46,6 +48,31 @@ def test_gpu_bench_bulk_alone_on_the_cpu_offers_bulk_only_at_the_scaled_rate() -
     (bulk,) = gpu_scenarios.scenario(spec, streams, inputs, duration_s=1.0)["classes"]
     assert bulk["class"] == "bulk" and bulk["offered_rps"] == 40.0
     assert bulk["ok"] > 0 and bulk["ok_rows_per_s"] == bulk["ok"] * 16 / 1.0
+
+
+def test_gpu_bench_harness_on_the_cpu_saves_each_run_and_keeps_a_failed_daemons_log(tmp_path: Path) -> None:
+    """A run that fails (here onnxruntime-cuda, which cannot start without a GPU) costs
+    neither the runs before it nor the cause: each run is saved as it ends."""
+    inputs = {m.name: [s.to_wire() for s in m.signature.inputs] for m in discover(ROOT / "engines", "onnxruntime")}
+    streams = (Stream("realtime", "mlp-light", 50.0, 1000.0), Stream("bulk", "mlp-light", 20.0, 5000.0, rows=16))
+    specs = [
+        gpu_scenarios.Scenario("cpu", "onnxruntime", 0, 0, bulk=False),
+        gpu_scenarios.Scenario("cuda without a gpu", bulk=False),
+    ]
+    saved: list[list[str]] = []
+
+    def save(repetitions: list[list[dict[str, object]]]) -> None:
+        saved.append([("error" if "error" in run else "ok") for run in repetitions[-1]])
+
+    repetitions = gpu_scenarios.run_scenarios(specs, streams, inputs, 1.0, 1, tmp_path, save)
+    assert saved == [["ok"], ["ok", "error"]]
+    failed = repetitions[0][1]
+    log = tmp_path / "gpu-bench-0-1.log"
+    assert failed["daemon_log"] == str(log) and "during start-up" in failed["error"]
+    assert 'server.backend = "onnxruntime-cuda" cannot run here' in log.read_text()
+    table = gpu_scenarios.format_table("CPU", 1, gpu_scenarios.medians(repetitions), None)
+    assert "| cuda without a gpu | FAILED (1 of 1): RuntimeError: the daemon exited" in table
+    assert "| cpu | realtime | 50 |" in table
 
 
 # --- without a GPU: configs, sampler, verdicts ---------------------------------------------
@@ -66,6 +93,8 @@ def test_every_scenario_config_parses_with_what_it_varies() -> None:
     assert configs["with bulk, own streams, all priority 0"].class_named("realtime").stream_priority == 0
     assert configs["with bulk, priority streams"].class_named("realtime").stream_priority == -1
     assert [s.bulk_rate_factor for s in gpu_scenarios.SCENARIOS if not s.realtime] == [1.0, 2.0]
+    # The least known part last, so a failure there costs no other scenario.
+    assert [s.bulk_sms > 0 for s in gpu_scenarios.SCENARIOS] == [False] * 8 + [True]
 
 
 def test_utilisation_lines_that_are_not_numbers_are_skipped() -> None:
@@ -137,6 +166,8 @@ def test_the_table_gives_each_scenarios_median_utilisation() -> None:
         "goodput_rps": 20.0,
         "ok_rows_per_s": 320.0,
         "latency_us": {"p50": 1000.0, "p99": 2000.0, "p999": 3000.0},
+        "preempted": {"calls": 4, "rows": 64, "work_us": 20_000},
+        "compute_p50_us": 4_000,
     }
     repetitions = [
         [{"scenario": "bulk alone", "classes": [row], "gpu_util_pct": util}, {"scenario": "x", "classes": [row]}]
@@ -145,9 +176,12 @@ def test_the_table_gives_each_scenarios_median_utilisation() -> None:
     table = gpu_scenarios.medians(repetitions)
     assert [r["gpu_util_pct"] for r in table] == [93.0, None]
     text = gpu_scenarios.format_table("GPU", 3, table, {"p50": 1.0, "p99": 2.0, "p999": 3.0})
-    assert "| GPU util % |" in text.splitlines()[1]
-    assert "| bulk alone | bulk | 4000 | 3990 | 100 | 0 | 20.0 | 320 | 1.000 | 2.000 | 3.000 | 93 |" in text
-    assert "| x | bulk |" in text and text.splitlines()[-2].endswith("| - |")
+    assert "| GPU util % | preempted (ms until stopped / call p50) |" in text.splitlines()[1]
+    assert (
+        "| bulk alone | bulk | 4000 | 3990 | 100 | 0 | 20.0 | 320 | 1.000 | 2.000 | 3.000 | 93 | 4 (5.00 / 4.00) |"
+        in text
+    )
+    assert "| x | bulk |" in text and text.splitlines()[-2].endswith("| - | 4 (5.00 / 4.00) |")
 
 
 def test_scenario_numbers_pick_scenarios_from_one() -> None:

@@ -6,6 +6,7 @@ Tests that use them say "fake" in their names; nothing here shows that a GPU wor
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -30,6 +31,9 @@ class FakeCuda(types.SimpleNamespace):
 
             def synchronize(self) -> None:
                 log.append("stream.synchronize")
+
+            def wait_value32(self, device_pointer: int, value: int) -> None:
+                log.append("stream.wait")
 
             def capture(self, enqueue: Callable[[], None]) -> Graph:
                 log.append("capture.begin")
@@ -84,8 +88,10 @@ class FakeCuda(types.SimpleNamespace):
 class _Binding:
     def __init__(self, log: list[str]) -> None:
         self._log = log
+        self.rows = 0
 
-    def bind_input(self, *args: Any) -> None: ...
+    def bind_input(self, name: str, device: str, device_id: int, dtype: Any, shape: list[int], pointer: int) -> None:
+        self.rows = shape[0]
 
     def bind_output(self, *args: Any) -> None: ...
 
@@ -103,17 +109,19 @@ class _Session:
     """Captures a graph id's CUDA graph on the run after `regular_runs` plain runs of it,
     as recent CUDA providers do (two)."""
 
-    def __init__(self, ort: FakeOrt) -> None:
-        self._ort = ort
+    def __init__(self, ort: FakeOrt, placed: str) -> None:
+        self._ort, self._placed = ort, placed
         ort.log.append("session.create")
 
     def get_providers(self) -> list[str]:
-        return [self._ort.placed, "CPUExecutionProvider"]
+        return [self._placed, "CPUExecutionProvider"]
 
     def io_binding(self) -> _Binding:
         return _Binding(self._ort.log)
 
     def run_with_iobinding(self, binding: _Binding, options: Any) -> None:
+        self._ort.rows_run.append(binding.rows)
+        self._ort.threads.add(threading.get_ident())
         graph_id = options.entries.get("gpu_graph_id")
         if graph_id is not None:
             runs = self._ort.runs[graph_id] = self._ort.runs.get(graph_id, 0) + 1
@@ -129,14 +137,38 @@ class _Session:
         self._ort.log.append("session.freed")
 
 
-class FakeOrt(types.ModuleType):
-    """Stands in for onnxruntime(-gpu): its sessions land on `placed`."""
+class _SessionOptions:
+    def __init__(self) -> None:
+        self.config: dict[str, str] = {}
 
-    def __init__(self, log: list[str], placed: str = PROVIDER, regular_runs: int = 2, capture_s: float = 0) -> None:
+    def add_session_config_entry(self, key: str, value: str) -> None:
+        self.config[key] = value
+
+
+class FakeOrt(types.ModuleType):
+    """Stands in for onnxruntime(-gpu): its sessions land on `placed`. `provider_error`:
+    creating the CUDA provider raises it, and, as ONNX Runtime's Python layer does unless
+    told `enable_fallback=0`, the session is made again on the CPU. `cpu_nodes`: the model
+    has nodes the CUDA provider leaves to the CPU, refused under
+    `session.disable_cpu_ep_fallback`."""
+
+    def __init__(
+        self,
+        log: list[str],
+        placed: str = PROVIDER,
+        regular_runs: int = 2,
+        capture_s: float = 0,
+        provider_error: str = "",
+        cpu_nodes: bool = False,
+    ) -> None:
         super().__init__("onnxruntime")
         self.log, self.placed, self.regular_runs, self.capture_s = log, placed, regular_runs, capture_s
+        self.provider_error, self.cpu_nodes = provider_error, cpu_nodes
         self.runs: dict[str, int] = {}
         self.captured: set[str] = set()
+        self.rows_run: list[int] = []  # the rows bound at each run, in order
+        self.threads: set[int] = set()  # the threads that ran or captured
+        self.sessions: list[dict[str, Any]] = []  # what each session was created with
 
         class RunOptions:
             def __init__(self) -> None:
@@ -147,7 +179,7 @@ class FakeOrt(types.ModuleType):
                 self.entries[key] = value
 
         self.RunOptions = RunOptions
-        self.SessionOptions = types.SimpleNamespace
+        self.SessionOptions = _SessionOptions
         self.GraphOptimizationLevel = types.SimpleNamespace(ORT_ENABLE_ALL=99)
 
     def get_available_providers(self) -> list[str]:
@@ -156,8 +188,19 @@ class FakeOrt(types.ModuleType):
     def preload_dlls(self) -> None:
         self.log.append("preload_dlls")
 
-    def InferenceSession(self, path: str, options: Any, providers: Any) -> _Session:  # ONNX Runtime's name
-        return _Session(self)
+    def InferenceSession(self, path: str, options: Any, providers: Any, enable_fallback: int = 1) -> _Session:
+        self.sessions.append({"options": options, "providers": providers, "enable_fallback": enable_fallback})
+        if self.provider_error:
+            if enable_fallback:
+                print(f"EP Error {self.provider_error} when using {providers}")
+                return _Session(self, "CPUExecutionProvider")
+            raise RuntimeError(self.provider_error)
+        if self.cpu_nodes and options.config.get("session.disable_cpu_ep_fallback") == "1":
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 1 : FAIL : This session contains graph nodes that are assigned to the default "
+                "CPU EP, but fallback to CPU EP has been explicitly disabled by the user."
+            )
+        return _Session(self, self.placed)
 
 
 class _Context:

@@ -4,7 +4,8 @@ It plans lane memory exactly as the CUDA backend does (the same arithmetic, the 
 refusal), against a GPU called "Fake GPU" whose free memory the test sets in
 EDGED_FAKE_GPU_FREE_MB, and runs the models on ONNX Runtime's CPU provider. Each
 session it loads takes EDGED_FAKE_GPU_SESSION_MB (default 0) off that free memory until
-it closes, so that the loader's measurement has something to measure. What it shows is
+it closes, so that the loader's measurement has something to measure; the first also
+takes EDGED_FAKE_GPU_CONTEXT_MB (default 0) for good, as a CUDA context's one-time costs. What it shows is
 the daemon's wiring of a reserving backend (the refusals, the `stats` and `models`
 fields), not anything about a GPU.
 
@@ -36,6 +37,8 @@ class FakeGpu(OnnxRuntimeCpu):
         super().__init__()
         self._free = int(os.environ["EDGED_FAKE_GPU_FREE_MB"]) * MIB
         self._per_session = int(os.environ.get("EDGED_FAKE_GPU_SESSION_MB", "0")) * MIB
+        # Taken by the process's first session and never given back, as a CUDA context's modules are.
+        self._context = int(os.environ.get("EDGED_FAKE_GPU_CONTEXT_MB", "0")) * MIB
         self._lock = threading.Lock()  # workers load on their own threads
 
     def free_bytes(self) -> int:
@@ -47,8 +50,14 @@ class FakeGpu(OnnxRuntimeCpu):
     ) -> dict[str, LaneReservation]:
         return reserve_lanes(models, classes, free_bytes, DEVICE_NAME)
 
+    def warm_context(self, models: Sequence[ModelEntry]) -> int:
+        before = self.free_bytes()
+        self.load(models[0], ClassConfig("context", order=0)).close()
+        return before - self.free_bytes()
+
     def load(self, model: ModelEntry, lane: ClassConfig) -> Runner:
-        self._take(self._per_session)
+        self._take(self._per_session + self._context)
+        self._context = 0
         return _Held(super().load(model, lane), lambda: self._take(-self._per_session))
 
     def _take(self, nbytes: int) -> None:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from edged.backends import onnxruntime_cuda
+from edged.backends import onnxruntime_gpu
 from edged.config import ClassConfig
 from edged.models.repository import discover
 from support import ENGINES
@@ -24,6 +24,8 @@ def fake_ort(monkeypatch: pytest.MonkeyPatch, log: list[str], **kwargs: object) 
     ort = FakeOrt(log, **kwargs)  # type: ignore[arg-type]
     monkeypatch.setitem(sys.modules, "onnxruntime", ort)
     fake_installed(monkeypatch, "onnxruntime-gpu")
+    # The libraries themselves cannot be loaded here: each is taken as found.
+    monkeypatch.setattr(onnxruntime_gpu, "open_library", lambda name: log.append(f"load {name}"))
     return ort
 
 
@@ -38,4 +40,4 @@ def fake_installed(monkeypatch: pytest.MonkeyPatch, *names: str, folders: tuple[
         return SimpleNamespace(version="1.31.1", locate_file=lambda path: folder)
 
     fake = SimpleNamespace(distribution=distribution, PackageNotFoundError=metadata.PackageNotFoundError)
-    monkeypatch.setattr(onnxruntime_cuda, "metadata", fake)
+    monkeypatch.setattr(onnxruntime_gpu, "metadata", fake)
