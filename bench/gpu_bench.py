@@ -50,15 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from edged.backends.cuda import cuda_available, device_info
-from edged.loadgen.gpu_scenarios import (
-    SCENARIOS,
-    floor,
-    format_table,
-    medians,
-    run_scenarios,
-    saturation,
-    scenario_numbers,
-)
+from edged.loadgen.gpu_scenarios import SCENARIOS, floor, run_scenarios, scenario_numbers
+from edged.loadgen.gpu_table import format_table, medians, saturation
 from edged.loadgen.sweep import Stream
 from edged.models.repository import discover
 

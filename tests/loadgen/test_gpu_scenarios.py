@@ -15,7 +15,7 @@ import pytest
 from support import REPO_ROOT, wait_for
 
 from edged.config import parse_config
-from edged.loadgen import gpu_scenarios
+from edged.loadgen import gpu_scenarios, gpu_table
 from edged.loadgen.gpu_utilisation import UtilisationSampler, gpu_index, parse_utilisation
 from edged.loadgen.sweep import Stream
 from edged.models.repository import discover
@@ -32,8 +32,8 @@ def test_gpu_bench_harness_on_the_cpu_runs_realtime_beside_bulk_from_another_pro
     assert (realtime["class"], bulk["class"]) == ("realtime", "bulk")
     assert realtime["ok"] > 0 and bulk["ok"] > 0
     assert bulk["ok_rows_per_s"] == bulk["ok"] * 16 / 1.0 and bulk["sent_rps"] == bulk["sent"] / 1.0
-    table = gpu_scenarios.format_table(
-        "CPU", 2, gpu_scenarios.medians([[result], [result]]), {"p50": 1.0, "p99": 2.0, "p999": 3.0}
+    table = gpu_table.format_table(
+        "CPU", 2, gpu_table.medians([[result], [result]]), {"p50": 1.0, "p99": 2.0, "p999": 3.0}
     )
     assert "median of 2 interleaved repetitions" in table and "| cpu | bulk | 50 |" in table
     # The daemon's own figures, read before it stops: preemption is measured, not assumed.
@@ -70,7 +70,7 @@ def test_gpu_bench_harness_on_the_cpu_saves_each_run_and_keeps_a_failed_daemons_
     log = tmp_path / "gpu-bench-0-1.log"
     assert failed["daemon_log"] == str(log) and "during start-up" in failed["error"]
     assert 'server.backend = "onnxruntime-cuda" cannot run here' in log.read_text()
-    table = gpu_scenarios.format_table("CPU", 1, gpu_scenarios.medians(repetitions), None)
+    table = gpu_table.format_table("CPU", 1, gpu_table.medians(repetitions), None)
     assert "| cuda without a gpu | FAILED (1 of 1): RuntimeError: the daemon exited" in table
     assert "| cpu | realtime | 50 |" in table
 
@@ -151,9 +151,9 @@ def test_bulk_saturates_when_twice_the_rate_adds_at_most_ten_percent_of_rows(
     twice_rows: float, twice_sent: float, saturated: bool | None, says: str
 ) -> None:
     results = [bulk_alone("bulk alone", 10_000.0, 4000.0), bulk_alone("bulk alone at 2x rate", twice_rows, twice_sent)]
-    check = gpu_scenarios.saturation(results)
+    check = gpu_table.saturation(results)
     assert check["saturated"] is saturated and check["verdict"].startswith(says), check["verdict"]
-    assert gpu_scenarios.saturation(results[:1]) is None  # --scenarios left one out: no verdict
+    assert gpu_table.saturation(results[:1]) is None  # --scenarios left one out: no verdict
 
 
 def test_the_table_gives_each_scenarios_median_utilisation() -> None:
@@ -173,9 +173,9 @@ def test_the_table_gives_each_scenarios_median_utilisation() -> None:
         [{"scenario": "bulk alone", "classes": [row], "gpu_util_pct": util}, {"scenario": "x", "classes": [row]}]
         for util in (90.0, 96.0, None)
     ]
-    table = gpu_scenarios.medians(repetitions)
+    table = gpu_table.medians(repetitions)
     assert [r["gpu_util_pct"] for r in table] == [93.0, None]
-    text = gpu_scenarios.format_table("GPU", 3, table, {"p50": 1.0, "p99": 2.0, "p999": 3.0})
+    text = gpu_table.format_table("GPU", 3, table, {"p50": 1.0, "p99": 2.0, "p999": 3.0})
     assert "| GPU util % | preempted (ms until stopped / call p50) |" in text.splitlines()[1]
     assert (
         "| bulk alone | bulk | 4000 | 3990 | 100 | 0 | 20.0 | 320 | 1.000 | 2.000 | 3.000 | 93 | 4 (5.00 / 4.00) |"

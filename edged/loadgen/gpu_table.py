@@ -1,0 +1,105 @@
+"""The GPU benchmark's summary: the medians over repetitions, the "bulk saturates"
+verdict and the Markdown table, from edged.loadgen.gpu_scenarios' results."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from edged.loadgen.gpu_scenarios import BULK_ALONE, BULK_ALONE_2X
+
+SATURATED_WITHIN = 0.10  # bulk saturates: twice the offered rate adds at most this share of rows/s
+
+
+def medians(repetitions: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per scenario and class, the median over the repetitions of each figure in the table;
+    a scenario whose every run failed keeps its first error."""
+    table = []
+    for every in zip(*repetitions):
+        runs = [run for run in every if "classes" in run]
+        failed = len(every) - len(runs)
+        if not runs:
+            table.append(
+                {"scenario": every[0]["scenario"], "classes": [], "failed": failed, "error": every[0]["error"]}
+            )
+            continue
+        rows = []
+        for per_class in zip(*(run["classes"] for run in runs)):
+            row = {"class": per_class[0]["class"], "offered_rps": per_class[0]["offered_rps"]}
+            for key in ("sent_rps", "ok", "overloaded", "goodput_rps", "ok_rows_per_s", "compute_p50_us"):
+                row[key] = statistics.median(r[key] for r in per_class)
+            latency = [r["latency_us"] for r in per_class]
+            row["latency_us"] = {k: statistics.median(lat[k] for lat in latency) for k in ("p50", "p99", "p999")}
+            row["preempted_calls"] = statistics.median(r["preempted"]["calls"] for r in per_class)
+            stopped = [
+                r["preempted"]["work_us"] / r["preempted"]["calls"] for r in per_class if r["preempted"]["calls"]
+            ]
+            row["preempted_us_each"] = statistics.median(stopped) if stopped else None
+            rows.append(row)
+        utilisation = [run["gpu_util_pct"] for run in runs if run.get("gpu_util_pct") is not None]
+        median_util = statistics.median(utilisation) if utilisation else None
+        table.append({"scenario": runs[0]["scenario"], "classes": rows, "gpu_util_pct": median_util, "failed": failed})
+    return table
+
+
+def saturation(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Does bulk saturate the GPU? Its achieved rows/s alone at twice the offered rate
+    against alone at the rate: within SATURATED_WITHIN, more load buys nothing. When the
+    generator could not send much more at twice the rate, the comparison says nothing."""
+    by_name = {result["scenario"]: result for result in results}
+    if BULK_ALONE not in by_name or BULK_ALONE_2X not in by_name:
+        return None
+    once, twice = (next(r for r in by_name[n]["classes"] if r["class"] == "bulk") for n in (BULK_ALONE, BULK_ALONE_2X))
+    rise = twice["ok_rows_per_s"] / once["ok_rows_per_s"] - 1 if once["ok_rows_per_s"] else float("inf")
+    sent_rise = twice["sent_rps"] / once["sent_rps"] - 1 if once["sent_rps"] else 0.0
+    figures = (
+        f"{once['ok_rows_per_s']:.0f} rows/s at the rate, {twice['ok_rows_per_s']:.0f} at twice it ({rise:+.0%}; "
+        f"sent {once['sent_rps']:.0f}/s and {twice['sent_rps']:.0f}/s)"
+    )
+    if sent_rise < 0.5:
+        verdict = f"bulk saturates: UNKNOWN: the generator sent only {sent_rise:+.0%} more at twice the rate: {figures}"
+        return {"saturated": None, "rise": rise, "sent_rise": sent_rise, "verdict": verdict}
+    saturated = rise <= SATURATED_WITHIN
+    verdict = f"bulk saturates: {'yes' if saturated else 'NO'} (within {SATURATED_WITHIN:.0%}): {figures}"
+    return {"saturated": saturated, "rise": rise, "sent_rise": sent_rise, "verdict": verdict}
+
+
+def format_table(device: str, repeats: int, results: list[dict[str, Any]], floor_us: dict[str, float] | None) -> str:
+    """The medians as a Markdown table. "preempted" is the class's calls cancelled for a higher
+    class, and the median time each ran until it stopped beside its calls' median: about
+    equal, and preemption bought nothing (on a GPU, a cancelled call waits for its stream)."""
+    lines = [
+        f"device: {device}; median of {repeats} interleaved repetitions",
+        "| scenario | class | offered/s | sent/s | ok | shed | good/s | ok rows/s | p50 ms | p99 ms | p99.9 ms "
+        "| GPU util % | preempted (ms until stopped / call p50) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        if not result["classes"]:
+            lines.append(f"| {result['scenario']} | FAILED ({result['failed']} of {repeats}): {result['error']} |")
+            continue
+        util = result.get("gpu_util_pct")
+        util_text = "-" if util is None else f"{util:.0f}"
+        failed = f" ({result['failed']} of {repeats} runs failed)" if result.get("failed") else ""
+        for row in result["classes"]:
+            lat = row["latency_us"]
+            lines.append(
+                f"| {result['scenario']}{failed} | {row['class']} | {row['offered_rps']:.0f} | {row['sent_rps']:.0f} | "
+                f"{row['ok']:.0f} | {row['overloaded']:.0f} | {row['goodput_rps']:.1f} | {row['ok_rows_per_s']:.0f} | "
+                + " | ".join(f"{lat[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
+                + f" | {util_text} | {_preempted(row)} |"
+            )
+    if floor_us is not None:
+        lines.append(
+            "| floor (in-process runner) | realtime | - | - | - | - | - | - | "
+            + " | ".join(f"{floor_us[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
+            + " | - | - |"
+        )
+    return "\n".join(lines)
+
+
+def _preempted(row: dict[str, Any]) -> str:
+    each = row.get("preempted_us_each")
+    if each is None:
+        return "0"
+    return f"{row['preempted_calls']:.0f} ({each / 1000:.2f} / {row['compute_p50_us'] / 1000:.2f})"
