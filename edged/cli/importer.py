@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from edged.models.repository import ModelEntry
-    from edged.serve.admission import ServiceTimes
+    from edged.serve.pricing import ServiceTimes
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from edged.models.onnx_import import parse_data, parse_shapes, write_folder
     from edged.models.repository import RepositoryError, entries_of
     from edged.models.warmup import ModelFailure
-    from edged.serve.admission import ServiceTimes
     from edged.serve.lanes.worker import load_and_warm
+    from edged.serve.pricing import ServiceTimes
 
     repository = args.repository or default_repository()
     name = args.name or args.model.stem

@@ -1,30 +1,22 @@
 """Admission: admit a request to its class's queue, or shed it at once.
 
-Pure decisions over a lane's live figures; nothing here blocks, sleeps or sends.
-A shed is a value with a reason and a retry hint, not an exception.
+Pure decisions over a lane's live figures (its prices: edged.serve.pricing; its
+backlog and pace: here); nothing here blocks, sleeps or sends. A shed is a value with
+a reason and a retry hint, not an exception.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from edged.config.classes import ClassConfig
 
-# Weight of the newest observation in the service-time average: heavy enough to
-# follow a change of load within a few dozen requests, light enough to ignore one outlier.
-EWMA_WEIGHT = 0.1
 # Admission keeps 1/this of the queued work ahead in hand (20%): see admit().
 QUEUE_SLACK_DIVISOR = 5
-# Input sizes remembered per size-priced model, the least recently seen dropped first:
-# enough for a few image or chunk sizes in rotation, few enough to republish per call.
-SIZES_KEPT = 8
-
-Key = TypeVar("Key", str, int)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,127 +27,37 @@ class Shed:
     beyond_one_run: bool = False  # the deadline is shorter than the model's own run
 
 
-class ServiceTimes:
-    """How long a backend call of each model takes on one lane, learned live.
-
-    A call costs a first row plus each further row: priced per request, a few
-    large batches would make every small request look expensive. A model whose cost
-    follows its input's size (`Signature.sized`) is priced per row too, each row at
-    what a row of its size costs, from the sizes measured (SizeCosts): per row, so
-    that a batch of four small images and one image four times their size, equal in
-    elements, are not taken for one size. Owned by a Lane: its workers, and the loop's
-    thread for the calls it runs itself, write it, each observation under the lock;
-    `Lane.offer` reads single values and the published SizeCosts, without it.
-    """
-
-    def __init__(self) -> None:
-        self._first_row_ns: dict[str, float] = {}
-        self._extra_row_ns: dict[str, float] = {}
-        self._measured: dict[str, dict[int, float]] = {}  # by model: elements -> call ns; workers only
-        self._sizes: dict[str, SizeCosts] = {}  # by model: what the loop reads, replaced whole
-        self._lock = threading.Lock()  # between its writers: the lane's workers and the loop's thread
-
-    def observe(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
-        """A call of `rows` rows took `call_ns`; `elements`: its inputs' size, for a size-priced model."""
-        # Every averaging is a read, then a write: without the lock, a switch of the GIL
-        # between the two loses the other writer's sample.
-        with self._lock:
-            if rows <= 1:
-                _update(self._first_row_ns, model, call_ns)
-            else:
-                first = self._first_row_ns.get(model, call_ns / rows)
-                _update(self._extra_row_ns, model, max(call_ns - first, 0.0) / (rows - 1))
-            if elements:
-                size = elements // max(rows, 1)
-                table = self._measured.setdefault(model, {})
-                _update(table, size, call_ns / max(rows, 1))
-                table[size] = table.pop(size)  # the most recently seen last
-                if len(table) > SIZES_KEPT:
-                    del table[next(iter(table))]
-                self._sizes[model] = SizeCosts.of(table)
-
-    def estimate_ns(self, model: str, rows: int = 1) -> int:
-        return int(self._first_row_ns.get(model, 0.0) + (rows - 1) * self.extra_row_ns(model))
-
-    def charge_ns(self, model: str, rows: int, elements: int = 0) -> int:
-        """What a job of `rows` rows adds to a lane's work: each row at the dearer of
-        a call's first row and a batch's further rows. A job alone costs its first
-        row; one batched behind others costs further rows, which cost more than the
-        first when batches run beside other work. Priced at the cheaper, a long queue
-        of batched jobs looked shorter than it was, and its tail expired.
-        A size-priced model's job (`elements` given) costs each row at its size's price."""
-        sizes = self._sizes.get(model) if elements else None
-        if sizes is not None:
-            return rows * sizes.estimate_ns(elements // max(rows, 1))
-        return int(rows * max(self._first_row_ns.get(model, 0.0), self.extra_row_ns(model)))
-
-    def measured(self, model: str, rows: int, elements: int) -> bool:
-        """Whether a request is priced from measurements rather than extrapolated: its
-        rows no larger than a size measured (always, for a model priced per row alone)."""
-        if not elements:
-            return True
-        sizes = self._sizes.get(model)
-        return sizes is not None and elements // max(rows, 1) <= sizes.sizes[-1]
-
-    def extra_row_ns(self, model: str) -> float:
-        """What each row past the first adds to a call (the first row's cost until a batch is seen)."""
-        return self._extra_row_ns.get(model, self._first_row_ns.get(model, 0.0))
-
-
-@dataclass(frozen=True, slots=True)
-class SizeCosts:
-    """A size-priced model's call times at the sizes measured lately, joined by
-    straight lines: a fixed part plus a part per element between each two sizes.
-
-    Lines rather than one fitted line: a model's cost is seldom exactly linear (the
-    OCR detector's grows faster than its pixels), and the chord of a cost that grows
-    ever faster lies above it, so a size between two measured ones is priced high
-    rather than low. Published whole by each observation: admission reads one
-    reference and bisects at most SIZES_KEPT sizes, a bounded constant of work.
-    """
-
-    sizes: tuple[int, ...]  # a row's elements, ascending
-    costs_ns: tuple[float, ...]  # what a row of each size adds to a call
-    top_ns: float  # the dearest measured call
-    beyond_ns: float  # per element past the largest size
-
-    @classmethod
-    def of(cls, measured: dict[int, float]) -> SizeCosts:
-        sizes = tuple(sorted(measured))
-        costs = tuple(measured[size] for size in sizes)
-        # Past the largest size: the steeper of the last segment and cost in proportion to
-        # size (zero fixed part), the most any cost with a fixed part of zero or more grows.
-        beyond = costs[-1] / sizes[-1]
-        if len(sizes) > 1:
-            beyond = max(beyond, (costs[-1] - costs[-2]) / (sizes[-1] - sizes[-2]))
-        return cls(sizes, costs, max(costs), beyond)
-
-    def estimate_ns(self, elements: int) -> int:
-        """A row of `elements` elements: at or below the smallest size its cost, between
-        two sizes on their line, past the largest the dearest cost measured plus
-        `beyond_ns` per further element: never priced as a smaller input."""
-        sizes, costs = self.sizes, self.costs_ns
-        i = bisect_left(sizes, elements)
-        if i == len(sizes):
-            return int(self.top_ns + self.beyond_ns * (elements - sizes[-1]))
-        if i == 0 or sizes[i] == elements:
-            return int(costs[i])
-        low, high = sizes[i - 1], sizes[i]
-        return int(costs[i - 1] + (costs[i] - costs[i - 1]) * (elements - low) / (high - low))
-
-
-def _update(averages: dict[Key, float], key: Key, value: float) -> None:
-    current = averages.get(key)
-    averages[key] = value if current is None else current + EWMA_WEIGHT * (value - current)
-
-
 # A lane's pace: the priced work it answers per ns of wall time while it holds work,
 # sampled over PACE_WINDOW_NS (or a shorter busy spell, of at least PACE_MIN_NS), each
-# sample weighing PACE_WEIGHT in the average. After PACE_STALE_NS idle, it starts over.
+# sample weighing PACE_WEIGHT in the average. After PACE_STALE_NS idle, it starts over
+# from the ideal, which its first sample then replaces whole: averaged with it, a lane
+# starved through its first window would look half as fast as the ideal in the next.
 PACE_WINDOW_NS = 50_000_000
 PACE_MIN_NS = 1_000_000
 PACE_WEIGHT = 0.5
 PACE_STALE_NS = 1_000_000_000
+# The sample under way counts once it is this long: over less, a worker still waking, or
+# waiting for the GIL behind a loop reading many requests, looks like a lane stopped.
+LIVE_MIN_NS = 10_000_000
+# How far ahead a lane's pace is trusted: TRUST_RATIO times as long as the lane has been
+# busy without a break, and TRUST_MIN_NS in any case; its own work ahead beyond that
+# counts UNPROVEN_FACTOR times over. A burst is read and admitted within a few ms,
+# before any sample can show what reading it does to the lane (on two cores, niced bulk
+# workers beside a socket loop reading one were seen to take 70-130 ms over a 2 ms
+# call): admitted at the ideal pace, a third of such a burst expired in the queue. A
+# long deadline still admits a long queue; a short one, only what the lane has earned.
+TRUST_RATIO = 4
+TRUST_MIN_NS = 20_000_000
+UNPROVEN_FACTOR = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What a lane can promise now: the pace its work ahead goes at, and how much of
+    that work (in ns at that pace) it trusts the pace for (see TRUST_RATIO)."""
+
+    pace: float
+    trusted_ns: float = math.inf
 
 
 class Backlog:
@@ -179,7 +81,9 @@ class Backlog:
         self._on_empty = on_empty  # told each time the last job is answered
         self._ideal = float(workers)  # each worker getting through a priced ns in a ns
         self._pace = self._ideal
+        self._measured = False  # whether the pace is a sample's, or the ideal (unmeasured, or stale)
         self._spell_ns = 0  # when the current sample began
+        self._busy_since_ns = 0  # when the lane last went from idle to holding work
         self._answered_ns = 0  # priced work answered since then
         self._last_ns = 0  # when the last job was answered
 
@@ -188,8 +92,9 @@ class Backlog:
             if not self._depth:
                 now_ns = time.monotonic_ns()
                 if now_ns - self._last_ns > PACE_STALE_NS:
-                    self._pace = self._ideal
+                    self._pace, self._measured = self._ideal, False
                 self._spell_ns, self._answered_ns = now_ns, 0
+                self._busy_since_ns = now_ns
             self._depth += 1
             self._work_ns += cost_ns
 
@@ -204,10 +109,32 @@ class Backlog:
             emptied = self._depth == 0
             if spell_ns >= PACE_WINDOW_NS or (emptied and spell_ns >= PACE_MIN_NS):
                 sample = self._answered_ns / spell_ns
-                self._pace = max((1 - PACE_WEIGHT) * self._pace + PACE_WEIGHT * sample, self._ideal / 100)
+                weight = PACE_WEIGHT if self._measured else 1.0
+                self._pace = max((1 - weight) * self._pace + weight * sample, self._ideal / 100)
+                self._measured = True
                 self._spell_ns, self._answered_ns = now_ns, 0
         if emptied and self._on_empty is not None:
             self._on_empty()
+
+    def outlook(self, now_ns: int, in_hand_ns: int, yielding: bool = False) -> Outlook:
+        """The lane's outlook now (the socket loop, on each arrival).
+
+        Its pace: the average, or the current sample's own when that is slower: the work
+        answered in it plus the calls under way (`in_hand_ns`, credited whole, as if
+        they returned this instant), over its time so far. A lane starved of the CPU
+        answers next to nothing for tens of ms, and admission must see that while it
+        lasts, not when the sample closes; but not while the lane `yielding` waits for
+        higher classes, whose work admission counts as such. How far ahead: see TRUST_RATIO.
+        Read without the lock: a sample that restarts meanwhile gives a figure that is
+        too high, which the average then bounds."""
+        if not self._depth:
+            return Outlook(self._pace)
+        trusted_ns = TRUST_MIN_NS + TRUST_RATIO * (now_ns - self._busy_since_ns)
+        elapsed_ns = now_ns - self._spell_ns
+        if elapsed_ns < LIVE_MIN_NS or yielding:
+            return Outlook(self._pace, trusted_ns)
+        live = (self._answered_ns + in_hand_ns) / elapsed_ns
+        return Outlook(max(min(self._pace, live), self._ideal / 100), trusted_ns)
 
     @property
     def average_job_ns(self) -> float:
@@ -229,11 +156,19 @@ class Backlog:
 
 
 def admit(
-    klass: ClassConfig, backlog: Backlog, cost_ns: int, budget_ns: int, above_ns: int = 0, done_ns: int = 0
+    klass: ClassConfig,
+    backlog: Backlog,
+    cost_ns: int,
+    budget_ns: int,
+    above_ns: int = 0,
+    done_ns: int = 0,
+    outlook: Outlook | None = None,
 ) -> Shed | None:
     """None to admit; a Shed when the queue is full or the deadline cannot be met.
     `above_ns` is the work of higher classes that this one waits for (it yields);
-    `done_ns` the part of the lane's own backlog that its calls in flight have done."""
+    `done_ns` the part of the lane's own backlog that its calls in flight have done;
+    `outlook` what the lane can promise now (`Backlog.outlook`; its average pace,
+    trusted without limit, if None)."""
     depth = backlog.depth
     if depth >= klass.queue_capacity:
         # One slot frees when the average job ahead finishes on one of the workers.
@@ -244,7 +179,11 @@ def admit(
             f"(classes.{klass.name}.queue_capacity = {klass.queue_capacity})",
             retry_hint_ms(per_job_ns / klass.workers),
         )
-    queued_ns = int(max(backlog.work_ns - done_ns, 0) / backlog.pace) + above_ns
+    outlook = outlook or Outlook(backlog.pace)
+    own_ns = max(backlog.work_ns - done_ns, 0) / outlook.pace
+    if own_ns > outlook.trusted_ns:
+        own_ns = outlook.trusted_ns + (own_ns - outlook.trusted_ns) * UNPROVEN_FACTOR
+    queued_ns = int(own_ns) + above_ns
     # The estimate of a long queue errs by a share of its length, and a job admitted with
     # no slack then expires: admission keeps that share in hand.
     ahead_ns = queued_ns + queued_ns // QUEUE_SLACK_DIVISOR

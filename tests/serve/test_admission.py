@@ -8,7 +8,8 @@ import time
 import numpy as np
 
 from edged.config.classes import ClassConfig
-from edged.serve.admission import SIZES_KEPT, Backlog, ServiceTimes, Shed, admit
+from edged.serve.admission import TRUST_MIN_NS, TRUST_RATIO, Backlog, Outlook, Shed, admit
+from edged.serve.pricing import SIZES_KEPT, ServiceTimes
 from edged.wire.codec import TensorSpec
 from edged.wire.signature import Signature
 
@@ -93,6 +94,45 @@ def test_a_lane_measured_slower_than_its_prices_admits_less_work_behind_its_back
     backlog.add(10 * MS)
     shed = admit(lane(), backlog, cost_ns=1 * MS, budget_ns=30 * MS)
     assert shed is not None and shed.reason == "deadline", shed
+
+
+def test_a_lane_starved_now_is_seen_before_its_first_sample_closes() -> None:
+    """Niced workers beside a socket loop reading a burst answer next to nothing for
+    tens of ms, and the burst is admitted within them: the pace admission uses is the
+    sample under way's as soon as that is slower than the average, not the average."""
+    backlog = backlog_of(*[5 * MS] * 8)  # 40 ms of work, nothing answered yet
+    start_ns = time.monotonic_ns()
+    # Within its first 10 ms (LIVE_MIN_NS), and with the call in hand credited whole: the average.
+    assert backlog.outlook(start_ns, in_hand_ns=5 * MS).pace == 1.0
+    # 20 ms on, one 5 ms call in hand and nothing answered: a quarter of the ideal at most.
+    later_ns = start_ns + 20 * MS
+    outlook = backlog.outlook(later_ns, in_hand_ns=5 * MS)
+    assert outlook.pace <= 0.26
+    # The average alone admits a 150 ms budget behind the 40 ms ahead; the live pace sheds it.
+    assert admit(lane(queue_capacity=16), backlog, cost_ns=5 * MS, budget_ns=150 * MS) is None
+    shed = admit(lane(queue_capacity=16), backlog, cost_ns=5 * MS, budget_ns=150 * MS, outlook=Outlook(outlook.pace))
+    assert shed is not None and shed.reason == "deadline" and "yet" not in shed.message, shed
+    # A lane keeping up (its work answered as fast as it was priced) is never slowed by it.
+    for _ in range(4):
+        backlog.finish(5 * MS)
+    assert backlog.outlook(later_ns, in_hand_ns=5 * MS).pace == backlog.pace
+
+
+def test_work_ahead_beyond_what_a_lane_has_seen_its_pace_hold_for_counts_more() -> None:
+    """A burst is admitted within a few ms, before any sample shows what it does to
+    the lane: its own work ahead past TRUST_MIN_NS plus TRUST_RATIO times the lane's busy
+    time counts UNPROVEN_FACTOR times over. A long deadline still takes a long queue."""
+    backlog = backlog_of(*[5 * MS] * 10)  # 50 ms ahead, at the ideal pace
+    start_ns = time.monotonic_ns()
+    fresh = backlog.outlook(start_ns, in_hand_ns=5 * MS)
+    assert fresh.trusted_ns <= TRUST_MIN_NS + TRUST_RATIO * 1 * MS
+    # 50 ms ahead would fit 100 ms with room to spare; 20 + 30 x 4 = 140 ms does not.
+    shed = admit(lane(queue_capacity=64), backlog, cost_ns=5 * MS, budget_ns=100 * MS, outlook=fresh)
+    assert shed is not None and shed.reason == "deadline", shed
+    assert admit(lane(queue_capacity=64), backlog, cost_ns=5 * MS, budget_ns=1000 * MS, outlook=fresh) is None
+    seasoned = Outlook(fresh.pace, trusted_ns=TRUST_MIN_NS + TRUST_RATIO * 20 * MS)
+    assert admit(lane(queue_capacity=64), backlog, cost_ns=5 * MS, budget_ns=100 * MS, outlook=seasoned) is None
+    assert backlog_of().outlook(start_ns, in_hand_ns=0).trusted_ns == float("inf")  # an idle lane: nothing ahead
 
 
 def test_a_fifth_of_the_work_ahead_is_kept_in_hand() -> None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from edged.serve.admission import Backlog, ServiceTimes
+from edged.serve.admission import Backlog
+from edged.serve.pricing import ServiceTimes
 from edged.serve.stats import ClassStats
 
 ROUNDS = 20_000

@@ -16,7 +16,7 @@ from typing import Any
 from edged.backends import Backend
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
-from edged.serve.admission import Backlog, ServiceTimes, Shed, admit
+from edged.serve.admission import Backlog, Shed, admit
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.inline import InlinePath
@@ -25,6 +25,7 @@ from edged.serve.lanes.routes import Aside, Inline, Queued, Route
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.lanes.worker import STOP, Remeasure, Worker
 from edged.serve.pending import PendingBytes
+from edged.serve.pricing import ServiceTimes
 from edged.serve.stats import ClassStats
 from edged.serve.transport import Transport
 from edged.wire.codec import Request, Status, tensor_views
@@ -167,7 +168,9 @@ class Lane:
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
-        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, self._calls.done_ns(now_ns))
+        done_ns, in_hand_ns = self._calls.progress(now_ns)
+        outlook = self.backlog.outlook(now_ns, in_hand_ns, yielding=above_ns > 0)
+        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, done_ns, outlook)
         if shed is None:  # its bytes are held only once admission admits it
             peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
             shed = self._pending.take(peer, nbytes, self.backlog)

@@ -71,15 +71,16 @@ class OpenCalls:
                     lost += 1
         return Overdue(jobs, lost)
 
-    def done_ns(self, now_ns: int) -> int:
-        """How much of the work charged for the calls in flight is already done, by
-        their elapsed time (each at most its charge): admission counts only the rest
-        as ahead (socket loop, on each arrival)."""
+    def progress(self, now_ns: int) -> tuple[int, int]:
+        """The calls in flight as admission counts them (socket loop, on each arrival):
+        how much of the work charged for them is done, by their elapsed time (each at
+        most its charge), and that charge whole."""
         if not self._open:
-            return 0
+            return 0, 0
         # A snapshot without the lock: a call that begins or ends meanwhile is off by one call.
         calls = list(self._open.values())
-        return sum(min(now_ns - call.started_ns, sum(job.cost_ns for job in call.jobs)) for call in calls)
+        charges = [(now_ns - call.started_ns, sum(job.cost_ns for job in call.jobs)) for call in calls]
+        return sum(min(elapsed, charge) for elapsed, charge in charges), sum(charge for _, charge in charges)
 
     def abandoned(self, thread: threading.Thread) -> bool:
         """Whether the watchdog gave up on `thread`: a worker asks before each job."""

@@ -27,11 +27,11 @@ from edged.backends import Backend, CallStop, Runner
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 from edged.models.warmup import load_failure, tiled, warmup_failure
-from edged.serve.admission import ServiceTimes
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job, fill, stack, unstack
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.watchdog import OpenCalls
+from edged.serve.pricing import ServiceTimes
 
 log = logging.getLogger("edged.lanes")
 

@@ -29,10 +29,10 @@ from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry, Variant, discover
 from edged.protocol import encode_request
-from edged.serve.admission import ServiceTimes
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.worker import Worker
+from edged.serve.pricing import ServiceTimes
 from edged.wire.codec import TensorSpec
 from edged.wire.signature import Signature
 
