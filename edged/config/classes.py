@@ -56,6 +56,12 @@ class ClassConfig:
     max_call_ms: float | None = None
     preemptible: bool = False
 
+    @property
+    def gives_way(self) -> bool:
+        """Whether the lane yields to higher classes or runs niced: the lane a burst read
+        by the socket loop starves first, whose pace admission watches as it goes."""
+        return self.yields or self.nice > 0
+
 
 # As written, before caps are derived (see resolve_caps): the bases a config file's
 # [classes.NAME] tables start from.
