@@ -59,7 +59,8 @@ class ClassConfig:
     @property
     def gives_way(self) -> bool:
         """Whether the lane yields to higher classes or runs niced: the lane a burst read
-        by the socket loop starves first, whose pace admission watches as it goes."""
+        by the socket loop starves first, whose pace admission watches as it goes and
+        trusts only as far as it has seen it (edged.serve.admission.Backlog.outlook)."""
         return self.yields or self.nice > 0
 
 

@@ -116,22 +116,22 @@ class Backlog:
         if emptied and self._on_empty is not None:
             self._on_empty()
 
-    def outlook(self, now_ns: int, in_hand_ns: int, live: bool = True) -> Outlook:
+    def outlook(self, now_ns: int, in_hand_ns: int, watched: bool = True) -> Outlook:
         """The lane's outlook now (the socket loop, on each arrival).
 
         Its pace: the average, or the current sample's own when that is slower: the work
         answered in it plus the calls under way (`in_hand_ns`, credited whole, as if
         they returned this instant), over its time so far. A lane starved of the CPU
         answers next to nothing for tens of ms, and admission must see that while it
-        lasts, not when the sample closes (only where `live`: see Lane.offer). How far
-        ahead: see TRUST_RATIO.
+        lasts, not when the sample closes. How far ahead: see TRUST_RATIO. Both only
+        for a lane `watched` (see Lane.offer); another has its average, trusted in full.
         Read without the lock: a sample that restarts meanwhile gives a figure that is
         too high, which the average then bounds."""
-        if not self._depth:
+        if not self._depth or not watched:
             return Outlook(self._pace)
         trusted_ns = TRUST_MIN_NS + TRUST_RATIO * (now_ns - self._busy_since_ns)
         elapsed_ns = now_ns - self._spell_ns
-        if elapsed_ns < LIVE_MIN_NS or not live:
+        if elapsed_ns < LIVE_MIN_NS:
             return Outlook(self._pace, trusted_ns)
         live = (self._answered_ns + in_hand_ns) / elapsed_ns
         return Outlook(max(min(self._pace, live), self._ideal / 100), trusted_ns)

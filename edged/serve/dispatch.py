@@ -137,6 +137,7 @@ class Dispatcher:
 
     def _class_stats(self, name: str, lane: Lane) -> dict[str, Any]:
         figures = lane.stats.snapshot(lane.backlog.depth)
+        figures["prices"] = lane.service.prices()
         reservation = self.reservations.get(name)
         if reservation is not None:
             figures["gpu"] = reservation.to_wire()

@@ -3,13 +3,15 @@ for admission (edged.serve.admission) to weigh a request against its deadline.""
 
 from __future__ import annotations
 
+import math
 import threading
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-# Weight of the newest observation in the service-time average: heavy enough to
-# follow a change of load within a few dozen requests, light enough to ignore one outlier.
+# Weight of the newest observation in the service-time average, once it holds
+# 1/EWMA_WEIGHT of them: heavy enough to follow a change of load within a few dozen
+# requests, light enough to ignore one outlier (see Average).
 EWMA_WEIGHT = 0.1
 
 # Input sizes remembered per size-priced model, the least recently seen dropped first:
@@ -33,9 +35,9 @@ class ServiceTimes:
     """
 
     def __init__(self) -> None:
-        self._first_row_ns: dict[str, float] = {}
-        self._extra_row_ns: dict[str, float] = {}
-        self._measured: dict[str, dict[int, float]] = {}  # by model: elements -> call ns; workers only
+        self._first_row_ns: dict[str, Average] = {}
+        self._extra_row_ns: dict[str, Average] = {}
+        self._measured: dict[str, dict[int, Average]] = {}  # by model: elements -> call ns; workers only
         self._sizes: dict[str, SizeCosts] = {}  # by model: what the loop reads, replaced whole
         self._lock = threading.Lock()  # between its writers: the lane's workers and the loop's thread
 
@@ -47,7 +49,7 @@ class ServiceTimes:
             if rows <= 1:
                 _update(self._first_row_ns, model, call_ns)
             else:
-                first = self._first_row_ns.get(model, call_ns / rows)
+                first = _value(self._first_row_ns, model, call_ns / rows)
                 _update(self._extra_row_ns, model, max(call_ns - first, 0.0) / (rows - 1))
             if elements:
                 size = elements // max(rows, 1)
@@ -56,10 +58,10 @@ class ServiceTimes:
                 table[size] = table.pop(size)  # the most recently seen last
                 if len(table) > SIZES_KEPT:
                     del table[next(iter(table))]
-                self._sizes[model] = SizeCosts.of(table)
+                self._sizes[model] = SizeCosts.of({size: average.value for size, average in table.items()})
 
     def estimate_ns(self, model: str, rows: int = 1) -> int:
-        return int(self._first_row_ns.get(model, 0.0) + (rows - 1) * self.extra_row_ns(model))
+        return int(_value(self._first_row_ns, model, 0.0) + (rows - 1) * self.extra_row_ns(model))
 
     def charge_ns(self, model: str, rows: int, elements: int = 0) -> int:
         """What a job of `rows` rows adds to a lane's work: each row at the dearer of
@@ -71,7 +73,7 @@ class ServiceTimes:
         sizes = self._sizes.get(model) if elements else None
         if sizes is not None:
             return rows * sizes.estimate_ns(elements // max(rows, 1))
-        return int(rows * max(self._first_row_ns.get(model, 0.0), self.extra_row_ns(model)))
+        return int(rows * max(_value(self._first_row_ns, model, 0.0), self.extra_row_ns(model)))
 
     def measured(self, model: str, rows: int, elements: int) -> bool:
         """Whether a request is priced from measurements rather than extrapolated: its
@@ -81,9 +83,28 @@ class ServiceTimes:
         sizes = self._sizes.get(model)
         return sizes is not None and elements // max(rows, 1) <= sizes.sizes[-1]
 
+    def prices(self) -> dict[str, dict[str, Any]]:
+        """What the lane charges, by model, as the stats op shows it (socket loop): per
+        row by size for a size-priced model, with how a larger size is priced
+        ("line": through the two largest measured; "guess": see SizeCosts.beyond_ns);
+        else a call's first row and each further row."""
+        shown: dict[str, dict[str, Any]] = {}
+        # Copied in one step each (the workers add models meanwhile), then deduplicated in order.
+        for model in dict.fromkeys([*self._first_row_ns, *self._sizes]):
+            sizes = self._sizes.get(model)
+            if sizes is None:
+                shown[model] = {
+                    "first_row_ms": round(_value(self._first_row_ns, model, 0.0) / 1e6, 3),
+                    "extra_row_ms": round(self.extra_row_ns(model) / 1e6, 3),
+                }
+            else:
+                by_size = {str(size): round(cost / 1e6, 3) for size, cost in zip(sizes.sizes, sizes.costs_ns)}
+                shown[model] = {"row_ms_by_elements": by_size, "past_largest": "line" if sizes.slope_ns else "guess"}
+        return shown
+
     def extra_row_ns(self, model: str) -> float:
         """What each row past the first adds to a call (the first row's cost until a batch is seen)."""
-        return self._extra_row_ns.get(model, self._first_row_ns.get(model, 0.0))
+        return _value(self._extra_row_ns, model, _value(self._first_row_ns, model, 0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,40 +115,76 @@ class SizeCosts:
     Lines rather than one fitted line: a model's cost is seldom exactly linear (the
     OCR detector's grows faster than its pixels), and the chord of a cost that grows
     ever faster lies above it, so a size between two measured ones is priced high
-    rather than low. Published whole by each observation: admission reads one
+    rather than low. Past the largest size, see `beyond_ns`. Published whole by each observation: admission reads one
     reference and bisects at most SIZES_KEPT sizes, a bounded constant of work.
     """
 
     sizes: tuple[int, ...]  # a row's elements, ascending
     costs_ns: tuple[float, ...]  # what a row of each size adds to a call
     top_ns: float  # the dearest measured call
-    beyond_ns: float  # per element past the largest size
+    slope_ns: float  # per element past the largest size, by the last two; 0: unknown
 
     @classmethod
     def of(cls, measured: dict[int, float]) -> SizeCosts:
         sizes = tuple(sorted(measured))
         costs = tuple(measured[size] for size in sizes)
-        # Past the largest size: the steeper of the last segment and cost in proportion to
-        # size (zero fixed part), the most any cost with a fixed part of zero or more grows.
-        beyond = costs[-1] / sizes[-1]
-        if len(sizes) > 1:
-            beyond = max(beyond, (costs[-1] - costs[-2]) / (sizes[-1] - sizes[-2]))
-        return cls(sizes, costs, max(costs), beyond)
+        slope = (costs[-1] - costs[-2]) / (sizes[-1] - sizes[-2]) if len(sizes) > 1 else 0.0
+        return cls(sizes, costs, max(costs), max(slope, 0.0))
 
     def estimate_ns(self, elements: int) -> int:
         """A row of `elements` elements: at or below the smallest size its cost, between
-        two sizes on their line, past the largest the dearest cost measured plus
-        `beyond_ns` per further element: never priced as a smaller input."""
+        two sizes on their line; past the largest, `beyond_ns`."""
         sizes, costs = self.sizes, self.costs_ns
         i = bisect_left(sizes, elements)
         if i == len(sizes):
-            return int(self.top_ns + self.beyond_ns * (elements - sizes[-1]))
+            return self.beyond_ns(elements)
         if i == 0 or sizes[i] == elements:
             return int(costs[i])
         low, high = sizes[i - 1], sizes[i]
         return int(costs[i - 1] + (costs[i] - costs[i - 1]) * (elements - low) / (high - low))
 
+    def beyond_ns(self, elements: int) -> int:
+        """A row larger than any measured, never below the dearest cost measured.
 
-def _update(averages: dict[Key, float], key: Key, value: float) -> None:
+        With two sizes measured, the line through the last two, extended: what they
+        justify, a fixed part and a part per element (for the OCR detector warmed up at
+        320 and 640 pixels square, 960 was priced within 5x of its compute). With one
+        size, or two whose costs fell with size (noise), how the cost grows is unknown,
+        and the price is a guess: the geometric mean of the least it can cost, the cost
+        measured, and the most, that cost in proportion to size, which is that cost times
+        the square root of the size's ratio. In proportion alone, a 1x1-pixel warm-up
+        priced a 320x480 image at minutes, shed it for ever, never ran it, so never
+        measured it; the mean prices it at about 0.25 s, and it runs in a 5 s deadline
+        (then measured), while a 960x960 image in 20 ms (about 0.6 s) is shed unrun."""
+        largest = self.sizes[-1]
+        if self.slope_ns:
+            return int(max(self.costs_ns[-1] + self.slope_ns * (elements - largest), self.top_ns))
+        return int(self.top_ns * math.sqrt(elements / largest))
+
+
+@dataclass(slots=True)
+class Average:
+    """A running mean of the first 1/EWMA_WEIGHT observations, an exponential average
+    after: the first calls of a size each count equally, so a price from one slow call
+    (or a guess's first run) is corrected within a few calls, and later no single call
+    moves it by more than EWMA_WEIGHT of its difference."""
+
+    value: float
+    count: int = 1
+
+    def add(self, sample: float) -> None:
+        self.count += 1
+        self.value += max(EWMA_WEIGHT, 1 / self.count) * (sample - self.value)
+
+
+def _update(averages: dict[Key, Average], key: Key, value: float) -> None:
     current = averages.get(key)
-    averages[key] = value if current is None else current + EWMA_WEIGHT * (value - current)
+    if current is None:
+        averages[key] = Average(value)
+    else:
+        current.add(value)
+
+
+def _value(averages: dict[Key, Average], key: Key, default: float) -> float:
+    current = averages.get(key)
+    return default if current is None else current.value

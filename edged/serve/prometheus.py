@@ -79,6 +79,18 @@ class StatsCollector:
         latency_max = GaugeMetricFamily(
             "edged_latency_max_seconds", "Largest latency since start-up, by stage.", labels=["class", "stage"]
         )
+        prices = GaugeMetricFamily(
+            "edged_price_seconds",
+            "What admission charges: a row of a size-priced model, by its elements as measured; else a call's "
+            "first row (elements 'first') and each further row ('extra').",
+            labels=["class", "model", "elements"],
+        )
+        guessed = GaugeMetricFamily(
+            "edged_price_guessed",
+            "1 where a size-priced model's rows larger than any measured are priced by a guess (one size "
+            "measured), 0 where by the line through the two largest.",
+            labels=["class", "model"],
+        )
         for klass, figures in classes.items():
             for outcome in ("completed", "failed", "expired"):
                 outcomes.add_metric([klass, outcome], figures[outcome])
@@ -93,12 +105,27 @@ class StatsCollector:
                 for label, q in PERCENTILES.items():
                     latency.add_metric([klass, stage, str(q)], summary[label] / 1e6)
                 latency_max.add_metric([klass, stage], summary["max"] / 1e6)
+            for model, price in figures.get("prices", {}).items():
+                _add_price(prices, guessed, klass, model, price)
         yield outcomes
         yield from counters.values()
         yield from preempted.values()
         yield depth
         yield latency
         yield latency_max
+        yield prices
+        yield guessed
+
+
+def _add_price(prices: Any, guessed: Any, klass: str, model: str, price: dict[str, Any]) -> None:
+    by_size = price.get("row_ms_by_elements")
+    if by_size is None:
+        prices.add_metric([klass, model, "first"], price["first_row_ms"] / 1e3)
+        prices.add_metric([klass, model, "extra"], price["extra_row_ms"] / 1e3)
+        return
+    for elements, ms in by_size.items():
+        prices.add_metric([klass, model, elements], ms / 1e3)
+    guessed.add_metric([klass, model], 1.0 if price["past_largest"] == "guess" else 0.0)
 
 
 class PrometheusEndpoint:

@@ -224,3 +224,54 @@ def estimate_ms(sock: zmq.Socket, side: int) -> float:
     found = re.search(r"the model alone takes about ([0-9.]+) ms", reply.header["error"])
     assert found, reply.header["error"]
     return float(found.group(1))
+
+
+# --- prices that learn (issue 22) ---------------------------------------------------------
+
+GUESS_CONFIG = """
+[server]
+model_repository = "{repository}"
+default_class = "standard"
+
+[classes.realtime]
+max_batch = 1
+inline_max_us = 0
+
+[classes.standard]
+max_batch = 1
+deadline_ms = 5000.0
+"""
+
+
+def test_a_size_past_a_tiny_warmup_runs_once_in_standard_then_is_priced_by_its_measurement(
+    context: zmq.Context, ocr_repository: Path, ocr_file: Path
+) -> None:
+    """Issue 22's case: warmed up at 1x1 pixels alone (a plain import's old outcome), a
+    320x480 image in standard with 5 s was priced at minutes and shed for ever. Now its
+    price past the one size measured is a bounded guess: it runs, equal to in-process,
+    and from then on its size is measured (stats shows it; admission uses it)."""
+    set_warmup(ocr_repository / "ocr" / "manifest.json", [{"shapes": {"x": [1, 3, 1, 1]}, "data": "random"}])
+    running = start_daemon(GUESS_CONFIG.format(repository=ocr_repository))
+    try:
+        sock = connect(context, running.ipc)
+        stats = exchange(sock, [header(id="s", op="stats")]).header["classes"]["standard"]
+        assert stats["prices"]["ocr"]["past_largest"] == "guess", stats["prices"]
+        x = image(320, 480, seed=5)
+        request = encode_request("x", model="ocr", klass="standard", inputs={"x": x})
+        reply = exchange(sock, request)
+        assert reply.status == "OK", reply.header
+        expected = ort.InferenceSession(str(ocr_file), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_allclose(reply.output(), expected, rtol=0, atol=1e-4)
+        compute_ms = reply.header["timing_us"]["compute"] / 1000
+        prices = exchange(sock, [header(id="s", op="stats")]).header["classes"]["standard"]["prices"]["ocr"]
+        by_size = prices["row_ms_by_elements"]
+        assert str(3 * 320 * 480) in by_size, prices
+        assert by_size[str(3 * 320 * 480)] == pytest.approx(compute_ms, rel=0.5), (prices, compute_ms)
+        # The same size in realtime's 20 ms, on the realtime lane that never ran it, is still a
+        # guess there; a 960x960 image is shed at once, never run.
+        before = exchange(sock, [header(id="s", op="stats")]).header["classes"]["realtime"]
+        big = exchange(sock, detect(960, 20.0))
+        after = exchange(sock, [header(id="s", op="stats")]).header["classes"]["realtime"]
+        assert big.status == "OVERLOADED" and after["backend_calls"] == before["backend_calls"], big.header
+    finally:
+        running.close()

@@ -3,6 +3,7 @@ cannot be met, with a retry hint a client can act on; admit otherwise."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -216,22 +217,47 @@ def test_a_batch_of_small_rows_and_one_large_row_are_not_one_size() -> None:
     assert times.charge_ns("m", 1, elements=400) == 12 * MS
 
 
-def test_a_size_beyond_those_measured_is_priced_up_from_the_dearest_never_as_the_smallest() -> None:
+def test_a_size_beyond_those_measured_follows_two_sizes_and_is_a_bounded_guess_from_one() -> None:
     times = ServiceTimes()
     times.observe("m", 1 * MS, rows=1, elements=100)  # a fixed part dominates small inputs
     times.observe("m", 2 * MS, rows=1, elements=200)
-    # Past 200: 2 ms plus the steeper of the last segment (1 ms per 100) and 2 ms per 200 in proportion.
+    # Past 200: the line through the two (2 ms plus 1 ms per 100 more).
     assert times.charge_ns("m", 1, elements=1000) == 10 * MS
     assert not times.measured("m", 1, 1000) and times.measured("m", 1, 150)
-    # One size alone gives no slope: cost in proportion to size, the most a cost with a fixed part grows.
+    # One tiny size alone (an image of 1x1 pixels, 1 ms): between that cost and the cost in
+    # proportion to size, their geometric mean. A 960x960 image (0.96 s) is shed in
+    # realtime's 20 ms, never run; a 320x480 one (0.39 s) is admitted in standard's 5 s,
+    # to run and be measured. In proportion alone, both were priced at minutes.
     one = ServiceTimes()
     one.observe("m", 1 * MS, rows=1, elements=3)
-    assert one.charge_ns("m", 1, elements=3 * 960 * 960) == 960 * 960 * MS
-    # A noisy measurement that fell with size: never below the dearest measured.
+    assert one.charge_ns("m", 1, elements=3 * 960 * 960) == 960 * MS
+    realtime, standard = lane(deadline_ms=20.0), lane(deadline_ms=5000.0)
+    big = admit(realtime, backlog_of(), one.charge_ns("m", 1, 3 * 960 * 960), budget_ns=20 * MS)
+    assert big is not None and big.beyond_one_run, big
+    assert admit(standard, backlog_of(), one.charge_ns("m", 1, 3 * 320 * 480), budget_ns=5000 * MS) is None
+    # A noisy measurement that fell with size: a guess from the dearest, never below it.
     noisy = ServiceTimes()
     noisy.observe("m", 5 * MS, rows=1, elements=100)
     noisy.observe("m", 4 * MS, rows=1, elements=101)
-    assert noisy.charge_ns("m", 1, elements=102) >= 5 * MS
+    assert 5 * MS <= noisy.charge_ns("m", 1, elements=102) <= 5.1 * MS
+    assert noisy.charge_ns("m", 1, elements=400) == int(5 * MS * math.sqrt(400 / 101))
+
+
+def test_a_guessed_size_once_run_is_priced_by_its_measurement_and_corrected_by_the_next_calls() -> None:
+    """The first calls of a size each count equally: one slow first call is averaged away
+    within a few, and after ten, one call moves the price by a tenth of its difference."""
+    times = ServiceTimes()
+    times.observe("m", 1 * MS, rows=1, elements=3)
+    assert times.charge_ns("m", 1, elements=3 * 320 * 480) > 300 * MS  # a guess
+    times.observe("m", 200 * MS, rows=1, elements=3 * 320 * 480)  # its first run, slow (a hiccup)
+    for _ in range(3):
+        times.observe("m", 50 * MS, rows=1, elements=3 * 320 * 480)
+    assert times.charge_ns("m", 1, elements=3 * 320 * 480) == int((200 + 3 * 50) / 4 * MS)
+    for _ in range(50):
+        times.observe("m", 50 * MS, rows=1, elements=3 * 320 * 480)
+    before = times.charge_ns("m", 1, elements=3 * 320 * 480)
+    times.observe("m", 500 * MS, rows=1, elements=3 * 320 * 480)  # one slow call, late
+    assert times.charge_ns("m", 1, elements=3 * 320 * 480) <= before + 0.1 * (500 * MS - before) + 1
 
 
 def test_a_size_measured_once_is_no_longer_extrapolated() -> None:

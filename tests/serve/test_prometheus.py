@@ -89,6 +89,15 @@ def test_a_scrape_reports_what_the_stats_op_reports(scraped_daemon: tuple[Runnin
                 summary["p99"] / 1e6
             )
             assert value(samples, "edged_latency_max_seconds", **labels) == pytest.approx(summary["max"] / 1e6)
+        # What admission charges, as stats shows it: the demo models are priced per row.
+        assert set(figures["prices"]) == {"mlp-light", "cnn-heavy"}, figures["prices"]
+        for model, price in figures["prices"].items():
+            assert price["first_row_ms"] > 0, (klass, model, price)
+            for elements in ("first", "extra"):
+                labels = {"class": klass, "model": model, "elements": elements}
+                assert value(samples, "edged_price_seconds", **labels) == pytest.approx(
+                    price[f"{elements}_row_ms"] / 1e3
+                )
 
 
 def test_the_endpoint_also_reports_the_process(scraped_daemon: tuple[RunningDaemon, int]) -> None:
