@@ -7,6 +7,8 @@
   `stateN` = state + the sum of each row of the padded input, and `output` [batch, 1] =
   the sum of stateN over its other axes times sr / 1000. Its result depends on the
   state carried from call to call, as a streaming model's does.
+- `tiny_image`: y = x + a constant [1, 3, 2, 2], x [batch, 3, height, width]: it takes
+  images of 1 or 2 pixels a side only, as a model that cannot serve a real size.
 """
 
 from __future__ import annotations
@@ -80,6 +82,18 @@ def streamer(path: Path) -> Path:
 
 def run_in_process(path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+
+
+def tiny_image(path: Path) -> Path:
+    offset = numpy_helper.from_array(np.ones((1, 3, 2, 2), dtype=np.float32), "offset")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "offset"], ["y"])],
+        "tiny_image",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [offset],
+    )
+    return _save(graph, path)
 
 
 def set_warmup(manifest: Path, warmup: list[dict]) -> None:
