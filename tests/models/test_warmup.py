@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import ENGINES, RunningDaemon, run_edged, short_dir
-from support.stream_models import padder, run_in_process, set_warmup, streamer, tiny_image
+from support.stream_models import padder, reshaper, run_in_process, set_warmup, streamer, tiny_image
 
 from edged.client import AsyncClient, Client
 from edged.models.repository import RepositoryError, entries_of
@@ -118,6 +118,18 @@ def test_a_model_that_takes_only_tiny_sizes_is_refused_unless_asked(repository: 
     assert allowed.returncode == 0, allowed.stderr
     warmup = json.loads((repository / "tiny_image" / "manifest.json").read_text())["warmup"]
     assert [sample["shapes"]["x"] for sample in warmup] == [[1, 3, 1, 1], [1, 3, 2, 2]]
+
+
+def test_a_model_that_refuses_every_size_names_the_value_it_could_not_guess(repository: Path) -> None:
+    source = reshaper(repository / "src" / "reshaper.onnx")
+    done = run_edged("import", str(source), "--repository", str(repository))
+    assert done.returncode == 1
+    assert "the model refused every size tried (1, 2, 16, 64, 256, 512, 1024, 4096 and 16000 samples;" in done.stderr
+    assert "k: 0-d, tried at 0, a value edged cannot guess: give --data k=VALUE" in done.stderr
+    assert not (repository / "reshaper").exists()
+    given = run_edged("import", str(source), "--repository", str(repository), "--data", "k=16")
+    assert given.returncode == 0, given.stderr
+    assert "tried samples: 1 (refused), 2 (refused), 16, 64, " in given.stdout
 
 
 def test_a_warmup_the_model_refuses_leaves_the_folder_to_fix(repository: Path) -> None:
