@@ -84,36 +84,21 @@ def plan_sizes(
     """The sizes to warm up at, for a model with a dynamic dimension besides its batch
     (None for one without), each choice and its reason told to `say`; RepositoryError
     where no realistic size can be found."""
-    lines: list[str] = []
-    try:
-        return _plan(model, inputs, data, probe, allow_tiny, lines)
-    finally:
-        for line in lines:
-            say(line)
-
-
-def _plan(
-    model: onnx.ModelProto,
-    inputs: list[TensorSpec],
-    data: Mapping[str, str | float],
-    probe: Probe,
-    allow_tiny: bool,
-    lines: list[str],
-) -> SizePlan | None:
     names = {value.name: [dim.dim_param for dim in value.type.tensor_type.shape.dim] for value in model.graph.input}
     hints = _hints({prop.key.lower(): prop.value for prop in model.metadata_props})
-    kinds = _read_dims(inputs, names, lines)
+    kinds, reasons = _read_dims(inputs, names)
     if not _used(kinds):
-        lines.clear()
         return None
-    data = {**_guess_scalars(inputs, data, hints, lines), **data}
+    for line in reasons:
+        say(line)
+    data = {**_guess_scalars(inputs, data, hints, say), **data}
     ladders = {name: _ladder(_KINDS[name], hints.get(name)) for name in _used(kinds)}
     rungs = _rungs(ladders)
     tried = _climb(rungs, inputs, kinds, data, probe)
     floors = {name: min(_KINDS[name].floor, hints.get(name, math.inf)) for name in ladders}
     accepted = [rung for rung, error in tried if error is None]
     realistic = [rung for rung in accepted if all(rung[name] >= floors[name] for name in rung)]
-    lines.append(f"  tried {_list(tried, ladders)}")
+    say(f"  tried {_list(tried, ladders)}")
     if not accepted:
         raise RepositoryError(_refused_all(tried, inputs, data))
     if not realistic and not allow_tiny:
@@ -123,21 +108,21 @@ def _plan(
             "and shed in every class. Give the sizes it serves with --shape, or --allow-tiny-warmup to write it anyway"
         )
     chosen = _pick(realistic or accepted)
-    why = "the smallest realistic, the largest tried and one between" if len(chosen) > 2 else "the realistic sizes"
+    why = "the smallest realistic size it took, the largest and one between" if len(chosen) > 2 else "all it took"
     if not realistic:
         why = "below a real input's size: --allow-tiny-warmup was given"
-    lines.append(f"  warming up at {_sizes(chosen)} ({why})")
+    say(f"  warming up at {_sizes(chosen)} ({why})")
     samples = [_shapes(rung, inputs, kinds, every=False) for rung in chosen]
     example = " ".join(f"--shape {name}={'x'.join(map(str, shape))}" for name, shape in samples[-1].items())
-    lines.append(f"  to choose others: {example}, say, given once for each size")
+    say(f"  to choose others: {example}, say, given once for each size")
     return SizePlan(samples, data)
 
 
-def _read_dims(inputs: list[TensorSpec], names: dict[str, list[str]], lines: list[str]) -> dict[str, dict[int, str]]:
-    """By input, by dynamic axis: the kind's name ("" for a batch, held at 1), each told in `lines`."""
+def _read_dims(inputs: list[TensorSpec], names: dict[str, list[str]]) -> tuple[dict[str, dict[int, str]], list[str]]:
+    """By input, by dynamic axis: the kind's name ("" for a batch, held at 1); and the lines saying why."""
     by_param: dict[str, str] = {}
     kinds: dict[str, dict[int, str]] = {}
-    lines.append("sizes:")
+    lines = ["sizes:"]
     for spec in inputs:
         params = names.get(spec.name, [""] * len(spec.shape))
         dynamic = [axis for axis, d in enumerate(spec.shape) if d == -1]
@@ -158,7 +143,7 @@ def _read_dims(inputs: list[TensorSpec], names: dict[str, list[str]], lines: lis
         if dynamic:
             said = "; ".join(f"{' and '.join(map(str, axes))}: {reason}" for reason, axes in reasons.items())
             lines.append(f"  {spec.name} {list(spec.shape)}: dimension {said}")
-    return kinds
+    return kinds, lines
 
 
 def _by_name(param: str) -> tuple[str | None, str]:
@@ -194,7 +179,7 @@ def _hints(props: dict[str, str]) -> dict[str, int]:
 
 
 def _guess_scalars(
-    inputs: list[TensorSpec], data: Mapping[str, str | float], hints: dict[str, int], lines: list[str]
+    inputs: list[TensorSpec], data: Mapping[str, str | float], hints: dict[str, int], say: Callable[[str], None]
 ) -> dict[str, str | float]:
     guesses: dict[str, str | float] = {}
     for spec in inputs:
@@ -203,9 +188,7 @@ def _guess_scalars(
         rate = hints.get("rate", RATE_GUESS)
         guesses[spec.name] = rate
         source = "the metadata's" if "rate" in hints else "a speech model's usual"
-        lines.append(
-            f"  {spec.name} = {rate}: a 0-d input named as a sample rate, {source} (another: --data {spec.name}=8000)"
-        )
+        say(f"  {spec.name} = {rate}: a 0-d input named as a sample rate, {source} (another: --data {spec.name}=8000)")
     return guesses
 
 
