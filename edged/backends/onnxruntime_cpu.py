@@ -19,12 +19,16 @@ from edged.models.repository import ModelEntry
 log = logging.getLogger("edged")
 
 
-def cpu_session(path: Path, precision: str, *, fused: bool = True, threads: int = 1) -> ort.InferenceSession:
+def cpu_session(
+    path: Path, precision: str, *, fused: bool = True, threads: int = 1, quiet: bool = False
+) -> ort.InferenceSession:
     """A CPU session for a model file of `precision`.
 
     `fused=False` runs a Q/DQ graph as written, each DequantizeLinear and then the float
     op, instead of fusing it into this CPU's integer kernels: the graph's own math, which
     is what TensorRT computes from the same file (it accumulates INT8 products in 32 bits).
+    `quiet` logs nothing, not even a failed call: for `edged import`, whose tries of sizes
+    a model refuses are expected, each of which would print ONNX Runtime's error log.
     """
     options = ort.SessionOptions()
     # threads=1 runs the graph on the calling thread, so a lane's niceness and core
@@ -42,7 +46,7 @@ def cpu_session(path: Path, precision: str, *, fused: bool = True, threads: int 
         options.add_session_config_entry("session.disable_quant_qdq", "1")
     # Spinning pool threads would burn the cores that other lanes need.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
+    options.log_severity_level = 4 if quiet else 3
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

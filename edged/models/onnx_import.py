@@ -19,6 +19,7 @@ from onnx import helper
 
 from edged.models.repository import MANIFEST, RepositoryError, sha256_of
 from edged.models.warmup import FILLS
+from edged.wire.codec import TensorSpec
 from edged.wire.tensors import DTYPES
 
 _WIRE_NAME = {np.dtype(dtype): name for name, dtype in DTYPES.items()}
@@ -78,8 +79,33 @@ def _number(text: str) -> float | None:
         return None
 
 
+def read_source(source: Path) -> onnx.ModelProto:
+    """The ONNX file's graph and metadata (its weights must live in the file itself)."""
+    try:
+        model = onnx.load(str(source), load_external_data=False)
+    except Exception as exc:
+        raise RepositoryError(f"{source} cannot be read as an ONNX model: {exc}") from None
+    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer):
+        raise RepositoryError(f"{source} keeps its weights in external files: save it as one file first")
+    return model
+
+
+def input_specs(model: onnx.ModelProto) -> list[TensorSpec]:
+    """The model's inputs as the wire describes them."""
+    return [TensorSpec(spec["name"], spec["dtype"], tuple(spec["shape"])) for spec in read_specs(model)[0]]
+
+
+def check_free(repository: Path, name: str, replace: bool) -> Path:
+    """REPOSITORY/NAME, refused where it exists and `replace` was not given."""
+    folder = repository / name
+    if folder.exists() and not replace:
+        raise RepositoryError(f"{folder} exists: choose another --name, or give --replace to overwrite it")
+    return folder
+
+
 def write_folder(
     source: Path,
+    model: onnx.ModelProto,
     repository: Path,
     name: str,
     samples: list[dict[str, list[int]]],
@@ -87,17 +113,9 @@ def write_folder(
     replace: bool,
 ) -> Path:
     """Copy `source` into REPOSITORY/NAME/model.onnx beside a manifest; returns the manifest's path."""
-    try:
-        model = onnx.load(str(source), load_external_data=False)
-    except Exception as exc:
-        raise RepositoryError(f"{source} cannot be read as an ONNX model: {exc}") from None
-    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer):
-        raise RepositoryError(f"{source} keeps its weights in external files: save it as one file first")
     inputs, outputs = read_specs(model)
-    folder = repository / name
+    folder = check_free(repository, name, replace)
     if folder.exists():
-        if not replace:
-            raise RepositoryError(f"{folder} exists: choose another --name, or give --replace to overwrite it")
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     target = folder / "model.onnx"

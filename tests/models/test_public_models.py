@@ -1,5 +1,7 @@
 """Real public models, served by a real daemon over real sockets, against ONNX Runtime in process.
 
+- Plain `edged import` (no --shape, no --data) of each: Silero VAD's rate guessed from
+  its name, each warmed up at two or more sizes it accepts, none of them tiny.
 - Silero VAD (the silero-vad wheel): imported with one `edged import`, then 20 streamed
   chunks with the state (and the context) carried by the client, equal to in-process to 1e-4.
 - PP-OCRv4's text detector (the rapidocr-onnxruntime wheel), whose cost follows H x W:
@@ -13,6 +15,7 @@ The models are fetched from the package registry when these tests set up, and ca
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import statistics
@@ -87,6 +90,42 @@ def realtime(sock: zmq.Socket) -> dict:
     return exchange(sock, [header(id="stats", op="stats")]).header["classes"]["realtime"]
 
 
+@pytest.fixture
+def repository() -> Iterator[Path]:
+    root = short_dir()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# --- plain imports --------------------------------------------------------------------------
+
+
+def test_a_plain_import_of_the_ocr_detector_warms_it_up_at_realistic_sizes(ocr_file: Path, repository: Path) -> None:
+    """Issue 22: warmed up at 1x1 pixels alone, a 320x480 image was priced at 95 s and shed in every class."""
+    done = run_edged("import", str(ocr_file), "--name", "ocr", "--repository", str(repository))
+    assert done.returncode == 0, done.stderr
+    warmup = json.loads((repository / "ocr" / "manifest.json").read_text())["warmup"]
+    shapes = [sample["shapes"]["x"] for sample in warmup]
+    assert len(shapes) >= 2 and all(side >= 64 for shape in shapes for side in shape[2:]), shapes
+    assert len({tuple(shape) for shape in shapes}) == len(shapes) and shapes[-1][2:] == [640, 640], shapes
+    assert "2 and 3: height and width" in done.stdout
+    assert "warming up at 64, " in done.stdout and "to choose others: --shape x=1x3x640x640" in done.stdout
+
+
+def test_a_plain_import_of_silero_vad_succeeds_guessing_its_rate_by_name(silero_file: Path, repository: Path) -> None:
+    """Its reflect pad refuses fewer samples than it pads, and `sr` 0 is no rate it serves:
+    the ladder finds the chunk sizes it takes, and `sr`, a 0-d input so named, is set to 16000."""
+    done = run_edged("import", str(silero_file), "--name", "vad", "--repository", str(repository))
+    assert done.returncode == 0, done.stderr
+    warmup = json.loads((repository / "vad" / "manifest.json").read_text())["warmup"]
+    assert [sample["shapes"] for sample in warmup] == [{"input": [1, 256]}, {"input": [1, 512]}]
+    assert all(sample["data"] == {"sr": 16000} for sample in warmup), warmup
+    assert "sr = 16000: a 0-d input named as a sample rate" in done.stdout
+    assert "checked: 'vad' loads and warms up on input [1, 256], state [2, 1, 128], sr []; input [1, 512]" in (
+        done.stdout
+    )
+
+
 # --- Silero VAD -----------------------------------------------------------------------------
 
 
@@ -104,13 +143,6 @@ def speech_like(chunks: int) -> np.ndarray:
     voiced = (t > 0.15) & (t < 0.5)
     audio[voiced] += 0.25 * vowel[voiced] / np.abs(vowel).max()
     return audio.astype(np.float32).reshape(chunks, 1, CHUNK)
-
-
-@pytest.fixture
-def repository() -> Iterator[Path]:
-    root = short_dir()
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_silero_vad_imports_in_one_command_and_streams_with_the_state_carried_by_the_client(

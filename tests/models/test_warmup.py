@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import ENGINES, RunningDaemon, run_edged, short_dir
-from support.stream_models import padder, run_in_process, set_warmup, streamer
+from support.stream_models import padder, reshaper, run_in_process, set_warmup, streamer, tiny_image
 
 from edged.client import AsyncClient, Client
 from edged.models.repository import RepositoryError, entries_of
@@ -89,19 +89,56 @@ def test_import_takes_a_sample_per_size_and_warmup_data(repository: Path) -> Non
         {"shapes": {"input": [1, 256]}, "data": data},
     ]
     assert "warms up on input [1, 64], state [2, 1, 4], sr []; input [1, 256], state [2, 1, 4], sr [] (" in done.stdout
+    assert "sizes:" not in done.stdout  # the sizes given are the sizes used: nothing chosen, nothing tried
     wrong = run_edged("import", str(source), "--repository", str(repository), "--data", "sr=fast", "--replace")
     assert wrong.returncode == 1 and "--data takes NAME=zeros, NAME=random or NAME=NUMBER" in wrong.stderr
 
 
-def test_import_without_shapes_says_which_shapes_to_set(repository: Path) -> None:
+def test_import_without_shapes_finds_sizes_the_model_accepts(repository: Path) -> None:
+    """The reflect Pad refuses 1 sample (the old default) and 2; the ladder finds realistic ones."""
     source = padder(repository / "src" / "padder.onnx")
     done = run_edged("import", str(source), "--repository", str(repository))
+    assert done.returncode == 0, done.stderr
+    warmup = json.loads((repository / "padder" / "manifest.json").read_text())["warmup"]
+    lengths = [sample["shapes"]["x"] for sample in warmup]
+    assert len(lengths) >= 2 and all(batch == 1 and samples >= 256 for batch, samples in lengths), lengths
+    assert "tried samples: 1 (refused), 2 (refused), 16, " in done.stdout
+    assert "to choose others: --shape x=1x" in done.stdout
+
+
+def test_a_model_that_takes_only_tiny_sizes_is_refused_unless_asked(repository: Path) -> None:
+    """Warmed up at 2x2 pixels, an image model's real inputs would be priced thousands of times too high."""
+    source = tiny_image(repository / "src" / "tiny_image.onnx")
+    done = run_edged("import", str(source), "--repository", str(repository))
+    assert done.returncode == 1
+    assert "the model accepts only 1 and 2 pixels a side, below what a real input has" in done.stderr
+    assert "--allow-tiny-warmup" in done.stderr
+    assert not (repository / "tiny_image").exists()
+    allowed = run_edged("import", str(source), "--repository", str(repository), "--allow-tiny-warmup")
+    assert allowed.returncode == 0, allowed.stderr
+    warmup = json.loads((repository / "tiny_image" / "manifest.json").read_text())["warmup"]
+    assert [sample["shapes"]["x"] for sample in warmup] == [[1, 3, 1, 1], [1, 3, 2, 2]]
+
+
+def test_a_model_that_refuses_every_size_names_the_value_it_could_not_guess(repository: Path) -> None:
+    source = reshaper(repository / "src" / "reshaper.onnx")
+    done = run_edged("import", str(source), "--repository", str(repository))
+    assert done.returncode == 1
+    assert "the model refused every size tried (1, 2, 16, 64, 256, 512, 1024, 4096 and 16000 samples;" in done.stderr
+    assert "k: 0-d, tried at 0, a value edged cannot guess: give --data k=VALUE" in done.stderr
+    assert not (repository / "reshaper").exists()
+    given = run_edged("import", str(source), "--repository", str(repository), "--data", "k=16")
+    assert given.returncode == 0, given.stderr
+    assert "tried samples: 1 (refused), 2 (refused), 16, 64, " in given.stdout
+
+
+def test_a_warmup_the_model_refuses_leaves_the_folder_to_fix(repository: Path) -> None:
+    source = padder(repository / "src" / "padder.onnx")
+    done = run_edged("import", str(source), "--repository", str(repository), "--shape", "x=1x1")
     assert done.returncode == 1
     assert "model 'padder' failed to warm up on x [1, 1] (" in done.stderr
     assert "Pad reflect requires axis length" in done.stderr
-    assert 'set "warmup": [{"shapes": {"x": [-1, -1]}}] in ' + str(repository / "padder" / "manifest.json") in (
-        done.stderr
-    )
+    assert 'change "warmup" in ' + str(repository / "padder" / "manifest.json") in done.stderr
     # The folder stays, to be fixed by its key; a second import replaces it only when asked.
     assert (repository / "padder" / "manifest.json").is_file()
     again = run_edged("import", str(source), "--repository", str(repository), "--shape", "x=2x16")

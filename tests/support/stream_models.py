@@ -7,6 +7,10 @@
   `stateN` = state + the sum of each row of the padded input, and `output` [batch, 1] =
   the sum of stateN over its other axes times sr / 1000. Its result depends on the
   state carried from call to call, as a streaming model's does.
+- `tiny_image`: y = x + a constant [1, 3, 2, 2], x [batch, 3, height, width]: it takes
+  images of 1 or 2 pixels a side only, as a model that cannot serve a real size.
+- `reshaper`: y = Reshape(x, [-1, k]) (zeros kept as zeros), x [batch, samples], k a 0-d
+  int64: at k = 0, edged's fill, it refuses every size; at 16, any multiple of 16.
 """
 
 from __future__ import annotations
@@ -80,6 +84,41 @@ def streamer(path: Path) -> Path:
 
 def run_in_process(path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+
+
+def tiny_image(path: Path) -> Path:
+    offset = numpy_helper.from_array(np.ones((1, 3, 2, 2), dtype=np.float32), "offset")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "offset"], ["y"])],
+        "tiny_image",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [offset],
+    )
+    return _save(graph, path)
+
+
+def reshaper(path: Path) -> Path:
+    nodes = [
+        helper.make_node("Unsqueeze", ["k", "zero"], ["k1"]),
+        helper.make_node("Concat", ["minus_one", "k1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1),
+    ]
+    weights = [
+        numpy_helper.from_array(np.array([0], dtype=np.int64), "zero"),
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus_one"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "reshaper",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "samples"]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", "k"])],
+        weights,
+    )
+    return _save(graph, path)
 
 
 def set_warmup(manifest: Path, warmup: list[dict]) -> None:
