@@ -307,3 +307,39 @@ def test_a_size_past_a_tiny_warmup_runs_once_in_standard_then_is_priced_by_its_m
         assert big.status == "OVERLOADED" and after["backend_calls"] == before["backend_calls"], big.header
     finally:
         running.close()
+
+
+@pytest.fixture(scope="module")
+def plainly_imported(ocr_file: Path) -> Iterator[RunningDaemon]:
+    """The detector after a plain `edged import` (the sizes its ladder chose), served in
+    realtime and standard."""
+    root = short_dir()
+    done = run_edged("import", str(ocr_file), "--name", "ocr", "--repository", str(root))
+    assert done.returncode == 0, done.stderr
+    running = start_daemon(GUESS_CONFIG.format(repository=root))
+    yield running
+    running.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("height, width", [(320, 480), (640, 256), (800, 800)])
+def test_after_a_plain_import_sizes_never_warmed_are_answered_in_standard(
+    context: zmq.Context, plainly_imported: RunningDaemon, ocr_file: Path, height: int, width: int
+) -> None:
+    x = image(height, width, seed=width)
+    reply = exchange(connect(context, plainly_imported.ipc), encode_request("x", model="ocr", inputs={"x": x}))
+    assert reply.status == "OK", reply.header
+    expected = ort.InferenceSession(str(ocr_file), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(reply.output(), expected, rtol=0, atol=1e-4)
+
+
+def test_after_a_plain_import_a_960_image_in_realtime_is_shed_at_once(
+    context: zmq.Context, plainly_imported: RunningDaemon
+) -> None:
+    sock = connect(context, plainly_imported.ipc)
+    before = realtime(sock)
+    reply = exchange(sock, detect(960, 20.0))
+    after = realtime(sock)
+    assert reply.status == "OVERLOADED", reply.header
+    assert reply.header["timing_us"]["total"] < 20_000
+    assert after["backend_calls"] == before["backend_calls"] and after["admitted"] == before["admitted"]
