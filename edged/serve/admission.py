@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from edged.config.classes import ClassConfig
 
@@ -51,10 +52,10 @@ TRUST_MIN_NS = 20_000_000
 UNPROVEN_FACTOR = 4
 
 
-@dataclass(frozen=True, slots=True)
-class Outlook:
+class Outlook(NamedTuple):
     """What a lane can promise now: the pace its work ahead goes at, and how much of
-    that work (in ns at that pace) it trusts the pace for (see TRUST_RATIO)."""
+    that work (in ns at that pace) it trusts the pace for (see TRUST_RATIO). A tuple:
+    one is made for every arrival."""
 
     pace: float
     trusted_ns: float = math.inf

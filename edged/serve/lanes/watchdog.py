@@ -19,6 +19,7 @@ class _Call:
     started_ns: int
     jobs: list[Job]
     on_worker: bool  # False: the loop's own thread, running it aside (edged.serve.lanes.inline)
+    charge_ns: int  # its jobs' charged work, summed once: admission reads it on every arrival
     overdue: bool = False  # its jobs were handed to the watchdog's answer once
 
 
@@ -49,7 +50,7 @@ class OpenCalls:
 
     def begin(self, jobs: list[Job], now_ns: int, on_worker: bool = True) -> None:
         with self._lock:
-            self._open[threading.get_ident()] = _Call(now_ns, jobs, on_worker)
+            self._open[threading.get_ident()] = _Call(now_ns, jobs, on_worker, sum(job.cost_ns for job in jobs))
 
     def end(self) -> None:
         with self._lock:
@@ -78,9 +79,11 @@ class OpenCalls:
         if not self._open:
             return 0, 0
         # A snapshot without the lock: a call that begins or ends meanwhile is off by one call.
-        calls = list(self._open.values())
-        charges = [(now_ns - call.started_ns, sum(job.cost_ns for job in call.jobs)) for call in calls]
-        return sum(min(elapsed, charge) for elapsed, charge in charges), sum(charge for _, charge in charges)
+        done_ns = charged_ns = 0
+        for call in list(self._open.values()):
+            done_ns += min(now_ns - call.started_ns, call.charge_ns)
+            charged_ns += call.charge_ns
+        return done_ns, charged_ns
 
     def abandoned(self, thread: threading.Thread) -> bool:
         """Whether the watchdog gave up on `thread`: a worker asks before each job."""
