@@ -13,6 +13,7 @@ import onnxruntime as ort
 
 from edged.backends import CallStop
 from edged.backends.int8_kernels import KernelCheck, check_int8_kernels
+from edged.backends.shared_sessions import SESSIONS, Key, session_key
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 
@@ -51,8 +52,14 @@ def cpu_session(
 
 
 class OnnxRuntimeCpuRunner:
+    """A runner on the process's one session for its model and settings (SESSIONS)."""
+
     def __init__(self, model: ModelEntry, lane: ClassConfig, fused: bool = True) -> None:
-        self._session = cpu_session(model.variant.path, model.variant.precision, fused=fused, threads=lane.threads)
+        path, precision, threads = model.variant.path, model.variant.precision, lane.threads
+        # A session with a pool of its own (threads != 1) is shared within its lane only.
+        owner = None if threads == 1 else lane.name
+        self._key: Key | None = session_key(path, precision, fused, threads, owner)
+        self._session = SESSIONS.take(self._key, lambda: cpu_session(path, precision, fused=fused, threads=threads))
 
     def run(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
@@ -65,7 +72,11 @@ class OnnxRuntimeCpuRunner:
         return self._session.run(list(output_names), inputs, options)
 
     def close(self) -> None:
-        del self._session
+        """Give the session back, once (a second close is a no-op)."""
+        if self._key is not None:
+            del self._session
+            SESSIONS.give_back(self._key)
+            self._key = None
 
 
 class OnnxRuntimeCpu:

@@ -74,8 +74,10 @@ class DaemonProcess:
 
 def checkout_program(checkout: str) -> list[str]:
     """`python -m edged` from another checkout (a worktree of an earlier commit): the
-    `program` of a DaemonProcess for a before-and-after in one run."""
-    return ["env", f"PYTHONPATH={checkout}", sys.executable, "-m", "edged"]
+    `program` of a DaemonProcess for a before-and-after in one run. `-P`: without it,
+    `-m` puts the working directory first on the path, and a benchmark run from this
+    checkout ran this checkout's daemon on both sides."""
+    return ["env", f"PYTHONPATH={checkout}", sys.executable, "-P", "-m", "edged"]
 
 
 def cpu_seconds(pid: int) -> float:

@@ -1,0 +1,105 @@
+"""One ONNX Runtime CPU session per model file and settings, shared by every runner
+(edged.backends.shared_sessions): real sessions on real ONNX files, in this process."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edged.backends import Runner
+from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu, cpu_session
+from edged.backends.shared_sessions import SESSIONS
+from edged.config.classes import ClassConfig
+from edged.models.onnx_import import write_folder
+from edged.models.repository import ModelEntry, entries_of
+
+SIDE = 2048  # three 2048x2048 float32 MatMuls: 48 MiB of weights
+
+
+def write_matmuls(path: Path, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal((SIDE, SIDE)) * 0.02).astype(np.float32), f"w{i}")
+        for i in range(3)
+    ]
+    nodes = [helper.make_node("MatMul", [src, f"w{i}"], [dst]) for i, (src, dst) in enumerate(zip("xab", "aby"))]
+    graph = helper.make_graph(
+        nodes,
+        "matmuls",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SIDE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SIDE])],
+        weights,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def rss_mib() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> ModelEntry:
+    source = tmp_path / "matmuls.onnx"
+    write_matmuls(source, seed=1)
+    manifest = write_folder(source, onnx.load(str(source)), tmp_path / "repo", "matmuls", [], {}, False)
+    return entries_of(manifest, "onnxruntime")[0]
+
+
+REALTIME = ClassConfig("realtime", order=0)
+BULK = ClassConfig("bulk", order=2, nice=10, yields=True)
+X = np.random.default_rng(7).standard_normal((1, SIDE)).astype(np.float32)
+
+
+def test_every_lanes_runners_share_one_copy_and_answer_as_a_private_session_at_once(model: ModelEntry) -> None:
+    backend = OnnxRuntimeCpu()
+    before = rss_mib()
+    first = backend.load(model, REALTIME)
+    one = rss_mib() - before
+    others = [backend.load(model, lane) for lane in (REALTIME, BULK, BULK)]
+    four = rss_mib() - before
+    try:
+        # A session per runner held a copy each: four runners, four times one.
+        assert one > 40 and four < 1.5 * one, (one, four)
+        expected = cpu_session(model.variant.path, "fp32").run(["y"], {"x": X})[0]
+        results: dict[int, np.ndarray] = {}
+
+        def call(i: int, runner: Runner) -> None:
+            for _ in range(5):
+                results[i] = runner.run({"x": X}, ["y"])[0]
+
+        threads = [threading.Thread(target=call, args=(i, r)) for i, r in enumerate([first, *others])]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for out in results.values():
+            np.testing.assert_array_equal(out, expected)
+    finally:
+        for runner in [first, *others]:
+            runner.close()
+    assert len(SESSIONS) == 0
+
+
+def test_a_session_lives_while_a_runner_holds_it_and_a_replaced_file_is_another(model: ModelEntry) -> None:
+    backend = OnnxRuntimeCpu()
+    old = backend.load(model, REALTIME)
+    old_out = old.run({"x": X}, ["y"])[0]
+    # A reload with nothing changed: the new lane's runner takes the session the old one holds.
+    again = backend.load(model, REALTIME)
+    assert len(SESSIONS) == 1
+    old.close()
+    old.close()  # a second close gives nothing back twice
+    np.testing.assert_array_equal(again.run({"x": X}, ["y"])[0], old_out)
+    # The file replaced in place: another session, beside the old one until that one is given back.
+    write_matmuls(model.variant.path, seed=2)
+    new = backend.load(model, REALTIME)
+    assert len(SESSIONS) == 2
+    assert not np.array_equal(new.run({"x": X}, ["y"])[0], old_out)
+    again.close()
+    new.close()
+    assert len(SESSIONS) == 0
