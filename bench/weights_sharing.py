@@ -31,27 +31,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
+
+from edged.loadgen.large_model import write_matmuls
 
 SIDE = 4096
 WAYS = ("private", "shared values", "shared values, no prepack", "one session")
-
-
-def write_model(path: Path) -> None:
-    rng = np.random.default_rng(0)
-    weights = [
-        numpy_helper.from_array((rng.standard_normal((SIDE, SIDE)) * 0.01).astype(np.float32), f"w{i}")
-        for i in range(3)
-    ]
-    nodes = [helper.make_node("MatMul", [src, f"w{i}"], [dst]) for i, (src, dst) in enumerate(zip("xab", "aby"))]
-    graph = helper.make_graph(
-        nodes,
-        "large",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SIDE])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SIDE])],
-        weights,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
 def rss_mib() -> float:
@@ -110,7 +95,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "large.onnx"
-        write_model(path)
+        write_matmuls(path, SIDE)
         print(f"{'way':<26} {'runners':>7} {'RSS MiB':>9} {'p50 ms':>8}  (p50: one call, two at once)")
         for way in WAYS:
             for runners in (1, args.runners):

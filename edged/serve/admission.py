@@ -53,12 +53,14 @@ UNPROVEN_FACTOR = 4
 
 
 class Outlook(NamedTuple):
-    """What a lane can promise now: the pace its work ahead goes at, and how much of
-    that work (in ns at that pace) it trusts the pace for (see TRUST_RATIO). A tuple:
-    one is made for every arrival."""
+    """What a lane can promise now: the pace its work ahead goes at, how much of that
+    work (in ns at that pace) it trusts the pace for (see TRUST_RATIO), and how much of
+    its backlog the calls in flight have done already. A tuple: one is made for every
+    arrival."""
 
     pace: float
     trusted_ns: float = math.inf
+    done_ns: int = 0
 
 
 class Backlog:
@@ -117,8 +119,9 @@ class Backlog:
         if emptied and self._on_empty is not None:
             self._on_empty()
 
-    def outlook(self, now_ns: int, in_hand_ns: int, watched: bool = True) -> Outlook:
-        """The lane's outlook now (the socket loop, on each arrival).
+    def outlook(self, now_ns: int, in_flight: tuple[int, int], watched: bool = True) -> Outlook:
+        """The lane's outlook now (the socket loop, on each arrival), from its calls
+        `in_flight` (OpenCalls.progress: the part of their work done, and the whole).
 
         Its pace: the average, or the current sample's own when that is slower: the work
         answered in it plus the calls under way (`in_hand_ns`, credited whole, as if
@@ -128,14 +131,15 @@ class Backlog:
         for a lane `watched` (see Lane.offer); another has its average, trusted in full.
         Read without the lock: a sample that restarts meanwhile gives a figure that is
         too high, which the average then bounds."""
+        done_ns, in_hand_ns = in_flight
         if not self._depth or not watched:
-            return Outlook(self._pace)
+            return Outlook(self._pace, done_ns=done_ns)
         trusted_ns = TRUST_MIN_NS + TRUST_RATIO * (now_ns - self._busy_since_ns)
         elapsed_ns = now_ns - self._spell_ns
         if elapsed_ns < LIVE_MIN_NS:
-            return Outlook(self._pace, trusted_ns)
+            return Outlook(self._pace, trusted_ns, done_ns)
         live = (self._answered_ns + in_hand_ns) / elapsed_ns
-        return Outlook(max(min(self._pace, live), self._ideal / 100), trusted_ns)
+        return Outlook(max(min(self._pace, live), self._ideal / 100), trusted_ns, done_ns)
 
     @property
     def average_job_ns(self) -> float:
@@ -162,14 +166,12 @@ def admit(
     cost_ns: int,
     budget_ns: int,
     above_ns: int = 0,
-    done_ns: int = 0,
     outlook: Outlook | None = None,
 ) -> Shed | None:
     """None to admit; a Shed when the queue is full or the deadline cannot be met.
     `above_ns` is the work of higher classes that this one waits for (it yields);
-    `done_ns` the part of the lane's own backlog that its calls in flight have done;
-    `outlook` what the lane can promise now (`Backlog.outlook`; its average pace,
-    trusted without limit, if None)."""
+    `outlook` what the lane can promise now (`Backlog.outlook`; if None, its average
+    pace, trusted without limit, with nothing in flight done)."""
     depth = backlog.depth
     if depth >= klass.queue_capacity:
         # One slot frees when the average job ahead finishes on one of the workers.
@@ -181,7 +183,7 @@ def admit(
             retry_hint_ms(per_job_ns / klass.workers),
         )
     outlook = outlook or Outlook(backlog.pace)
-    own_ns = max(backlog.work_ns - done_ns, 0) / outlook.pace
+    own_ns = max(backlog.work_ns - outlook.done_ns, 0) / outlook.pace
     if own_ns > outlook.trusted_ns:
         own_ns = outlook.trusted_ns + (own_ns - outlook.trusted_ns) * UNPROVEN_FACTOR
     queued_ns = int(own_ns) + above_ns

@@ -9,33 +9,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from edged.backends import Runner
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu, cpu_session
 from edged.backends.shared_sessions import SESSIONS
 from edged.config.classes import ClassConfig
+from edged.loadgen.large_model import write_matmuls
 from edged.models.onnx_import import write_folder
 from edged.models.repository import ModelEntry, entries_of
 
 SIDE = 2048  # three 2048x2048 float32 MatMuls: 48 MiB of weights
-
-
-def write_matmuls(path: Path, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    weights = [
-        numpy_helper.from_array((rng.standard_normal((SIDE, SIDE)) * 0.02).astype(np.float32), f"w{i}")
-        for i in range(3)
-    ]
-    nodes = [helper.make_node("MatMul", [src, f"w{i}"], [dst]) for i, (src, dst) in enumerate(zip("xab", "aby"))]
-    graph = helper.make_graph(
-        nodes,
-        "matmuls",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SIDE])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", SIDE])],
-        weights,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
 def rss_mib() -> float:
@@ -45,7 +28,7 @@ def rss_mib() -> float:
 @pytest.fixture
 def model(tmp_path: Path) -> ModelEntry:
     source = tmp_path / "matmuls.onnx"
-    write_matmuls(source, seed=1)
+    write_matmuls(source, SIDE, seed=1)
     manifest = write_folder(source, onnx.load(str(source)), tmp_path / "repo", "matmuls", [], {}, False)
     return entries_of(manifest, "onnxruntime")[0]
 
@@ -96,7 +79,7 @@ def test_a_session_lives_while_a_runner_holds_it_and_a_replaced_file_is_another(
     old.close()  # a second close gives nothing back twice
     np.testing.assert_array_equal(again.run({"x": X}, ["y"])[0], old_out)
     # The file replaced in place: another session, beside the old one until that one is given back.
-    write_matmuls(model.variant.path, seed=2)
+    write_matmuls(model.variant.path, SIDE, seed=2)
     new = backend.load(model, REALTIME)
     assert len(SESSIONS) == 2
     assert not np.array_equal(new.run({"x": X}, ["y"])[0], old_out)

@@ -104,10 +104,10 @@ def test_a_lane_starved_now_is_seen_before_its_first_sample_closes() -> None:
     backlog = backlog_of(*[5 * MS] * 8)  # 40 ms of work, nothing answered yet
     start_ns = time.monotonic_ns()
     # Within its first 10 ms (LIVE_MIN_NS), and with the call in hand credited whole: the average.
-    assert backlog.outlook(start_ns, in_hand_ns=5 * MS).pace == 1.0
+    assert backlog.outlook(start_ns, (0, 5 * MS)).pace == 1.0
     # 20 ms on, one 5 ms call in hand and nothing answered: a quarter of the ideal at most.
     later_ns = start_ns + 20 * MS
-    outlook = backlog.outlook(later_ns, in_hand_ns=5 * MS)
+    outlook = backlog.outlook(later_ns, (0, 5 * MS))
     assert outlook.pace <= 0.26
     # The average alone admits a 150 ms budget behind the 40 ms ahead; the live pace sheds it.
     assert admit(lane(queue_capacity=16), backlog, cost_ns=5 * MS, budget_ns=150 * MS) is None
@@ -116,7 +116,7 @@ def test_a_lane_starved_now_is_seen_before_its_first_sample_closes() -> None:
     # A lane keeping up (its work answered as fast as it was priced) is never slowed by it.
     for _ in range(4):
         backlog.finish(5 * MS)
-    assert backlog.outlook(later_ns, in_hand_ns=5 * MS).pace == backlog.pace
+    assert backlog.outlook(later_ns, (0, 5 * MS)).pace == backlog.pace
 
 
 def test_work_ahead_beyond_what_a_lane_has_seen_its_pace_hold_for_counts_more() -> None:
@@ -125,7 +125,7 @@ def test_work_ahead_beyond_what_a_lane_has_seen_its_pace_hold_for_counts_more() 
     time counts UNPROVEN_FACTOR times over. A long deadline still takes a long queue."""
     backlog = backlog_of(*[5 * MS] * 10)  # 50 ms ahead, at the ideal pace
     start_ns = time.monotonic_ns()
-    fresh = backlog.outlook(start_ns, in_hand_ns=5 * MS)
+    fresh = backlog.outlook(start_ns, (0, 5 * MS))
     assert fresh.trusted_ns <= TRUST_MIN_NS + TRUST_RATIO * 1 * MS
     # 50 ms ahead would fit 100 ms with room to spare; 20 + 30 x 4 = 140 ms does not.
     shed = admit(lane(queue_capacity=64), backlog, cost_ns=5 * MS, budget_ns=100 * MS, outlook=fresh)
@@ -133,7 +133,7 @@ def test_work_ahead_beyond_what_a_lane_has_seen_its_pace_hold_for_counts_more() 
     assert admit(lane(queue_capacity=64), backlog, cost_ns=5 * MS, budget_ns=1000 * MS, outlook=fresh) is None
     seasoned = Outlook(fresh.pace, trusted_ns=TRUST_MIN_NS + TRUST_RATIO * 20 * MS)
     assert admit(lane(queue_capacity=64), backlog, cost_ns=5 * MS, budget_ns=100 * MS, outlook=seasoned) is None
-    assert backlog_of().outlook(start_ns, in_hand_ns=0).trusted_ns == float("inf")  # an idle lane: nothing ahead
+    assert backlog_of().outlook(start_ns, (0, 0)).trusted_ns == float("inf")  # an idle lane: nothing ahead
 
 
 def test_a_fifth_of_the_work_ahead_is_kept_in_hand() -> None:
@@ -188,7 +188,7 @@ def test_work_already_done_by_the_call_in_flight_is_not_ahead() -> None:
     """A 30 ms call that has run for 25 ms leaves 5 ms ahead, not 30."""
     backlog = backlog_of(30 * MS)
     assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS) is not None
-    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS, done_ns=25 * MS) is None
+    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=10 * MS, outlook=Outlook(1.0, done_ns=25 * MS)) is None
 
 
 # --- a model whose cost follows its input's size ------------------------------------

@@ -168,9 +168,8 @@ class Lane:
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
-        done_ns, in_hand_ns = self._calls.progress(now_ns)
-        outlook = self.backlog.outlook(now_ns, in_hand_ns, watched=self.klass.gives_way and not above_ns)
-        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, done_ns, outlook)
+        outlook = self.backlog.outlook(now_ns, self._calls.progress(now_ns), self.klass.gives_way and not above_ns)
+        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, outlook)
         if shed is None:  # its bytes are held only once admission admits it
             peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
             shed = self._pending.take(peer, nbytes, self.backlog)
