@@ -31,8 +31,10 @@ class Shed:
 # A lane's pace: the priced work it answers per ns of wall time while it holds work,
 # sampled over PACE_WINDOW_NS (or a shorter busy spell, of at least PACE_MIN_NS), each
 # sample weighing PACE_WEIGHT in the average. After PACE_STALE_NS idle, it starts over
-# from the ideal, which its first sample then replaces whole: averaged with it, a lane
-# starved through its first window would look half as fast as the ideal in the next.
+# from the ideal. On a watched lane (ClassConfig.gives_way) its first sample then
+# replaces the ideal whole: averaged with it, a lane starved through its first window
+# would look half as fast as the ideal in the next. Elsewhere it is averaged: a top
+# lane's first sample of a short, crowded spell, taken whole, shed its next requests.
 PACE_WINDOW_NS = 50_000_000
 PACE_MIN_NS = 1_000_000
 PACE_WEIGHT = 0.5
@@ -77,7 +79,7 @@ class Backlog:
     slows it, and admission divides the work ahead by it.
     """
 
-    def __init__(self, workers: int = 1, on_empty: Callable[[], None] | None = None) -> None:
+    def __init__(self, workers: int = 1, on_empty: Callable[[], None] | None = None, watched: bool = False) -> None:
         self._depth = 0
         self._work_ns = 0
         self._lock = threading.Lock()
@@ -85,6 +87,7 @@ class Backlog:
         self._ideal = float(workers)  # each worker getting through a priced ns in a ns
         self._pace = self._ideal
         self._measured = False  # whether the pace is a sample's, or the ideal (unmeasured, or stale)
+        self._watched = watched  # see PACE_STALE_NS
         self._spell_ns = 0  # when the current sample began
         self._busy_since_ns = 0  # when the lane last went from idle to holding work
         self._answered_ns = 0  # priced work answered since then
@@ -112,7 +115,7 @@ class Backlog:
             emptied = self._depth == 0
             if spell_ns >= PACE_WINDOW_NS or (emptied and spell_ns >= PACE_MIN_NS):
                 sample = self._answered_ns / spell_ns
-                weight = PACE_WEIGHT if self._measured else 1.0
+                weight = 1.0 if self._watched and not self._measured else PACE_WEIGHT
                 self._pace = max((1 - weight) * self._pace + weight * sample, self._ideal / 100)
                 self._measured = True
                 self._spell_ns, self._answered_ns = now_ns, 0

@@ -60,7 +60,7 @@ class Lane:
         self.models = models
         self.stats = stats or ClassStats()
         self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
-        self.backlog = Backlog(klass.workers, on_empty=self.precedence.idle)
+        self.backlog = Backlog(klass.workers, self.precedence.idle, klass.gives_way)
         self.precedence.join(klass.order, self.backlog)
         self.service = ServiceTimes()
         self._backend = backend
