@@ -18,6 +18,7 @@ from edged.models.repository import ModelEntry
 
 if TYPE_CHECKING:
     from edged.backends.gpu_memory import LaneReservation
+    from edged.backends.shared import Weights, WeightsHold
 
 BACKENDS = {
     "onnxruntime": "edged.backends.onnxruntime_cpu:OnnxRuntimeCpu",
@@ -107,6 +108,21 @@ class Reserving(Protocol):
         """Load and free a throwaway session before any lane, so that the process's one-time
         costs on the device (the CUDA context's modules, the libraries' first handles) are
         not counted in the first lane's memory; returns what they took."""
+        ...
+
+
+@runtime_checkable
+class SharingWeights(Protocol):
+    """A backend whose runners of one model share one copy of its weights (optional,
+    edged.backends.shared): the loader plans and takes each model's copy before any lane
+    loads, so that it is counted once and measured alone."""
+
+    def weights_plan(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> Weights:
+        """The copies `classes`' lanes will need of `model`'s weights, and how many are new."""
+        ...
+
+    def hold_weights(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> WeightsHold:
+        """Take those copies now, measured (`Weights.added_bytes`); raises ModelFailure."""
         ...
 
 

@@ -1,10 +1,24 @@
-"""ONNX Runtime on its CPU provider: the embedded default, runs on any machine."""
+"""ONNX Runtime on its CPU provider: the embedded default, runs on any machine.
+
+One session per model file and session settings, shared by every runner in the process
+that asks for the same (edged.backends.shared): a model's weights, packed, held once.
+A session per runner held a copy per worker per class, plus the inline path's: four or
+more times the model (bench/weights_sharing.py: 786 MiB for four runners of a 192 MiB
+model; one session called from four threads, 202). Shared initializers
+(`SessionOptions.add_initializer`) save nothing here: MatMul pre-packs its weights, and
+each session keeps its own packed copy, since the Python API has no pre-packed weights
+container. ONNX Runtime's `run` may be called from several threads at once, and with
+one intra-op thread a call computes on its caller's thread, so each lane's niceness
+and cores still apply to its own calls. A session with a pool of its own is shared
+only within one lane: its pool threads take the settings of the thread that made them.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +26,16 @@ import numpy as np
 import onnxruntime as ort
 
 from edged.backends import CallStop
+from edged.backends.host_memory import rss_bytes
 from edged.backends.int8_kernels import KernelCheck, check_int8_kernels
-from edged.backends.shared_sessions import SESSIONS, Key, session_key
+from edged.backends.shared import Key, Shared, Weights, WeightsHold, file_key
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
+from edged.models.warmup import load_failure
 
 log = logging.getLogger("edged")
+
+SESSIONS: Shared[ort.InferenceSession] = Shared()  # the process's: a reload's backend finds the old sessions
 
 
 def cpu_session(
@@ -51,15 +69,23 @@ def cpu_session(
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def session_key(model: ModelEntry, lane: ClassConfig, fused: bool) -> Key:
+    """The key of the session `lane` runs `model` on. A session with a pool of its own
+    (threads != 1) is shared within its lane only."""
+    owner = None if lane.threads == 1 else lane.name
+    return file_key(model.variant.path, model.variant.precision, fused, lane.threads, owner)
+
+
+def lane_session(model: ModelEntry, lane: ClassConfig, fused: bool) -> ort.InferenceSession:
+    return cpu_session(model.variant.path, model.variant.precision, fused=fused, threads=lane.threads)
+
+
 class OnnxRuntimeCpuRunner:
     """A runner on the process's one session for its model and settings (SESSIONS)."""
 
     def __init__(self, model: ModelEntry, lane: ClassConfig, fused: bool = True) -> None:
-        path, precision, threads = model.variant.path, model.variant.precision, lane.threads
-        # A session with a pool of its own (threads != 1) is shared within its lane only.
-        owner = None if threads == 1 else lane.name
-        self._key: Key | None = session_key(path, precision, fused, threads, owner)
-        self._session = SESSIONS.take(self._key, lambda: cpu_session(path, precision, fused=fused, threads=threads))
+        self._key: Key | None = session_key(model, lane, fused)
+        self._session = SESSIONS.take(self._key, lambda: lane_session(model, lane, fused))
 
     def run(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
@@ -89,8 +115,41 @@ class OnnxRuntimeCpu:
         self._lock = threading.Lock()  # lanes load on their own workers' threads
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCpuRunner:
-        fused = model.variant.precision != "int8" or self._check(model).fused
-        return OnnxRuntimeCpuRunner(model, lane, fused)
+        return OnnxRuntimeCpuRunner(model, lane, self._fused(model))
+
+    def weights_plan(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> Weights:
+        keys = self._sessions_of(model, classes)
+        new = sum(not SESSIONS.holds(key) for key in keys)
+        return Weights(model.name, len(keys), new, model.variant.path.stat().st_size)
+
+    def hold_weights(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> WeightsHold:
+        plan = self.weights_plan(model, classes)
+        taken: list[Key] = []
+
+        def release() -> None:
+            for key in taken:
+                SESSIONS.give_back(key)
+
+        before = rss_bytes()
+        try:
+            for key, lane in self._sessions_of(model, classes).items():
+                SESSIONS.take(key, lambda lane=lane: lane_session(model, lane, self._fused(model)))
+                taken.append(key)
+        except Exception as exc:
+            release()
+            raise load_failure(model.name, model.variant.path, exc) from exc
+        return WeightsHold(replace(plan, added_bytes=max(0, rss_bytes() - before)), release)
+
+    def _sessions_of(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> dict[Key, ClassConfig]:
+        """The distinct sessions `classes`' lanes run `model` on, each with the first lane to need it."""
+        fused = self._fused(model)
+        sessions: dict[Key, ClassConfig] = {}
+        for lane in classes:
+            sessions.setdefault(session_key(model, lane, fused), lane)
+        return sessions
+
+    def _fused(self, model: ModelEntry) -> bool:
+        return model.variant.precision != "int8" or self._check(model).fused
 
     def describe(self, model: ModelEntry) -> dict[str, Any]:
         check = self._checks.get(model.name)

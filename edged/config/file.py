@@ -54,6 +54,8 @@ class Config:
     on_model_failure: str = "stop"  # "stop": start-up fails; "skip": serve the other models
     # GPU backends: device memory that must stay free once every lane has loaded and warmed.
     gpu_headroom_mb: int = 256
+    # The daemon's RSS that its weights and lanes must stay under (0: no limit; see edged.backends.host_memory).
+    memory_limit_mb: int = 0
     limits: Limits = field(default_factory=Limits)
     max_message_bytes: int = 64 * 1024 * 1024
     ipc_mode: int = 0o660  # of every ipc socket file: owner and group may connect
@@ -125,6 +127,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
             "class_sockets",
             "on_model_failure",
             "gpu_headroom_mb",
+            "memory_limit_mb",
         },
         "server.",
     )
@@ -191,6 +194,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         models=tuple(models),
         on_model_failure=on_model_failure,
         gpu_headroom_mb=read_int(server, "gpu_headroom_mb", 256, "server.", 0),
+        memory_limit_mb=read_int(server, "memory_limit_mb", 0, "server.", 0),
         limits=_limits(subtable(raw, "limits")),
         max_message_bytes=read_positive_int(server, "max_message_bytes", 64 * 1024 * 1024, "server."),
         ipc_mode=_ipc_mode(server.get("ipc_mode", 0o660)),

@@ -162,7 +162,13 @@ class Daemon:
             warm()
         self.config = result.config
         self.dispatcher.serve(
-            result.config, result.models, result.lanes, result.reservations, result.fixed_rows, result.failed
+            result.config,
+            result.models,
+            result.lanes,
+            result.reservations,
+            result.memory,
+            result.fixed_rows,
+            result.failed,
         )
         self.lifecycle.move(State.SERVING)
         for lane in old:

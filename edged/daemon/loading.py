@@ -12,8 +12,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, backend_named, fixed_rows
+from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, SharingWeights, backend_named, fixed_rows
 from edged.backends.gpu_memory import MIB, LaneReservation, check_measured, mib
+from edged.backends.host_memory import check_lane, check_weights, rss_bytes
+from edged.backends.shared import MemoryPlan, Weights, WeightsHold
 from edged.config import Config
 from edged.models.repository import ModelEntry, RepositoryError, discover, scan
 from edged.models.warmup import ModelFailure, one_size_warning
@@ -34,6 +36,7 @@ class Loaded:
     models: list[ModelEntry]
     lanes: dict[str, Lane]
     reservations: dict[str, LaneReservation]
+    memory: MemoryPlan
     fixed_rows: bool  # the backend's buffers hold max_batch rows: larger requests are refused
     seconds: float
     failed: dict[str, str]  # by model: why it failed to load or warm up (server.on_model_failure = "skip")
@@ -71,7 +74,7 @@ def load(
     backend = backend_named(config.backend, config.fallback)
     while True:
         try:
-            reservations, lanes = _start_lanes(config, models, backend, stats, transport, pending)
+            reservations, memory, lanes = _start_lanes(config, models, backend, stats, transport, pending)
             break
         except ModelFailure as exc:
             fail(exc)
@@ -81,7 +84,7 @@ def load(
     if isinstance(backend, Describing):
         models = [replace(model, served=served) if (served := backend.describe(model)) else model for model in models]
     seconds = time.monotonic() - started
-    return Loaded(config, models, lanes, reservations, fixed_rows(backend), seconds, failed)
+    return Loaded(config, models, lanes, reservations, memory, fixed_rows(backend), seconds, failed)
 
 
 def _start_lanes(
@@ -91,8 +94,9 @@ def _start_lanes(
     stats: dict[str, ClassStats],
     transport: Transport,
     pending: PendingBytes,
-) -> tuple[dict[str, LaneReservation], dict[str, Lane]]:
-    """Plan, start and measure a lane per class, each loaded and warm; all or none."""
+) -> tuple[dict[str, LaneReservation], MemoryPlan, dict[str, Lane]]:
+    """Plan, start and measure a lane per class, each loaded and warm; all or none.
+    Each model's weights are taken first, once, and held until the lanes hold them too."""
     reserving = isinstance(backend, Reserving)
     context = backend.warm_context(models) if reserving else 0
     if reserving:
@@ -102,15 +106,28 @@ def _start_lanes(
     reservations = backend.reserve(models, config.classes, free_before) if reserving else {}
     for reservation in reservations.values():
         log.info("%s", reservation.describe())
+    sharing = isinstance(backend, SharingWeights)
+    limit = config.memory_limit_mb * MIB
+    if sharing and limit:
+        check_weights([backend.weights_plan(m, config.classes) for m in models], config.classes, rss_bytes(), limit)
+    holds: list[WeightsHold] = []
+    lane_bytes: dict[str, int] = {}
     lanes: dict[str, Lane] = {}
     # One per generation of lanes: a reload's lanes do not yield to the ones they replace.
     precedence = Precedence()
     free = free_before
     try:
+        for model in models if sharing else ():
+            holds.append(backend.hold_weights(model, config.classes))
+            log.info("%s", describe_weights(holds[-1].weights))
         for klass in config.classes:
             lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence, pending)
             lanes[klass.name] = lane
+            rss = rss_bytes()
             lane.start()
+            lane_bytes[klass.name] = max(0, rss_bytes() - rss)
+            if limit:
+                check_lane(klass.name, [m.name for m in models], rss_bytes(), limit)
             if reserving:
                 # One lane at a time, so the drop in free memory is this lane's (on a reload
                 # the serving lanes' arenas, grown at their own warm-up, rarely move).
@@ -125,4 +142,17 @@ def _start_lanes(
         for lane in lanes.values():
             lane.stop(timeout_s=1.0)
         raise
-    return reservations, lanes
+    finally:
+        for hold in holds:
+            hold.release()
+    return reservations, MemoryPlan({h.weights.model: h.weights for h in holds}, lane_bytes), lanes
+
+
+def describe_weights(weights: Weights) -> str:
+    copies = f"{weights.copies} copies" if weights.copies > 1 else "1 copy"
+    if not weights.new_copies:
+        return f"model {weights.model}: weights reused, {copies} the serving lanes hold"
+    return (
+        f"model {weights.model}: weights loaded once for every lane, {copies} of {mib(weights.file_bytes)} "
+        f"({weights.new_copies} new), the process grew {mib(weights.added_bytes or 0)}"
+    )

@@ -1,5 +1,5 @@
 """A large model for memory figures: three float32 MatMuls of side x side, written as an
-ONNX file (bench/weights_sharing.py, tests/backends/test_shared_sessions.py)."""
+ONNX file (bench/weights_sharing.py, tests/backends/test_shared_weights.py)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ import time
 from typing import Any
 
 from edged.backends.gpu_memory import LaneReservation
+from edged.backends.host_memory import rss_bytes
+from edged.backends.shared import MemoryPlan
 from edged.config import Config
 from edged.daemon.lifecycle import Lifecycle
 from edged.models.repository import ModelEntry
@@ -39,6 +41,7 @@ class Dispatcher:
         self.lanes: dict[str, Lane] = {}
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self.reservations: dict[str, LaneReservation] = {}  # by class; empty on a backend that reserves nothing
+        self.memory = MemoryPlan()
         self.fixed_rows = False  # the backend's buffers hold max_batch rows (see edged.backends.fixed_rows)
         self.failed: dict[str, str] = {}  # models not served, and why (server.on_model_failure = "skip")
         # The bytes admitted requests hold: daemon-wide, kept across reloads (its limits are start-up's).
@@ -57,6 +60,7 @@ class Dispatcher:
         models: list[ModelEntry],
         lanes: dict[str, Lane],
         reservations: dict[str, LaneReservation],
+        memory: MemoryPlan,
         fixed_rows: bool,
         failed: dict[str, str],
     ) -> None:
@@ -66,6 +70,7 @@ class Dispatcher:
         self.models = {model.name: model for model in models}
         self.lanes = lanes
         self.reservations = reservations
+        self.memory = memory
         self.fixed_rows = fixed_rows
         self.failed = failed
 
@@ -132,12 +137,17 @@ class Dispatcher:
             "state": self._lifecycle.reported,
             "invalid": self.invalid,
             "unroutable": self._transport.unroutable,
+            "memory": {
+                "rss_bytes": rss_bytes(),
+                "weights": {model: weights.to_wire() for model, weights in self.memory.weights.items()},
+            },
             "classes": {name: self._class_stats(name, lane) for name, lane in self.lanes.items()},
         }
 
     def _class_stats(self, name: str, lane: Lane) -> dict[str, Any]:
         figures = lane.stats.snapshot(lane.backlog.depth)
         figures["prices"] = lane.service.prices()
+        figures["memory_bytes"] = self.memory.lane_bytes.get(name)
         reservation = self.reservations.get(name)
         if reservation is not None:
             figures["gpu"] = reservation.to_wire()
@@ -145,6 +155,9 @@ class Dispatcher:
 
     def _model_wire(self, model: ModelEntry) -> dict[str, Any]:
         wire = model.to_wire()
+        weights = self.memory.weights.get(model.name)
+        if weights is not None:
+            wire["weights"] = weights.to_wire()
         if self.reservations:
             wire["gpu_memory"] = {
                 klass: {

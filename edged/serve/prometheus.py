@@ -91,7 +91,14 @@ class StatsCollector:
             "measured), 0 where by the line through the two largest.",
             labels=["class", "model"],
         )
+        lane_memory = GaugeMetricFamily(
+            "edged_lane_memory_bytes",
+            "What the lane added on the host beyond the weights as it loaded and warmed (its arenas, buffers).",
+            labels=["class"],
+        )
         for klass, figures in classes.items():
+            if figures.get("memory_bytes") is not None:
+                lane_memory.add_metric([klass], figures["memory_bytes"])
             for outcome in ("completed", "failed", "expired"):
                 outcomes.add_metric([klass, outcome], figures[outcome])
             for reason, count in figures["shed"].items():
@@ -115,6 +122,15 @@ class StatsCollector:
         yield latency_max
         yield prices
         yield guessed
+        yield lane_memory
+        weights = GaugeMetricFamily(
+            "edged_model_weights_bytes",
+            "A model's weights, held once for all its lanes: its file's size times the copies held.",
+            labels=["model"],
+        )
+        for model, held in stats.get("memory", {}).get("weights", {}).items():
+            weights.add_metric([model], held["copies"] * held["file_bytes"])
+        yield weights
 
 
 def _add_price(prices: Any, guessed: Any, klass: str, model: str, price: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from support.backends import CountingBackend
 from support.models import save_sleeper, sleep_for
 from support.transport import NoSockets
 
+from edged.backends.shared import MemoryPlan
 from edged.config.file import load_config
 from edged.daemon.lifecycle import Lifecycle, State
 from edged.loadgen.launch import cpu_seconds
@@ -81,7 +82,7 @@ def test_no_spin_while_a_lane_has_work() -> None:
     for lane in lanes.values():
         lane.start()
     try:
-        dispatcher.serve(config, models, lanes, {}, False, {})
+        dispatcher.serve(config, models, lanes, {}, MemoryPlan(), False, {})
         lifecycle.move(State.SERVING)
         x = np.zeros((1, 64), np.float32)
         realtime = [bytes(f) for f in encode_request(1, model="mlp-light", klass="realtime", inputs={"x": x})]

@@ -1,5 +1,5 @@
 """One ONNX Runtime CPU session per model file and settings, shared by every runner
-(edged.backends.shared_sessions): real sessions on real ONNX files, in this process."""
+(edged.backends.shared): real sessions on real ONNX files, in this process."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import onnx
 import pytest
 
 from edged.backends import Runner
-from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu, cpu_session
-from edged.backends.shared_sessions import SESSIONS
+from edged.backends.onnxruntime_cpu import SESSIONS, OnnxRuntimeCpu, cpu_session
 from edged.config.classes import ClassConfig
 from edged.loadgen.large_model import write_matmuls
 from edged.models.onnx_import import write_folder
