@@ -12,6 +12,8 @@ whole must stay under the limit.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +33,24 @@ class MemoryLimitError(RuntimeError):
 def rss_bytes() -> int:
     """The process's resident memory now."""
     return int(Path("/proc/self/statm").read_text().split()[1]) * _PAGE
+
+
+def _malloc_trim() -> ctypes._CFuncPtr | None:
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    return getattr(libc, "malloc_trim", None)  # glibc's; musl has none
+
+
+_TRIM = _malloc_trim()
+
+
+def trim() -> int:
+    """Give the allocator's free pages back to the system, where it is glibc; returns the RSS
+    after. Loading a model parses its file whole and then packs the weights: the parsed
+    copy, freed, stays resident otherwise (a 48 MiB model's first session: 81 MiB, 50 after)."""
+    if _TRIM is not None:
+        _TRIM(0)
+    return rss_bytes()
 
 
 def check_weights(plans: Sequence[Weights], classes: Sequence[ClassConfig], rss_now: int, limit_bytes: int) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edged.backends import CallStop
-from edged.backends.host_memory import rss_bytes
+from edged.backends.host_memory import trim
 from edged.backends.int8_kernels import KernelCheck, check_int8_kernels
 from edged.backends.shared import Key, Shared, Weights, WeightsHold, file_key
 from edged.config.classes import ClassConfig
@@ -130,7 +130,7 @@ class OnnxRuntimeCpu:
             for key in taken:
                 SESSIONS.give_back(key)
 
-        before = rss_bytes()
+        before = trim()
         try:
             for key, lane in self._sessions_of(model, classes).items():
                 SESSIONS.take(key, lambda lane=lane: lane_session(model, lane, self._fused(model)))
@@ -138,7 +138,7 @@ class OnnxRuntimeCpu:
         except Exception as exc:
             release()
             raise load_failure(model.name, model.variant.path, exc) from exc
-        return WeightsHold(replace(plan, added_bytes=max(0, rss_bytes() - before)), release)
+        return WeightsHold(replace(plan, added_bytes=max(0, trim() - before)), release)
 
     def _sessions_of(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> dict[Key, ClassConfig]:
         """The distinct sessions `classes`' lanes run `model` on, each with the first lane to need it."""

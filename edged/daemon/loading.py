@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, SharingWeights, backend_named, fixed_rows
 from edged.backends.gpu_memory import MIB, LaneReservation, check_measured, mib
-from edged.backends.host_memory import check_lane, check_weights, rss_bytes
+from edged.backends.host_memory import check_lane, check_weights, rss_bytes, trim
 from edged.backends.shared import MemoryPlan, Weights, WeightsHold
 from edged.config import Config
 from edged.models.repository import ModelEntry, RepositoryError, discover, scan
@@ -123,11 +123,12 @@ def _start_lanes(
         for klass in config.classes:
             lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence, pending)
             lanes[klass.name] = lane
-            rss = rss_bytes()
+            rss = trim()
             lane.start()
-            lane_bytes[klass.name] = max(0, rss_bytes() - rss)
+            after = trim()
+            lane_bytes[klass.name] = max(0, after - rss)
             if limit:
-                check_lane(klass.name, [m.name for m in models], rss_bytes(), limit)
+                check_lane(klass.name, [m.name for m in models], after, limit)
             if reserving:
                 # One lane at a time, so the drop in free memory is this lane's (on a reload
                 # the serving lanes' arenas, grown at their own warm-up, rarely move).
