@@ -62,6 +62,11 @@ def test_a_scrape_reports_what_the_stats_op_reports(scraped_daemon: tuple[Runnin
     assert value(samples, "edged_unroutable_replies_total") == stats["unroutable"]
     assert stats["classes"]["realtime"]["completed"] == 6 and stats["classes"]["bulk"]["completed"] == 3
     assert stats["classes"]["realtime"]["inline"] == 6  # mlp-light, on an idle realtime lane
+    # Each model's weights, once: the file's size times the copies held.
+    assert set(stats["memory"]["weights"]) == {"mlp-light", "cnn-heavy"}
+    for model, weights in stats["memory"]["weights"].items():
+        held = weights["copies"] * weights["file_bytes"]
+        assert value(samples, "edged_model_weights_bytes", model=model) == held > 0
     for klass, figures in stats["classes"].items():
         for key, name in (
             ("received", "edged_requests_received_total"),
@@ -83,6 +88,7 @@ def test_a_scrape_reports_what_the_stats_op_reports(scraped_daemon: tuple[Runnin
         for reason, count in figures["shed"].items():
             assert value(samples, "edged_requests_total", **{"class": klass, "outcome": f"shed_{reason}"}) == count
         assert value(samples, "edged_queue_depth", **{"class": klass}) == figures["queue_depth"]
+        assert value(samples, "edged_lane_memory_bytes", **{"class": klass}) == figures["memory_bytes"]
         for stage, summary in figures["latency_us"].items():
             labels = {"class": klass, "stage": stage}
             assert value(samples, "edged_latency_seconds", quantile="0.99", **labels) == pytest.approx(
