@@ -24,6 +24,7 @@ from edged.config.classes import loop_work_lines
 from edged.daemon.lifecycle import Lifecycle, State
 from edged.daemon.loading import Loaded, load
 from edged.daemon.systemd import Notifier
+from edged.daemon.trimmer import Trimmer
 from edged.serve.dispatch import Dispatcher
 from edged.serve.lanes.lane import Lane
 from edged.serve.prometheus import PrometheusEndpoint
@@ -73,6 +74,7 @@ class Daemon:
                 self.server.close()
                 raise
         self.notifier = Notifier()
+        self.trimmer = Trimmer()
         self.exit_code = 0
         self._reread_config = reread_config or (lambda: config)
         self._drain_deadline_ns = 0
@@ -228,7 +230,7 @@ class Daemon:
 
     def _housekeeping(self) -> bool:
         """At a cadence, on whichever thread serves: ping the watchdog, look for stuck
-        workers. Whether it ran."""
+        workers, ask for what a burst left resident to be given back. Whether it ran."""
         now = time.monotonic_ns()
         # The loop wakes for every request; housekeeping needs a cadence, not a per-request cost.
         if now < self._next_housekeeping_ns:
@@ -240,6 +242,7 @@ class Daemon:
             self._next_watchdog_ns = now + self.notifier.watchdog_interval_ns
         for lane in self.dispatcher.lanes.values():
             lane.check_stuck(now)
+        self.trimmer.check(now)
         return True
 
     def _loading_busy(self) -> bool:
@@ -300,4 +303,5 @@ class Daemon:
         if self.prometheus is not None:
             self.prometheus.close()
         self.notifier.close()
+        self.trimmer.close()
         log.info("stopped (%d queued requests answered UNAVAILABLE)", unanswered)
