@@ -19,8 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from support import REPO_ROOT
-from support.fake_cuda import FakeCuda
-from support.gpu import MLP, fake_ort
+from support.gpu import MLP, fake_cuda_layer, fake_ort
 
 from edged.backends import onnxruntime_cuda
 from edged.backends.cuda import cuda_available
@@ -189,7 +188,7 @@ def test_fake_ort_the_stream_check_loads_captures_and_runs_the_held_call_on_one_
     """ONNX Runtime keeps CUDA graphs per thread: the held run must replay the graphs
     captured at load, as a lane's worker does, so all of it happens on one thread."""
     log: list[str] = []
-    monkeypatch.setattr(onnxruntime_cuda, "cuda", FakeCuda(log))
+    fake_cuda_layer(monkeypatch, log)
     ort = fake_ort(monkeypatch, log)
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     stream_check = importlib.import_module("gpu_check_stream")
