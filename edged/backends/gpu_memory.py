@@ -57,6 +57,7 @@ class ModelReservation:
 
     def to_wire(self) -> dict[str, int]:
         return {
+            "sessions": self.sessions,
             "planned_bytes": self.device_bytes,
             "pinned_bytes": self.pinned_bytes,
             "io_bytes_per_worker": self.io_bytes,
