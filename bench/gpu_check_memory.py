@@ -11,7 +11,7 @@ from gpu_checks import MIB, ROOT, CpuReference, random_inputs, worst, write
 
 from edged.backends.cuda import CudaError
 from edged.config import ClassConfig, parse_config
-from edged.loadgen.gpu_memory_check import fill, format_memory_table, memory_configs
+from edged.loadgen.gpu_memory_check import fill, format_memory_table, format_weights_table, memory_configs, weights_rows
 from edged.models.repository import discover
 
 LEAVE_FREE = 64 * MIB  # what the filler leaves of the card
@@ -53,9 +53,9 @@ def under_pressure(name: str, text: str, cpu: CpuReference, out: Path) -> dict[s
             with DaemonProcess([endpoint], config=config, log_path=log) as daemon:
                 daemon.wait_serving(timeout_s=300)
                 with Client(endpoint, timeout_ms=60_000) as client:
-                    lanes = [
-                        lane_memory(name, lane, figures["gpu"]) for lane, figures in client.stats()["classes"].items()
-                    ]
+                    stats = client.stats()
+                    lanes = [lane_memory(name, lane, figures["gpu"]) for lane, figures in stats["classes"].items()]
+                    weights = weights_rows(name, stats, client.models())
                     cuda.set_device(0)
                     free_before = cuda.memory_info()[0]
                     chunks = fill(allocate, lambda: cuda.memory_info()[0], LEAVE_FREE)
@@ -79,6 +79,7 @@ def under_pressure(name: str, text: str, cpu: CpuReference, out: Path) -> dict[s
     return {
         "config": name,
         "lanes": lanes,
+        "weights": weights,
         "free_before": free_before,
         "filler_bytes": taken,
         "left_bytes": left,
@@ -110,6 +111,7 @@ def run(out: Path) -> int:
     cpu = CpuReference()
     results = [under_pressure(name, text, cpu, out) for name, text in memory_configs().items()]
     print(format_memory_table([lane for result in results for lane in result["lanes"]]))
+    print(format_weights_table([row for result in results for row in result["weights"]]))
     for result in results:
         print(
             f"{result['config']}: filler took {result['filler_bytes'] / MIB:.0f} MiB of "

@@ -3,6 +3,7 @@
     python bench/gpu_checks.py stream [--out DIR]
     python bench/gpu_checks.py memory [--out DIR]
     python bench/gpu_checks.py green [--out DIR]
+    python bench/gpu_checks.py weights [--out DIR]
 
 NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs both).
 
@@ -30,6 +31,16 @@ green: that ONNX Runtime computes correctly on a green context's stream, with cu
 runner for cnn-heavy (convolutions) in a class with `sm_count` = BULK_SMS, as the GPU
 benchmark's last scenario, at 1, 5 and 16 rows, each against the CPU within the TF32
 bound. bench/gpu_verify.sh runs it before that scenario, which runs only if it passed.
+
+weights: that a model's weights are on the device once, whatever the number of its
+sessions (edged.backends.device_weights). A daemon on onnxruntime-cuda serves one large
+model (three 4096 x 4096 float32 MatMuls, 192 MiB) with the built-in classes (four
+sessions: realtime's worker and inline path, standard's, bulk's); from `stats` and
+`models`: the model's weights must have taken 0.9 to 1.5 times its file of device
+memory, once, and each lane less than half a copy per session of its own (a session
+that copied the weights would take a whole one: ONNX Runtime copies a shared
+initializer whose device is not the one it planned, logging "Cannot use user supplied
+initializer"). One request per class must agree with the CPU within the TF32 bound.
 
 Each prints a table and a verdict line last, writes DIR/gpu-checks-NAME.json, and exits
 non-zero on failure (3 where the device cannot run the check at all).
@@ -100,7 +111,7 @@ def write(out: Path, check: str, record: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=("stream", "memory", "green"))
+    parser.add_argument("check", choices=("stream", "memory", "green", "weights"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu-checks-CHECK.json")
     args = parser.parse_args(argv)
     needs_gpu(args.check)

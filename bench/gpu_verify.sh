@@ -18,11 +18,13 @@
 #
 # 1: install the carried wheels into /tmp/site (once); deps; libs (cuBLAS and cuDNN load,
 #    from the machine's own `nvidia` packages); provider (a session really on CUDA); tests
-#    (pytest -m gpu); stream and memory (bench/gpu_checks.py).
+#    (pytest -m gpu); stream, memory and weights (bench/gpu_checks.py: weights, that a
+#    model's weights are on the device once, not once per session).
 # 2, 3: bench/gpu_bench.py, scenarios 1-4, then 5-8 (--duration 5 --repeats 2).
 # 4: bench/gpu_checks.py green, then scenario 9 (bulk in a green context) only if it passed.
-# Estimated, not measured: ~6 min for call 1, ~4 min each for 2-4; with the machine's start
-# and the wheels' calls, ~20-25 min of device time.
+# Estimated, not measured: ~7 min for call 1 (weights ~1 min; should the call's budget run
+# out first, GPU_VERIFY_STEPS=weights bench/gpu_verify.sh 1 runs it alone), ~4 min each for
+# 2-4; with the machine's start and the wheels' calls, ~20-25 min of device time.
 #
 # Every step runs under `timeout`, within what is left of GPU_VERIFY_BUDGET_S (default 540
 # s, under the 600 s a call may run). Its log is written as it runs, and after every step
@@ -133,7 +135,8 @@ print('session providers:', session.get_providers())
 if session.get_providers()[0] != 'CUDAExecutionProvider': raise SystemExit('the CUDA provider did not load')"
     step tests 180 "$py" -m pytest -m gpu -v -rs -p no:cacheprovider tests/backends/test_gpu.py tests/backends/test_tensorrt.py
     step stream 90 "$py" bench/gpu_checks.py stream --out "$work"
-    step memory 240 "$py" bench/gpu_checks.py memory --out "$work"
+    step memory 200 "$py" bench/gpu_checks.py memory --out "$work"
+    step weights 90 "$py" bench/gpu_checks.py weights --out "$work"
     ;;
   2) step bench-1-4 540 bench --scenarios 1,2,3,4 ;;
   3) step bench-5-8 540 bench --scenarios 5,6,7,8 ;;

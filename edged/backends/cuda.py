@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edged.backends.cuda_calls import INSTALL_HINT, CudaError, check, check_driver, driver_api, runtime
-from edged.backends.cuda_memory import DeviceBuffer, Event, PinnedBuffer, Staged, copy_run_sync
+from edged.backends.cuda_memory import DeviceBuffer, Event, PinnedBuffer, Staged, copy_run_sync, upload_at_load
 
 # What the backends reach through this module (`cuda.DeviceBuffer`, ...): one name to
 # fake in tests, one to read in the code.
@@ -35,6 +35,7 @@ __all__ = [
     "memory_info",
     "priority_range",
     "set_device",
+    "upload_at_load",
 ]
 
 log = logging.getLogger("edged.cuda")

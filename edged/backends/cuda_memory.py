@@ -51,6 +51,16 @@ class DeviceBuffer:
             self.pointer = 0
 
 
+def upload_at_load(device_pointer: int, arrays: list[tuple[int, np.ndarray]]) -> None:
+    """Copy each (offset, array) to `device_pointer` + offset, and wait for the whole device:
+    at load only, since the lanes' non-blocking streams do not wait for the default stream."""
+    rt = runtime()
+    kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+    for offset, array in arrays:
+        check("cudaMemcpy", rt.cudaMemcpy(device_pointer + offset, array.ctypes.data, array.nbytes, kind))
+    check("cudaDeviceSynchronize", rt.cudaDeviceSynchronize())
+
+
 class PinnedBuffer:
     """Page-locked host memory (cudaMallocHost): asynchronous copies need it, and it is
     allocated once because pinning is slow."""

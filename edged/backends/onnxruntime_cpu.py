@@ -120,7 +120,9 @@ class OnnxRuntimeCpu:
     def weights_plan(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> Weights:
         keys = self._sessions_of(model, classes)
         new = sum(not SESSIONS.holds(key) for key in keys)
-        return Weights(model.name, len(keys), new, model.variant.path.stat().st_size)
+        # Any key of the file counts every session of its earlier versions.
+        draining = SESSIONS.replaced(next(iter(keys))) if keys else 0
+        return Weights(model.name, len(keys), new, model.variant.path.stat().st_size, draining=draining)
 
     def hold_weights(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> WeightsHold:
         plan = self.weights_plan(model, classes)

@@ -15,12 +15,15 @@ Per worker and model, at load (never per request):
   CAPTURE_RUNS), alone in the process (edged.backends.capture_gate).
 The session itself: edged.backends.onnxruntime_gpu.
 
-Weights are not shared between lanes: ONNX Runtime copies each session's
-initializers to the device. `SessionOptions.add_initializer` can share a host
-OrtValue between sessions, but the CUDA provider still makes its own device copy per
-session, so nothing on the GPU would be saved; the per-lane cost is reported instead
-(see gpu_memory). A model whose dimensions other than the batch are dynamic is
-refused: its buffers could not be sized at load.
+Each model's weights are on the device once, whatever the number of its sessions
+(edged.backends.device_weights): every session takes them as shared initializers, so a
+lane keeps its own stream, arena and CUDA graphs, never its own weights. What only a GPU
+can confirm: that the CUDA provider uses those device OrtValues in place (ONNX Runtime
+copies a shared initializer whose device differs from the one it planned, logging
+"Cannot use user supplied initializer"), and what graph optimizations that rewrite a
+weight keep per session; bench/gpu_checks.py weights measures both, per model and per
+lane. A model whose dimensions other than the batch are dynamic is refused: its buffers
+could not be sized at load.
 
 Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on a GPU.
 """
@@ -28,16 +31,20 @@ Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from edged.backends import BackendError, CallStop, cuda, green
 from edged.backends.capture_gate import CAPTURE_GATE
+from edged.backends.device_weights import DEVICE_WEIGHTS, load_device_weights, weights_key
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, io_bytes, reserve_lanes
 from edged.backends.onnxruntime_gpu import GPU_INSTALL, PROVIDER, create_session, load_cuda_libraries, runtime_conflict
+from edged.backends.shared import Key, Weights, WeightsHold
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
+from edged.models.warmup import load_failure
 from edged.wire.codec import DTYPES
 
 # One daemon owns one GPU: edged@N sets CUDA_VISIBLE_DEVICES=N, so it is device 0 here.
@@ -68,6 +75,7 @@ class OnnxRuntimeCudaRunner:
         self._session: Any = None
         self._binding: Any = None
         self._run_options: dict[int, Any] = {}
+        self._weights: Key | None = None  # the model's device weights this runner holds (device_weights)
         self.cpu_nodes = False  # some nodes run on the CPU (onnxruntime_gpu.create_session)
         self._owns_stream = stream is None
         self.stream = stream
@@ -91,8 +99,12 @@ class OnnxRuntimeCudaRunner:
             raise
 
     def _create(self, ort: Any, model: ModelEntry, lane: ClassConfig, reservation: ModelReservation) -> None:
-        """The session, its buffers and binding, and a run option per batch size."""
-        created = create_session(ort, model.variant.path, model.name, lane, self._provider(lane, reservation))
+        """The model's shared weights, the session, its buffers and binding, and a run option per batch size."""
+        key = weights_key(model, DEVICE)
+        weights = DEVICE_WEIGHTS.take(key, lambda: load_device_weights(ort, model.variant.path, DEVICE))
+        self._weights = key
+        provider = self._provider(lane, reservation)
+        created = create_session(ort, model.variant.path, model.name, lane, provider, weights.values)
         self._session, self.cpu_nodes = created.session, created.cpu_nodes
         for spec in self._specs.values():
             nbytes = int(np.prod(fixed_shape(model, spec, self._max_rows), dtype=np.int64))
@@ -153,6 +165,9 @@ class OnnxRuntimeCudaRunner:
         self._binding = None
         self._run_options.clear()
         self._session = None  # its last reference: ONNX Runtime frees it, graphs included, here
+        if self._weights is not None:
+            DEVICE_WEIGHTS.give_back(self._weights)  # after the session, which points into them
+            self._weights = None
         for staged in self._staged.values():
             staged.close()
         self._staged.clear()
@@ -232,7 +247,7 @@ class OnnxRuntimeCuda:
             return 0
         model = min(models, key=lambda m: m.variant.path.stat().st_size)
         klass = ClassConfig("context", order=0)
-        reservation = ModelReservation(model.name, 1, io_bytes(model, 1), model.variant.path.stat().st_size, 0)
+        reservation = ModelReservation(model.name, 1, io_bytes(model, 1), 0)
         before = self.free_bytes()
         OnnxRuntimeCudaRunner(self._ort, model, klass, reservation).close()
         return max(0, before - self.free_bytes())
@@ -240,9 +255,28 @@ class OnnxRuntimeCuda:
     def reserve(
         self, models: Sequence[ModelEntry], classes: Sequence[ClassConfig], free_bytes: int
     ) -> dict[str, LaneReservation]:
-        """Plan every lane's memory and refuse if together the plans exceed `free_bytes`."""
-        self._plans = reserve_lanes(models, classes, free_bytes, self.device_name)
+        """Plan every lane's memory and refuse if together the plans, and the weights not yet
+        on the device, exceed `free_bytes`."""
+        weights = [self.weights_plan(model, classes) for model in models]
+        self._plans = reserve_lanes(models, classes, free_bytes, self.device_name, weights)
         return self._plans
+
+    def weights_plan(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> Weights:
+        """One copy per model, whatever its lanes: new unless the serving lanes hold it already."""
+        key = weights_key(model, DEVICE)
+        new = 0 if DEVICE_WEIGHTS.holds(key) else 1
+        return Weights(model.name, 1, new, model.variant.path.stat().st_size, draining=DEVICE_WEIGHTS.replaced(key))
+
+    def hold_weights(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> WeightsHold:
+        """Take the model's device weights now, measured as the drop in free device memory."""
+        plan, key = self.weights_plan(model, classes), weights_key(model, DEVICE)
+        before = self.free_bytes()
+        try:
+            DEVICE_WEIGHTS.take(key, lambda: load_device_weights(self._ort, model.variant.path, DEVICE))
+        except Exception as exc:
+            raise load_failure(model.name, model.variant.path, exc) from exc
+        added = max(0, before - self.free_bytes())
+        return WeightsHold(replace(plan, added_bytes=added), lambda: DEVICE_WEIGHTS.give_back(key))
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCudaRunner:
         return OnnxRuntimeCudaRunner(self._ort, model, lane, self.reservation_of(model, lane))

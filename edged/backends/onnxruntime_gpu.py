@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -138,11 +139,14 @@ class CudaSession:
     cpu_nodes: bool  # some of its nodes run on the CPU: shape computations, or ops without a CUDA kernel
 
 
-def create_session(ort: Any, path: Path, name: str, lane: ClassConfig, provider: dict[str, str]) -> CudaSession:
-    """A session of the model at `path` on the CUDA provider alone, or BackendError with
-    ONNX Runtime's own reason; a model with nodes left to the CPU loads with a warning."""
+def create_session(
+    ort: Any, path: Path, name: str, lane: ClassConfig, provider: dict[str, str], shared: Mapping[str, Any]
+) -> CudaSession:
+    """A session of the model at `path` on the CUDA provider alone, taking the `shared`
+    initializers (OrtValues, by name) in place of its own, or BackendError with ONNX
+    Runtime's own reason; a model with nodes left to the CPU loads with a warning."""
     try:
-        return CudaSession(_session(ort, path, name, lane, provider, cpu_nodes=False), cpu_nodes=False)
+        return CudaSession(_session(ort, path, name, lane, provider, shared, cpu_nodes=False), cpu_nodes=False)
     except BackendError:
         raise
     except Exception as exc:
@@ -154,17 +158,26 @@ def create_session(ort: Any, path: Path, name: str, lane: ClassConfig, provider:
         name,
     )
     try:
-        return CudaSession(_session(ort, path, name, lane, provider, cpu_nodes=True), cpu_nodes=True)
+        return CudaSession(_session(ort, path, name, lane, provider, shared, cpu_nodes=True), cpu_nodes=True)
     except BackendError:
         raise
     except Exception as exc:
         raise BackendError(f"{name}: ONNX Runtime's CUDA provider failed to create the session: {exc}") from exc
 
 
-def _session(ort: Any, path: Path, name: str, lane: ClassConfig, provider: dict[str, str], cpu_nodes: bool) -> Any:
-    session = ort.InferenceSession(
-        str(path), session_options(ort, lane, cpu_nodes), providers=[(PROVIDER, provider)], enable_fallback=0
-    )
+def _session(
+    ort: Any,
+    path: Path,
+    name: str,
+    lane: ClassConfig,
+    provider: dict[str, str],
+    shared: Mapping[str, Any],
+    cpu_nodes: bool,
+) -> Any:
+    options = session_options(ort, lane, cpu_nodes)
+    for initializer, value in shared.items():
+        options.add_initializer(initializer, value)  # the session points into `value`'s memory: it must outlive it
+    session = ort.InferenceSession(str(path), options, providers=[(PROVIDER, provider)], enable_fallback=0)
     placed = session.get_providers()[0]
     if placed != PROVIDER:
         # A CUDA library that fails to load drops the provider without raising.

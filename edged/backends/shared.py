@@ -69,6 +69,12 @@ class Shared(Generic[T]):
         with self._lock:
             return key in self._held
 
+    def replaced(self, key: Key) -> int:
+        """How many copies of an earlier version of `key`'s file (file_key: the same path,
+        another inode, size or time) are held now: a reload's old lanes hold them until they drain."""
+        with self._lock:
+            return sum(held[0] == key[0] and held[1:4] != key[1:4] for held in self._held)
+
     def __len__(self) -> int:
         return len(self._held)
 
@@ -83,6 +89,7 @@ class Weights:
     new_copies: int  # not held already by the serving lanes (a reload that changed nothing: 0)
     file_bytes: int  # the model file: the plan's figure per copy
     added_bytes: int | None = None  # measured: what taking them added (RSS, or device memory)
+    draining: int = 0  # copies of the file's earlier version still held, until the old lanes drain
 
     @property
     def planned_bytes(self) -> int:
@@ -95,6 +102,7 @@ class Weights:
             "file_bytes": self.file_bytes,
             "planned_bytes": self.planned_bytes,
             "added_bytes": self.added_bytes,
+            "draining_copies": self.draining,
         }
 
 

@@ -1,5 +1,8 @@
-"""TensorRT engines on the GPU: one execution context per lane worker, on its own
-priority stream, with its own device memory and preallocated buffers.
+"""TensorRT engines on the GPU: one deserialized engine per model and precision in the
+process (edged.backends.tensorrt_engines), its weights held and counted once, and one
+execution context per lane worker, on its own priority stream, with its own activation
+memory (`device_memory_size_v2`, allocated here and given to the context) and
+preallocated buffers.
 
 Written against TensorRT 10/11's documented Python API and cuda-python; NOT YET RUN
 on a GPU (no machine here has TensorRT's builder, see docs/engines.md). What runs
@@ -18,18 +21,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edged.backends import BackendError, CallStop, Runner, cuda
 from edged.backends.onnxruntime_cuda import lane_stream
+from edged.backends.shared import Weights, WeightsHold, file_key
+from edged.backends.tensorrt_engines import ENGINES, Chosen, deserialize
 from edged.config.classes import ClassConfig
-from edged.models.engines import EngineRecord, Environment, select
+from edged.models.engines import Environment, select
 from edged.models.repository import ModelEntry, sha256_of
+from edged.models.warmup import load_failure
 from edged.wire.signature import Signature
 
 log = logging.getLogger("edged.tensorrt")
@@ -72,37 +77,77 @@ def environment() -> tuple[Environment, Any]:
 class TensorRt:
     """Backend "tensorrt". `fallback="onnxruntime"` serves the model's ONNX of the same
     precision on the CPU where no engine fits (server.fallback); each refusal is logged.
-    Its one mutable field, the engines shared by lanes, is written by the loading
-    workers, under `_lock`."""
+    Its mutable fields, the engines chosen and each one's context memory, are written by
+    the loader and the loading workers, under `_lock`."""
 
     fixed_rows = True  # each runner's buffers hold its class's max_batch rows
 
     def __init__(self, fallback: str | None = None) -> None:
         self._fallback = fallback
         self._lock = threading.Lock()
-        # model name -> (runtime, engine), shared by its lanes; the runtime must outlive its engine.
-        self._engines: dict[str, tuple[Any, Any]] = {}
+        self._chosen: dict[str, Chosen] = {}  # by model, chosen once per load of the daemon
+        self._context_bytes: dict[str, int] = {}  # by model: each runner's activation memory
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> Runner:
+        try:
+            trt, chosen = self._choose(model)
+            engine = ENGINES.take(chosen.key, lambda: deserialize(trt, chosen))
+        except BackendError as exc:
+            return self._fall_back(model, lane, str(exc))
+        runner = TensorRtRunner(trt, engine.engine, model.signature, lane, lambda: ENGINES.give_back(chosen.key))
         with self._lock:
-            try:
-                env, trt = environment()
-                loaded = self._engines.get(model.name) or self._deserialize(model, env, trt)
-            except BackendError as exc:
-                return self._fall_back(model, lane, str(exc))
-            self._engines[model.name] = loaded
-        return TensorRtRunner(trt, loaded[1], model.signature, lane)
+            self._context_bytes[model.name] = runner.activation_bytes
+        return runner
 
-    def _deserialize(self, model: ModelEntry, env: Environment, trt: Any) -> tuple[Any, Any]:
-        folder = model.variant.path
-        sources = {e.source_file for e in model.variant.engines}
-        digests = {name: sha256_of(folder / name) if (folder / name).is_file() else None for name in sources}
-        chosen = select(model.variant.engines, env, digests)
-        if chosen.engine is None:
-            raise BackendError(chosen.explain(model.name))
-        for reason in chosen.refusals:
-            log.info("%s: passed over %s", model.name, reason)
-        return _deserialize(trt, folder, chosen.engine)
+    def weights_plan(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> Weights:
+        """One engine per model, whatever its lanes; none where its lanes will fall back."""
+        try:
+            _, chosen = self._choose(model)
+        except BackendError:
+            return Weights(model.name, 0, 0, 0)  # its lanes fall back, or fail saying why, as they load
+        new = 0 if ENGINES.holds(chosen.key) else 1
+        return Weights(model.name, 1, new, chosen.path.stat().st_size, draining=ENGINES.replaced(chosen.key))
+
+    def hold_weights(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> WeightsHold:
+        """Deserialize the model's engine now, measured as the drop in free device memory."""
+        plan = self.weights_plan(model, classes)
+        if not plan.copies:
+            return WeightsHold(plan, lambda: None)
+        trt, chosen = self._choose(model)
+        before = cuda.memory_info()[0]
+        try:
+            ENGINES.take(chosen.key, lambda: deserialize(trt, chosen))
+        except BackendError as exc:
+            if self._fallback is None:
+                raise load_failure(model.name, chosen.path, exc) from exc
+            return WeightsHold(Weights(model.name, 0, 0, 0), lambda: None)  # the lanes fall back, saying why
+        added = max(0, before - cuda.memory_info()[0])
+        return WeightsHold(replace(plan, added_bytes=added), lambda: ENGINES.give_back(chosen.key))
+
+    def describe(self, model: ModelEntry) -> dict[str, Any]:
+        with self._lock:
+            chosen, context = self._chosen.get(model.name), self._context_bytes.get(model.name)
+        if chosen is None or context is None:
+            return {}
+        # The engine (its weights) once, in `weights`; this, per lane worker: its activation memory.
+        return {"engine": {"file": chosen.record.file, "context_bytes_per_worker": context}}
+
+    def _choose(self, model: ModelEntry) -> tuple[Any, Chosen]:
+        """TensorRT and the engine this GPU runs for `model`; BackendError where there is none."""
+        env, trt = environment()
+        with self._lock:
+            if model.name not in self._chosen:
+                folder = model.variant.path
+                sources = {e.source_file for e in model.variant.engines}
+                digests = {name: sha256_of(folder / name) if (folder / name).is_file() else None for name in sources}
+                chosen = select(model.variant.engines, env, digests)
+                if chosen.engine is None:
+                    raise BackendError(chosen.explain(model.name))
+                for reason in chosen.refusals:
+                    log.info("%s: passed over %s", model.name, reason)
+                path = folder / chosen.engine.file
+                self._chosen[model.name] = Chosen(path, chosen.engine, file_key(path))
+            return trt, self._chosen[model.name]
 
     def _fall_back(self, model: ModelEntry, lane: ClassConfig, why: str) -> Runner:
         if self._fallback != "onnxruntime":
@@ -116,28 +161,23 @@ class TensorRt:
         return OnnxRuntimeCpuRunner(replace(model, variant=variant), lane)
 
 
-def _deserialize(trt: Any, folder: Path, record: EngineRecord) -> tuple[Any, Any]:
-    path = folder / record.file
-    data = path.read_bytes()
-    if sha256_of(path) != record.sha256:
-        raise BackendError(f"{path}: its sha256 differs from the manifest's: the file changed after the build")
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    if record.version_compatible:
-        # A version-compatible plan carries the lean runtime's host code; we trust our own builds.
-        runtime.engine_host_code_allowed = True
-    engine = runtime.deserialize_cuda_engine(data)
-    if engine is None:
-        raise BackendError(f"{path}: TensorRT could not deserialize it (see the TensorRT log above)")
-    return runtime, engine
-
-
 class TensorRtRunner:
     """One lane worker's context: stream, device memory and buffers, all made here, once,
     and given back by `close` (or by a constructor that fails) in the reverse order."""
 
-    def __init__(self, trt: Any, engine: Any, signature: Signature, lane: ClassConfig) -> None:
+    def __init__(
+        self,
+        trt: Any,
+        engine: Any,
+        signature: Signature,
+        lane: ClassConfig,
+        give_back: Callable[[], None] | None = None,
+    ) -> None:
+        """`give_back` hands the shared engine back once this context is destroyed."""
         cuda.set_device(0)
         self._engine = engine
+        self._give_back = give_back
+        self.activation_bytes = 0  # this context's own device memory, beside the shared engine
         self._signature = signature
         self._context: Any = None
         self._scratch: cuda.DeviceBuffer | None = None
@@ -154,7 +194,8 @@ class TensorRtRunner:
     def _set_up(self, trt: Any, lane: ClassConfig) -> None:
         engine = self._engine
         self._context = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
-        size = engine.device_memory_size_v2
+        # The engine's largest need over its profiles (one, as edged builds them): this context's activations.
+        size = self.activation_bytes = engine.device_memory_size_v2
         self._scratch = cuda.DeviceBuffer(size)
         self._context.set_device_memory(self._scratch.pointer, size)
         if not self._context.set_optimization_profile_async(0, self.stream.pointer):
@@ -221,6 +262,10 @@ class TensorRtRunner:
             graph.close()
         self._graphs.clear()
         self._context = None  # the last reference: TensorRT destroys the context here
+        self._engine = None
+        if self._give_back is not None:
+            self._give_back()  # after the context, which uses the engine
+            self._give_back = None
         if self._scratch is not None:
             self._scratch.close()
             self._scratch = None

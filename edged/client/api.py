@@ -128,9 +128,11 @@ class Api:
             outputs=outputs,
         )
 
-    def models(self) -> Any:
-        """The served models: [{name, backend, precision, inputs, outputs}]."""
-        return self._request("models", lambda r: r.header["models"])
+    def models(self, memory: bool = False) -> Any:
+        """The served models: [{name, backend, precision, inputs, outputs}]; with `memory`,
+        each with its `weights` as the daemon holds them."""
+        fields = {"memory": True} if memory else {}
+        return self._request("models", lambda r: r.header["models"], **fields)
 
     def health(self) -> Any:
         """{state: starting | serving | draining, uptime_s}."""

@@ -115,11 +115,13 @@ def _start_lanes(
     lanes: dict[str, Lane] = {}
     # One per generation of lanes: a reload's lanes do not yield to the ones they replace.
     precedence = Precedence()
-    free = free_before
     try:
         for model in models if sharing else ():
             holds.append(backend.hold_weights(model, config.classes))
             log.info("%s", describe_weights(holds[-1].weights))
+        # The weights' share of the device, taken before any lane: no lane's figure counts them.
+        free = backend.free_bytes() if reserving else 0
+        weights_bytes = free_before - free
         for klass in config.classes:
             lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence, pending)
             lanes[klass.name] = lane
@@ -138,7 +140,7 @@ def _start_lanes(
                 log.info("%s", measured.describe())
         if reserving:
             headroom = config.gpu_headroom_mb * MIB
-            check_measured(list(reservations.values()), free_before, headroom, backend.device_name)
+            check_measured(list(reservations.values()), free_before, headroom, backend.device_name, weights_bytes)
     except BaseException:
         for lane in lanes.values():
             lane.stop(timeout_s=1.0)
@@ -150,10 +152,13 @@ def _start_lanes(
 
 
 def describe_weights(weights: Weights) -> str:
+    if not weights.copies:
+        return f"model {weights.model}: no weights held for its lanes (they run it on another backend)"
     copies = f"{weights.copies} copies" if weights.copies > 1 else "1 copy"
     if not weights.new_copies:
         return f"model {weights.model}: weights reused, {copies} the serving lanes hold"
+    beside = f", beside {weights.draining} of the replaced file until the old lanes drain" if weights.draining else ""
     return (
         f"model {weights.model}: weights loaded once for every lane, {copies} of {mib(weights.file_bytes)} "
-        f"({weights.new_copies} new), the process grew {mib(weights.added_bytes or 0)}"
+        f"({weights.new_copies} new{beside}), taking {mib(weights.added_bytes or 0)} (RSS, or device memory on a GPU)"
     )

@@ -69,9 +69,12 @@ def encode_request(
     deadline_ms: float | None = None,
     inputs: dict[str, np.ndarray] | None = None,
     outputs: Sequence[str] | None = None,
+    memory: bool = False,
 ) -> list[Buffer]:
     """Frames of one request; tensors go out as views of their own buffers."""
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
+    if memory:
+        header["memory"] = True
     if model is not None:
         header["model"] = model
     if klass is not None:
@@ -108,6 +111,7 @@ def decode_request(frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS) ->
     if klass is not None and not isinstance(klass, str):
         raise ProtocolError(Status.INVALID_ARGUMENT, "'class' must be a string", request_id)
     request.klass = klass
+    request.memory = header.get("memory") is True
     if op != "infer":
         if len(frames) > 1:
             raise ProtocolError(Status.INVALID_ARGUMENT, f"op {op!r} takes no payload frames", request_id)

@@ -46,6 +46,7 @@ class _Header(msgspec.Struct):
     deadline_ms: float | None = None
     inputs: list[TensorSpec] | None = None
     outputs: list[str] | None = None
+    memory: bool = False
 
 
 class _Timing(msgspec.Struct):
@@ -98,7 +99,7 @@ def decode_request(frames: Sequence[Buffer], limits: Limits) -> Request | None:
     if header.op != "infer":
         if header.op not in OPS or len(frames) > 1:
             return None
-        return Request(id=request_id, op=header.op, klass=header.klass)
+        return Request(id=request_id, op=header.op, klass=header.klass, memory=header.memory)
     deadline = header.deadline_ms
     if deadline is not None:
         if not (math.isfinite(deadline) and deadline > 0):

@@ -75,6 +75,7 @@ class Request:
     inputs: list[TensorSpec] = field(default_factory=list)
     payloads: Sequence[Buffer] = ()
     outputs: list[str] | None = None
+    memory: bool = False  # op models: each model's weights too ("memory": true)
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from edged.backends.gpu_memory import (
     lane_reservation,
     reserve_lanes,
 )
+from edged.backends.shared import Weights
 from edged.backends.tf32 import tf32_atol
 from edged.client import Client, InvalidArgument
 from edged.config import ClassConfig, ConfigError, parse_config
@@ -59,9 +60,9 @@ def test_io_bytes_are_every_input_and_output_at_the_largest_batch() -> None:
     assert io_bytes(mlp(), 4) == 4 * (64 + 10) * 4
 
 
-def test_a_lane_plans_buffers_and_its_arena_cap_per_worker_with_the_weights_inside_the_arena() -> None:
+def test_a_lane_plans_buffers_and_its_arena_cap_per_worker_and_no_weights() -> None:
     klass = ClassConfig("rt", order=0, workers=2, max_batch=4, arena_cap_mb=64, stream_priority=-1)
-    lane = lane_reservation(klass, MODELS, WEIGHTS)
+    lane = lane_reservation(klass, MODELS)
     sessions = 2 * len(MODELS)
     arena = 64 * MIB // sessions  # the lane's cap, split between its sessions
     expected_device = sum(2 * (io_bytes(m, 4) + arena) for m in MODELS)
@@ -74,27 +75,27 @@ def test_a_lane_plans_buffers_and_its_arena_cap_per_worker_with_the_weights_insi
 
 def test_a_class_with_an_inline_path_reserves_its_sessions_too() -> None:
     klass = ClassConfig("rt", order=0, workers=2, max_batch=4, inline_max_us=300)
-    assert all(m.sessions == 3 for m in lane_reservation(klass, MODELS, WEIGHTS).models)
+    assert all(m.sessions == 3 for m in lane_reservation(klass, MODELS).models)
 
 
-def test_no_arena_cap_plans_the_weights_and_says_the_arena_is_uncapped() -> None:
-    lane = lane_reservation(ClassConfig("bulk", order=0, max_batch=16), MODELS, WEIGHTS)
+def test_no_arena_cap_plans_the_buffers_alone_and_says_the_arena_is_uncapped() -> None:
+    lane = lane_reservation(ClassConfig("bulk", order=0, max_batch=16), MODELS)
     assert not lane.arena_capped
     assert all(m.arena_limit_bytes == 0 for m in lane.models)
-    assert lane.device_bytes == sum(io_bytes(m, 16) + WEIGHTS[m.name] for m in MODELS)
+    assert lane.device_bytes == sum(io_bytes(m, 16) for m in MODELS)
     assert "uncapped" in lane.describe()
 
 
 def test_lanes_that_leave_less_than_the_headroom_after_warm_up_are_refused_naming_each_lane() -> None:
     lanes = [
-        replace(lane_reservation(ClassConfig("realtime", order=0), MODELS, WEIGHTS), measured_bytes=300 * MIB),
-        replace(lane_reservation(ClassConfig("bulk", order=1), MODELS, WEIGHTS), measured_bytes=500 * MIB),
+        replace(lane_reservation(ClassConfig("realtime", order=0), MODELS), measured_bytes=300 * MIB),
+        replace(lane_reservation(ClassConfig("bulk", order=1), MODELS), measured_bytes=500 * MIB),
     ]
-    check_measured(lanes, 1056 * MIB, 256 * MIB, "Test GPU")  # exactly the headroom left
+    check_measured(lanes, 1106 * MIB, 256 * MIB, "Test GPU", 50 * MIB)  # exactly the headroom left
     with pytest.raises(ReservationError) as refusal:
-        check_measured(lanes, 1056 * MIB - 1, 256 * MIB, "Test GPU")
+        check_measured(lanes, 1106 * MIB - 1, 256 * MIB, "Test GPU", 50 * MIB)
     message = str(refusal.value)
-    assert "the lanes took 800.0 MiB of GPU memory (realtime 300.0 MiB, bulk 500.0 MiB)" in message
+    assert "took 850.0 MiB of GPU memory (lane realtime 300.0 MiB, bulk 500.0 MiB, the weights 50.0 MiB)" in message
     assert "less than server.gpu_headroom_mb = 256" in message and "lower server.gpu_headroom_mb" in message
 
 
@@ -107,8 +108,8 @@ def test_a_dynamic_dimension_besides_the_batch_is_refused_with_the_reason() -> N
 
 def test_lanes_that_exceed_the_free_memory_are_refused_naming_each_lane() -> None:
     lanes = [
-        lane_reservation(ClassConfig("realtime", order=0, arena_cap_mb=512), MODELS, WEIGHTS),
-        lane_reservation(ClassConfig("bulk", order=1, arena_cap_mb=1024), MODELS, WEIGHTS),
+        lane_reservation(ClassConfig("realtime", order=0, arena_cap_mb=512), MODELS),
+        lane_reservation(ClassConfig("bulk", order=1, arena_cap_mb=1024), MODELS),
     ]
     total = sum(lane.device_bytes for lane in lanes)
     check_fits(lanes, total, "Test GPU")  # exactly fits
@@ -118,6 +119,20 @@ def test_lanes_that_exceed_the_free_memory_are_refused_naming_each_lane() -> Non
     assert "Test GPU has" in message and "realtime" in message and "bulk" in message
     assert "lower classes.*.arena_cap_mb, max_batch or workers" in message
     assert "would take" in message
+
+
+def test_the_plan_counts_each_models_new_weights_once_beside_its_lanes_naming_each() -> None:
+    """Weights are the model's, not the lane's: three lanes of a model plan its file once,
+    and a model whose copy the serving lanes hold (a reload that changed nothing) none."""
+    lanes = [lane_reservation(ClassConfig(name, order=i, arena_cap_mb=64), MODELS) for i, name in enumerate("abc")]
+    weights = [Weights("mlp-light", 1, 1, WEIGHTS["mlp-light"]), Weights("cnn-heavy", 1, 0, WEIGHTS["cnn-heavy"])]
+    total = sum(lane.device_bytes for lane in lanes) + WEIGHTS["mlp-light"]
+    check_fits(lanes, total, "Test GPU", weights)  # exactly fits
+    with pytest.raises(ReservationError) as refusal:
+        check_fits(lanes, total - 1, "Test GPU", weights)
+    message = str(refusal.value)
+    assert "(lane a 64.0 MiB, b 64.0 MiB, c 64.0 MiB, model mlp-light's weights 0.3 MiB)" in message, message
+    assert "cnn-heavy" not in message
 
 
 def test_a_priority_outside_the_device_range_is_clamped() -> None:

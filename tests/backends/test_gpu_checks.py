@@ -19,8 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from support import REPO_ROOT
-from support.fake_cuda import FakeCuda
-from support.gpu import MLP, fake_ort
+from support.gpu import MLP, fake_cuda_layer, fake_ort
 
 from edged.backends import onnxruntime_cuda
 from edged.backends.cuda import cuda_available
@@ -40,12 +39,13 @@ def checks(*args: str) -> subprocess.CompletedProcess[str]:
 def test_gpu_checks_help_names_both_checks_and_what_they_prove() -> None:
     done = checks("--help")
     assert done.returncode == 0, done.stderr
-    assert "{stream,memory,green}" in done.stdout and "--out" in done.stdout
+    assert "{stream,memory,green,weights}" in done.stdout and "--out" in done.stdout
+    assert "Cannot use user supplied initializer" in " ".join(done.stdout.split())
     assert "cuStreamWaitValue32" in done.stdout and "64 MiB" in done.stdout
 
 
 @pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
-@pytest.mark.parametrize("check", ["stream", "memory", "green"])
+@pytest.mark.parametrize("check", ["stream", "memory", "green", "weights"])
 def test_gpu_checks_without_a_gpu_stops_with_one_sentence_and_the_reason(check: str, tmp_path: Path) -> None:
     done = checks(check, "--out", str(tmp_path))
     assert done.returncode == 1
@@ -132,6 +132,48 @@ def test_the_memory_table_gives_planned_and_measured_mib_per_lane() -> None:
     ]
 
 
+def weights_replies(lane_mib: dict[str, float], weights_mib: float, copies: int = 1) -> tuple[dict, list]:
+    """The stats and models replies of a daemon serving one 192 MiB model on its three lanes
+    (realtime with its inline path: two sessions), each lane having taken `lane_mib`."""
+    file_bytes = 192 * MIB
+    weights = {"copies": copies, "new_copies": copies, "file_bytes": file_bytes, "planned_bytes": copies * file_bytes}
+    weights |= {"added_bytes": int(weights_mib * MIB), "draining_copies": 0}
+    stats = {"memory": {"rss_bytes": 0, "weights": {"matmuls": weights}}}
+    sessions = {"realtime": 2, "standard": 1, "bulk": 1}
+    plans = {
+        lane: {"sessions": sessions[lane], "planned_bytes": 4 * MIB, "lane_measured_bytes": int(taken * MIB)}
+        for lane, taken in lane_mib.items()
+    }
+    return stats, [{"name": "matmuls", "gpu_memory": plans}]
+
+
+def test_the_weights_check_passes_a_model_held_once_and_lanes_holding_only_their_own_memory() -> None:
+    stats, models = weights_replies({"realtime": 150, "standard": 60, "bulk": 60}, weights_mib=194)
+    rows = gpu_memory_check.weights_rows("default classes", stats, models)
+    assert gpu_memory_check.weights_once(rows) == []
+    assert gpu_memory_check.format_weights_table(rows).splitlines()[2:] == [
+        "| default classes | matmuls | (weights, once) | - | 192.0 | 192.0 | 194.0 |",
+        "| default classes | matmuls | realtime | 2 | 192.0 | 4.0 | 150.0 |",
+        "| default classes | matmuls | standard | 1 | 192.0 | 4.0 | 60.0 |",
+        "| default classes | matmuls | bulk | 1 | 192.0 | 4.0 | 60.0 |",
+    ]
+
+
+def test_the_weights_check_fails_a_lane_whose_sessions_copied_the_weights_naming_it() -> None:
+    """As ONNX Runtime would if it refused the shared device values: a copy per session."""
+    stats, models = weights_replies({"realtime": 2 * 200, "standard": 60, "bulk": 200}, weights_mib=194)
+    failures = gpu_memory_check.weights_once(gpu_memory_check.weights_rows("c", stats, models))
+    assert [f.split(" took")[0] for f in failures] == ["lane realtime", "lane bulk"]
+    assert "as if they held copies of their own" in failures[0]
+
+
+def test_the_weights_check_fails_a_model_whose_weights_took_no_copy_or_two() -> None:
+    for taken in (0, 2 * 192):
+        stats, models = weights_replies({"bulk": 10}, weights_mib=taken)
+        (failure,) = gpu_memory_check.weights_once(gpu_memory_check.weights_rows("c", stats, models))
+        assert failure.startswith(f"model matmuls: its weights took {taken:.1f} MiB"), failure
+
+
 def verify(call: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu_verify.sh"), call, str(out)],
@@ -189,7 +231,7 @@ def test_fake_ort_the_stream_check_loads_captures_and_runs_the_held_call_on_one_
     """ONNX Runtime keeps CUDA graphs per thread: the held run must replay the graphs
     captured at load, as a lane's worker does, so all of it happens on one thread."""
     log: list[str] = []
-    monkeypatch.setattr(onnxruntime_cuda, "cuda", FakeCuda(log))
+    fake_cuda_layer(monkeypatch, log)
     ort = fake_ort(monkeypatch, log)
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     stream_check = importlib.import_module("gpu_check_stream")

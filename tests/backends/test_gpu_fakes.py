@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 from support import wait_for
 from support.fake_cuda import PROVIDER, FakeCuda, FakeTrt
-from support.gpu import MLP, REALTIME, fake_installed, fake_ort
+from support.gpu import MLP, REALTIME, fake_cuda_layer, fake_installed, fake_ort
 
-from edged.backends import BackendError, cuda_calls, onnxruntime_cuda, onnxruntime_gpu, tensorrt
+from edged.backends import BackendError, cuda_calls, device_weights, onnxruntime_cuda, onnxruntime_gpu, tensorrt
 from edged.backends import cuda as cuda_layer
 from edged.backends.capture_gate import CaptureGate
 from edged.config import ClassConfig
@@ -29,11 +30,11 @@ def log() -> list[str]:
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> FakeCuda:
-    cuda = FakeCuda(log)
-    monkeypatch.setattr(onnxruntime_cuda, "cuda", cuda)
-    monkeypatch.setattr(tensorrt, "cuda", cuda)
-    return cuda
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
+    cuda = fake_cuda_layer(monkeypatch, log)
+    yield cuda
+    # Every runner a test made is closed: the process's registries hold nothing after it.
+    assert len(device_weights.DEVICE_WEIGHTS) == 0 and not cuda.held
 
 
 def test_fake_metadata_onnxruntime_and_onnxruntime_gpu_both_installed_stop_start_up_with_the_fix(
@@ -243,6 +244,7 @@ def test_fake_ort_no_other_runner_runs_while_one_captures_and_both_go_on(
     finally:
         stop.set()
         thread.join()
+        serving.close()
     during, capturing = [], False
     for entry in list(log):
         if entry in ("ort.capture.begin", "ort.capture.end"):
@@ -278,7 +280,7 @@ def test_capture_gate_waits_for_work_in_flight_and_holds_new_work_until_the_capt
     assert order == ["capture", "run"]
 
 
-def test_fake_ort_close_frees_the_binding_then_the_session_then_the_buffers_then_the_stream(
+def test_fake_ort_close_frees_the_binding_then_the_session_then_its_weights_then_the_buffers_then_the_stream(
     monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
 ) -> None:
     fake_ort(monkeypatch, log)
@@ -292,6 +294,7 @@ def test_fake_ort_close_frees_the_binding_then_the_session_then_the_buffers_then
         "binding.clear_outputs",
         "binding.freed",
         "session.freed",
+        "device.free",  # the model's weights, whose last holder this runner was: after the session
         "staged.close",  # x
         "staged.close",  # scores
         "stream.close",
@@ -317,7 +320,7 @@ def test_fake_trt_close_frees_graphs_then_context_then_its_memory_then_buffers_t
         "graph.destroy",
         "graph.destroy",
         "context.freed",
-        "scratch.free",
+        "device.free",
         "staged.close",
         "staged.close",
         "stream.close",
@@ -339,7 +342,7 @@ def test_fake_trt_a_failed_call_stops_the_load_and_frees_what_it_made(
     with pytest.raises(BackendError, match=message):
         trt_runner(FakeTrt(log, fail=fail), replace(REALTIME, cuda_graph=True))
     assert log.count("stream.create") == 1 and log[-1] == "stream.close"
-    assert "context.freed" in log and "scratch.free" in log
+    assert "context.freed" in log and "device.free" in log
     assert log.count("capture.begin") == log.count("capture.end")  # never left capturing
 
 

@@ -12,8 +12,7 @@ import types
 from typing import Any
 
 import pytest
-from support.fake_cuda import FakeCuda
-from support.gpu import MLP, fake_ort
+from support.gpu import MLP, fake_cuda_layer, fake_ort
 
 from edged.backends import cuda, green, onnxruntime_cuda
 from edged.config import ClassConfig
@@ -156,8 +155,7 @@ def test_fake_driver_more_sms_than_the_device_has_is_refused_in_one_sentence(
 def test_fake_ort_a_class_with_sm_count_computes_on_a_green_stream(monkeypatch: pytest.MonkeyPatch, log) -> None:
     """The ONNX Runtime runner hands the green context's stream to its session, where a
     class without sm_count gets a plain priority stream."""
-    fake = FakeCuda(log)
-    monkeypatch.setattr(onnxruntime_cuda, "cuda", fake)
+    fake = fake_cuda_layer(monkeypatch, log)
 
     def green_stream(sm_count: int, priority: int) -> Any:
         log.append(f"green {sm_count}")

@@ -85,3 +85,31 @@ def test_a_session_lives_while_a_runner_holds_it_and_a_replaced_file_is_another(
     again.close()
     new.close()
     assert len(SESSIONS) == 0
+
+
+def test_a_dlpack_view_of_memory_edged_owns_is_a_shared_initializer_used_in_place(tmp_path: Path) -> None:
+    """The CUDA backend's mechanism (edged.backends.dlpack), on the CPU, where it can run:
+    ONNX Runtime takes an OrtValue over memory it does not own (add_initializer refuses one
+    that owns its buffer) and computes from that very memory, not from a copy."""
+    import onnxruntime as ort
+
+    from edged.backends import dlpack
+    from edged.backends.device_weights import shareable
+
+    path = tmp_path / "small.onnx"
+    write_matmuls(path, 64, seed=3)
+    ours = {name: array.copy() for name, array in shareable(path).items()}  # writable, for the last check
+    assert set(ours) == {"w0", "w1", "w2"}
+    views = {name: dlpack.view(a.ctypes.data, a.shape, a.dtype, dlpack.CPU, 0) for name, a in ours.items()}
+    values = {name: dlpack.ort_value(ort, view) for name, view in views.items()}
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_prepacking", "1")  # else MatMul packs a copy of its own
+    for name, value in values.items():
+        options.add_initializer(name, value)
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(4).standard_normal((2, 64)).astype(np.float32)
+    expected = cpu_session(path, "fp32").run(["y"], {"x": x})[0]
+    np.testing.assert_allclose(session.run(["y"], {"x": x})[0], expected, rtol=1e-5, atol=1e-6)
+    ours["w2"][:] = 0  # our memory, changed in place: the session computes from it
+    assert not session.run(["y"], {"x": x})[0].any()
+    del session, values

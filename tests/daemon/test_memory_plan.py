@@ -26,6 +26,7 @@ from edged.models.onnx_import import write_folder
 
 SIDE = 2048  # three 2048x2048 float32 MatMuls: 48 MiB of weights
 MODEL_BYTES = 3 * SIDE * SIDE * 4
+PLAIN_KEYS = {"name", "backend", "precision", "inputs", "outputs"}
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def reload(running: RunningDaemon) -> None:
 
 def plan_of(client: Client) -> tuple[dict[str, object], dict[str, object]]:
     """The model's weights as `models` shows them, and the stats op's memory figures."""
-    weights = next(m for m in client.models() if m["name"] == "big")["weights"]
+    weights = next(m for m in client.models(memory=True) if m["name"] == "big")["weights"]
     return weights, client.stats()
 
 
@@ -62,6 +63,8 @@ def test_every_lane_shares_one_copy_of_the_weights_and_a_reload_loads_none(repos
             first = client.infer("big", {"x": x}, klass="realtime")["y"]
             weights, stats = plan_of(client)
             assert weights["copies"] == 1 and weights["new_copies"] == 1, weights
+            # Unasked, a model's entry is the five keys docs/protocol.md promises.
+            assert set(next(m for m in client.models() if m["name"] == "big")) == PLAIN_KEYS
             assert weights["file_bytes"] >= MODEL_BYTES
             # Measured while the loader took them alone: one model's worth.
             assert 0.8 * MODEL_BYTES < weights["added_bytes"] < 1.5 * MODEL_BYTES, weights
@@ -83,7 +86,8 @@ def test_every_lane_shares_one_copy_of_the_weights_and_a_reload_loads_none(repos
             os.replace(replacement, repository / "big" / "model.onnx")
             reload(running)
             weights, _ = plan_of(client)
-            assert weights["new_copies"] == 1, weights
+            # Planned while the old lanes still held the old file's session.
+            assert weights["new_copies"] == 1 and weights["draining_copies"] == 1, weights
             assert not np.array_equal(client.infer("big", {"x": x}, klass="realtime")["y"], first)
     finally:
         running.close()

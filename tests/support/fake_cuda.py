@@ -20,9 +20,13 @@ PROVIDER = "CUDAExecutionProvider"
 class FakeCuda(types.SimpleNamespace):
     """Stands in for edged.backends.cuda: streams, staged buffers and graphs that log."""
 
-    def __init__(self, log: list[str]) -> None:
+    def __init__(self, log: list[str], total_bytes: int = 1 << 40) -> None:
         super().__init__()
         self.log = log
+        self.held: dict[int, int] = {}  # the live DeviceBuffers' sizes, by pointer
+        self.next_pointer = 0x1000
+        self.uploads: list[int] = []  # bytes of each upload_at_load
+        cuda = self
 
         class Stream:
             def __init__(self, priority: int = 0) -> None:
@@ -55,10 +59,13 @@ class FakeCuda(types.SimpleNamespace):
 
         class DeviceBuffer:
             def __init__(self, nbytes: int) -> None:
-                self.nbytes, self.pointer = nbytes, 200
+                self.nbytes, self.pointer = nbytes, cuda.next_pointer
+                cuda.next_pointer += max(nbytes, 1)
+                cuda.held[self.pointer] = nbytes
 
             def close(self) -> None:
-                log.append("scratch.free")
+                if cuda.held.pop(self.pointer, None) is not None:
+                    log.append("device.free")
 
         class Staged:
             def __init__(self, dtype: np.dtype[Any], nbytes: int) -> None:
@@ -72,7 +79,12 @@ class FakeCuda(types.SimpleNamespace):
         self.set_device = lambda device: None
         self.cuda_available = lambda: None
         self.device_info = lambda device=0: types.SimpleNamespace(name="Fake GPU", compute_capability=(9, 0))
-        self.memory_info = lambda: (1 << 40, 1 << 40)
+        # Free memory is what the live DeviceBuffers leave, so that what the code measures is theirs.
+        self.memory_info = lambda: (total_bytes - sum(self.held.values()), total_bytes)
+
+    def upload_at_load(self, device_pointer: int, arrays: list[tuple[int, np.ndarray]]) -> None:
+        self.log.append("upload")
+        self.uploads.append(sum(array.nbytes for _, array in arrays))
 
     @staticmethod
     def copy_run_sync(
@@ -140,9 +152,26 @@ class _Session:
 class _SessionOptions:
     def __init__(self) -> None:
         self.config: dict[str, str] = {}
+        self.initializers: dict[str, Any] = {}
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         self.config[key] = value
+
+    def add_initializer(self, name: str, value: Any) -> None:
+        self.initializers[name] = value
+
+
+class _OrtValue:
+    """What `OrtValue.from_dlpack` gives: the device pointer and shape it was handed."""
+
+    def __init__(self, source: Any) -> None:
+        tensor = source.managed.dl_tensor
+        self.pointer, self.shape = int(tensor.data), tuple(source.shape[: tensor.ndim])
+        self.device = source.__dlpack_device__()
+
+    @classmethod
+    def from_dlpack(cls, source: Any) -> _OrtValue:
+        return cls(source)
 
 
 class FakeOrt(types.ModuleType):
@@ -180,6 +209,7 @@ class FakeOrt(types.ModuleType):
 
         self.RunOptions = RunOptions
         self.SessionOptions = _SessionOptions
+        self.OrtValue = _OrtValue
         self.GraphOptimizationLevel = types.SimpleNamespace(ORT_ENABLE_ALL=99)
 
     def get_available_providers(self) -> list[str]:
@@ -233,12 +263,23 @@ class _Context:
         self._trt.log.append("context.freed")
 
 
+class _Logger:
+    WARNING = 2
+
+    def __init__(self, severity: int) -> None:
+        self.severity = severity
+
+
 class FakeTrt(types.SimpleNamespace):
     """Stands in for the tensorrt module and one engine (`engine`); `fail` names the call
     that reports failure: "profile", "shape", "execute" or "capture"."""
 
+    __version__ = "10.9.0"
+
     def __init__(self, log: list[str], profile_max: int = 8, fail: str = "") -> None:
         super().__init__(log=log, profile_max=profile_max, fail=fail)
+        self.Logger = _Logger
+        self.Runtime = lambda logger: types.SimpleNamespace(deserialize_cuda_engine=self._deserialize)
         self.ExecutionContextAllocationStrategy = types.SimpleNamespace(USER_MANAGED=2)
         self.TensorIOMode = types.SimpleNamespace(INPUT=1, OUTPUT=2)
         self.nptype = lambda dtype: np.float32
@@ -252,3 +293,7 @@ class FakeTrt(types.SimpleNamespace):
             get_tensor_profile_shape=lambda name, profile: [(1, 64), (4, 64), (profile_max, 64)],
             create_execution_context=lambda strategy: _Context(self),
         )
+
+    def _deserialize(self, data: bytes) -> Any:
+        self.log.append("engine.deserialize")
+        return self.engine

@@ -9,15 +9,23 @@ from types import SimpleNamespace
 
 import pytest
 
-from edged.backends import onnxruntime_gpu
+from edged.backends import device_weights, onnxruntime_cuda, onnxruntime_gpu, tensorrt
 from edged.config import ClassConfig
 from edged.models.repository import discover
 from support import ENGINES
-from support.fake_cuda import FakeOrt
+from support.fake_cuda import FakeCuda, FakeOrt
 
 MODELS = discover(ENGINES, "onnxruntime")
 MLP = next(m for m in MODELS if m.name == "mlp-light")
 REALTIME = ClassConfig("realtime", order=0, max_batch=2, stream_priority=-1)
+
+
+def fake_cuda_layer(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> FakeCuda:
+    """The fake cuda layer, wherever the GPU backends reach it."""
+    cuda = FakeCuda(log)
+    for module in (onnxruntime_cuda, device_weights, tensorrt):
+        monkeypatch.setattr(module, "cuda", cuda)
+    return cuda
 
 
 def fake_ort(monkeypatch: pytest.MonkeyPatch, log: list[str], **kwargs: object) -> FakeOrt:
