@@ -16,6 +16,7 @@ from typing import Any
 
 from edged.config.classes import ClassConfig, default_classes, parse_classes
 from edged.config.settings import ConfigError, expect, no_unknown, read_int, read_positive_int, subtable
+from edged.config.shm import ShmConfig, read_shm
 from edged.wire.codec import Limits
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # edged/, beside the repository in a checkout
@@ -65,6 +66,7 @@ class Config:
     classes: tuple[ClassConfig, ...] = field(default_factory=default_classes)
     security: SecurityConfig = SecurityConfig()
     metrics: MetricsConfig = MetricsConfig()
+    shm: ShmConfig = field(default_factory=ShmConfig)
 
     def class_named(self, name: str) -> ClassConfig:
         return next(c for c in self.classes if c.name == name)
@@ -107,7 +109,7 @@ def load_config(path: Path | None = None) -> Config:
 
 def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     """Build a Config from a parsed TOML document, checking every key."""
-    no_unknown(raw, {"server", "limits", "classes", "security", "metrics"}, "")
+    no_unknown(raw, {"server", "limits", "classes", "security", "metrics", "shm"}, "")
     server = subtable(raw, "server")
     no_unknown(
         server,
@@ -203,6 +205,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         classes=classes,
         security=_security(subtable(raw, "security"), base_dir),
         metrics=_metrics(subtable(raw, "metrics")),
+        shm=read_shm(subtable(raw, "shm")),
     )
 
 

@@ -230,7 +230,8 @@ class Daemon:
 
     def _housekeeping(self) -> bool:
         """At a cadence, on whichever thread serves: ping the watchdog, look for stuck
-        workers, ask for what a burst left resident to be given back. Whether it ran."""
+        workers, ask for what a burst left resident to be given back, forget the shared
+        memory of clients long silent. Whether it ran."""
         now = time.monotonic_ns()
         # The loop wakes for every request; housekeeping needs a cadence, not a per-request cost.
         if now < self._next_housekeeping_ns:
@@ -243,6 +244,7 @@ class Daemon:
         for lane in self.dispatcher.lanes.values():
             lane.check_stuck(now)
         self.trimmer.check(now)
+        self.dispatcher.regions.sweep(now)
         return True
 
     def _loading_busy(self) -> bool:

@@ -100,15 +100,20 @@ def _reply_frames(
     job: Job, queue_us: int, compute_us: int, total_us: int, outputs: dict[str, np.ndarray] | None, error: str | None
 ) -> tuple[list[Buffer], bool]:
     """A ran job's reply, and whether it is OK: the fast encoder for plain outputs, the
-    checked one for the rest (which refuses an output the wire cannot carry)."""
-    if error is None and outputs is not None:
+    checked one for the rest (which refuses an output the wire cannot carry), and for
+    outputs written into the client's shared memory."""
+    if error is None and outputs is not None and not job.into:
         frames = fast.encode_ok(job.request_id, queue_us, compute_us, total_us, outputs)
         if frames is not None:
             return frames, True
     timing = timing_us(queue_us, compute_us, total_us)
     if error is None:
         try:
-            return encode_reply(job.request_id, Status.OK, outputs=outputs, timing_us=timing), True
+            written = {name: slot.write(name, outputs[name]) for name, slot in job.into.items()} if outputs else {}
+        except ValueError as exc:  # the client's slot is too small for what the model produced
+            return encode_reply(job.request_id, Status.INVALID_ARGUMENT, error=str(exc), timing_us=timing), False
+        try:
+            return encode_reply(job.request_id, Status.OK, outputs=outputs, written=written, timing_us=timing), True
         except ValueError as exc:  # an output the wire cannot carry, such as float64
             error = f"the model's output cannot be sent: {exc}"
     return encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing), False

@@ -18,9 +18,10 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
 from edged.serve.lanes.lane import Lane
 from edged.serve.pending import PendingBytes
+from edged.serve.regions import Regions, Slot
 from edged.serve.transport import Transport
 from edged.wire import fast
-from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
+from edged.wire.codec import Buffer, ProtocolError, Request, RequestId, ShmRef, Status, decode_request, encode_reply
 
 log = logging.getLogger("edged.dispatch")
 
@@ -42,6 +43,7 @@ class Dispatcher:
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self.reservations: dict[str, LaneReservation] = {}  # by class; empty on a backend that reserves nothing
         self.memory = MemoryPlan()
+        self.regions = Regions(config.shm)  # the clients' shared memory: read and written here alone
         self.fixed_rows = False  # the backend's buffers hold max_batch rows (see edged.backends.fixed_rows)
         self.failed: dict[str, str] = {}  # models not served, and why (server.on_model_failure = "skip")
         # The bytes admitted requests hold: daemon-wide, kept across reloads (its limits are start-up's).
@@ -90,6 +92,8 @@ class Dispatcher:
                 models = [self._model_wire(model, request.memory) for model in self.models.values()]
                 failed = [{"name": name, "error": error} for name, error in self.failed.items()]
                 self._reply(route, encode_reply(request.id, Status.OK, models=models, failed=failed))
+            elif request.region is not None:
+                self._region_op(route, request.op, request.id, request.region)
             else:
                 self._reply(route, encode_reply(request.id, Status.OK, **self.stats()))
         except ProtocolError as exc:
@@ -99,6 +103,15 @@ class Dispatcher:
             log.exception("failed to handle a request")
             message = f"the daemon failed on this request: {exc}"
             self._reply(route, encode_reply(request_id, Status.INTERNAL, error=message))
+
+    def _region_op(self, route: Any, op: str, request_id: RequestId, region: ShmRef) -> None:
+        """shm_register or shm_unregister, for the peer that sent it (edged.serve.regions)."""
+        peer, local = self._transport.peer(route), self._transport.local(route)
+        if op == "shm_register":
+            self.regions.register(peer, region, local, request_id)
+        else:
+            self.regions.unregister(peer, region.region, local, request_id)
+        self._reply(route, encode_reply(request_id, Status.OK, region=region.region, bytes=region.nbytes))
 
     def spin_deadline_ns(self) -> int:
         """Until when the loop should keep polling rather than sleep: spin_us after the
@@ -141,6 +154,7 @@ class Dispatcher:
                 "rss_bytes": rss_bytes(),
                 "weights": {model: weights.to_wire() for model, weights in self.memory.weights.items()},
             },
+            "shm": self.regions.figures(),
             "classes": {name: self._class_stats(name, lane) for name, lane in self.lanes.items()},
         }
 
@@ -198,6 +212,7 @@ class Dispatcher:
         # From the header alone: a request that is shed never has its payload looked at.
         model.signature.check(request)
         rows, elements = model.signature.measure(request)
+        slots = self._regions_of(route, request, model) if request.shm_inputs or request.outputs_shm else {}
         if self.fixed_rows and rows > lane.klass.max_batch:
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,
@@ -205,13 +220,24 @@ class Dispatcher:
                 "one call may carry on this backend: split the request or send it to a class with a larger max_batch",
                 request.id,
             )
-        outcome = lane.offer(route, request, model, rows, elements, received_ns)
+        outcome = lane.offer(route, request, model, rows, elements, received_ns, slots)
         if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.
             total_us = (time.monotonic_ns() - received_ns) // 1000
             self._reply(route, fast.encode_overloaded(request.id, outcome.message, outcome.retry_after_ms, total_us))
         if lane.klass.spin_us:
             self._note_for_spin(class_name, lane.klass.spin_us * 1000, received_ns)
+
+    def _regions_of(self, route: Any, request: Request, model: ModelEntry) -> dict[str, Slot]:
+        """The request's inputs in shared memory resolved in place, and where its outputs go."""
+        produced = set(request.outputs or model.signature.output_names)
+        if unknown := sorted(set(request.outputs_shm) - produced):
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"outputs_shm names {unknown}, which this request does not return: it returns {sorted(produced)}",
+                request.id,
+            )
+        return self.regions.resolve(self._transport.peer(route), request, self._transport.local(route))
 
     def _note_for_spin(self, class_name: str, spin_ns: int, received_ns: int) -> None:
         """Arm the spin when this request came within spin_ns of the loop being done with

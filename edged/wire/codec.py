@@ -27,9 +27,11 @@ from edged.wire.messages import (
     Reply,
     Request,
     RequestId,
+    ShmRef,
     Status,
     TensorSpec,
 )
+from edged.wire.shm import SHM_OPS, ShmTensor, read_outputs_shm, read_ref, read_region
 from edged.wire.tensors import DTYPES, tensor_frames, view
 
 # The messages are imported from here too, beside the functions that encode them.
@@ -45,6 +47,7 @@ __all__ = [
     "Reply",
     "Request",
     "RequestId",
+    "ShmRef",
     "Status",
     "TensorSpec",
     "decode_reply",
@@ -67,11 +70,14 @@ def encode_request(
     model: str | None = None,
     klass: str | None = None,
     deadline_ms: float | None = None,
-    inputs: dict[str, np.ndarray] | None = None,
+    inputs: dict[str, np.ndarray | ShmTensor] | None = None,
     outputs: Sequence[str] | None = None,
     memory: bool = False,
+    outputs_shm: dict[str, ShmRef] | None = None,
+    region: ShmRef | None = None,
 ) -> list[Buffer]:
-    """Frames of one request; tensors go out as views of their own buffers."""
+    """Frames of one request; tensors go out as views of their own buffers, or as
+    references to the registered regions that hold them (ShmTensor)."""
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
     if memory:
         header["memory"] = True
@@ -83,9 +89,23 @@ def encode_request(
         header["deadline_ms"] = deadline_ms
     if outputs is not None:
         header["outputs"] = list(outputs)
-    specs, payloads = tensor_frames(inputs or {})
-    if inputs is not None:
-        header["inputs"] = specs
+    if outputs_shm:
+        header["outputs_shm"] = {name: ref.to_wire() for name, ref in outputs_shm.items()}
+    if region is not None:
+        header["name"] = region.region
+        if op == "shm_register":
+            header["bytes"] = region.nbytes
+    if inputs is None:
+        return [msgpack.packb(header)]
+    framed = {name: array for name, array in inputs.items() if not isinstance(array, ShmTensor)}
+    frame_specs, payloads = tensor_frames(framed)
+    by_name = {spec["name"]: spec for spec in frame_specs}
+    header["inputs"] = [
+        {"name": name, "dtype": value.dtype, "shape": list(value.shape), "shm": value.ref.to_wire()}
+        if isinstance(value, ShmTensor)
+        else by_name[name]
+        for name, value in inputs.items()
+    ]
     return [msgpack.packb(header), *payloads]
 
 
@@ -115,29 +135,41 @@ def decode_request(frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS) ->
     if op != "infer":
         if len(frames) > 1:
             raise ProtocolError(Status.INVALID_ARGUMENT, f"op {op!r} takes no payload frames", request_id)
+        if op in SHM_OPS:
+            request.region = read_region(header, op, request_id)
         return request
     request.model = header.get("model")
     if not isinstance(request.model, str):
         raise ProtocolError(Status.INVALID_ARGUMENT, "op 'infer' needs 'model', a string", request_id)
     request.deadline_ms = _deadline(header, request_id)
-    request.inputs = _input_specs(header, len(frames) - 1, limits, request_id)
+    request.inputs, request.shm_inputs = _input_specs(header, len(frames) - 1, limits, request_id)
     request.payloads = frames[1:]
-    for spec, payload in zip(request.inputs, request.payloads):
+    payloads = iter(request.payloads)
+    for spec in request.inputs:
         expected = math.prod(spec.shape) * DTYPES[spec.dtype].itemsize
-        if len(payload) != expected:
+        ref = request.shm_inputs.get(spec.name)
+        got, what = (ref.nbytes, "its region's bytes") if ref else (len(next(payloads)), "payload")
+        if got != expected:
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,
-                f"input {spec.name!r}: payload has {len(payload)} bytes, but shape {list(spec.shape)} "
+                f"input {spec.name!r}: {what} has {got} bytes, but shape {list(spec.shape)} "
                 f"of {spec.dtype} needs {expected}",
                 request_id,
             )
     request.outputs = _output_names(header, request_id)
+    request.outputs_shm = read_outputs_shm(header, request_id)
     return request
 
 
 def tensor_views(request: Request) -> dict[str, np.ndarray]:
-    """The request's inputs as numpy arrays over the received frames: no copies."""
-    return {spec.name: view(payload, spec.dtype, spec.shape) for spec, payload in zip(request.inputs, request.payloads)}
+    """The request's inputs as numpy arrays over the received frames, or over the regions
+    that hold them (`shm_views`): no copies."""
+    payloads = iter(request.payloads)
+    views = request.shm_views
+    return {
+        spec.name: view(views[spec.name] if spec.name in views else next(payloads), spec.dtype, spec.shape)
+        for spec in request.inputs
+    }
 
 
 def _unpack_header(frame: Buffer, limits: Limits) -> dict[str, Any]:
@@ -189,7 +221,9 @@ def _deadline(header: dict[str, Any], request_id: RequestId) -> float | None:
     return min(float(deadline), MAX_DEADLINE_MS)
 
 
-def _input_specs(header: dict[str, Any], n_payloads: int, limits: Limits, request_id: RequestId) -> list[TensorSpec]:
+def _input_specs(
+    header: dict[str, Any], n_payloads: int, limits: Limits, request_id: RequestId
+) -> tuple[list[TensorSpec], dict[str, ShmRef]]:
     def bad(message: str) -> ProtocolError:
         return ProtocolError(Status.INVALID_ARGUMENT, message, request_id)
 
@@ -198,9 +232,11 @@ def _input_specs(header: dict[str, Any], n_payloads: int, limits: Limits, reques
         raise bad("op 'infer' needs 'inputs', a non-empty list of {name, dtype, shape} maps")
     if len(raw) > limits.max_tensors:
         raise bad(f"{len(raw)} inputs, over the limit of {limits.max_tensors}")
-    if len(raw) != n_payloads:
-        raise bad(f"'inputs' describes {len(raw)} tensors but {n_payloads} payload frames came")
-    specs = []
+    framed = sum(not (isinstance(item, dict) and "shm" in item) for item in raw)
+    if framed != n_payloads:
+        sent_as = " sent as frames" if framed != len(raw) else ""
+        raise bad(f"'inputs' describes {framed} tensors{sent_as} but {n_payloads} payload frames came")
+    specs, refs = [], {}
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise bad(f"inputs[{i}] must be a map with name, dtype and shape")
@@ -223,7 +259,9 @@ def _input_specs(header: dict[str, Any], n_payloads: int, limits: Limits, reques
                 f"over the limit of {limits.max_tensor_elements}"
             )
         specs.append(TensorSpec(name, dtype, tuple(shape)))
-    return specs
+        if "shm" in item:
+            refs[name] = read_ref(item["shm"], f"input {name!r}: shm", request_id)
+    return specs, refs
 
 
 def _output_names(header: dict[str, Any], request_id: RequestId) -> list[str] | None:
@@ -244,16 +282,25 @@ def encode_reply(
     *,
     error: str | None = None,
     outputs: dict[str, np.ndarray] | None = None,
+    written: dict[str, ShmRef] | None = None,
     **fields: Any,
 ) -> list[Buffer]:
-    """Frames of one reply. `fields` are extra header keys (timing_us, models, ...)."""
+    """Frames of one reply. `fields` are extra header keys (timing_us, models, ...).
+    The outputs in `written` were written into the client's regions: described, not sent."""
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "status": status.value}
     if error is not None:
         header["error"] = error
     header.update(fields)
     payloads: list[Buffer] = []
     if outputs is not None:
-        header["outputs"], payloads = tensor_frames(outputs)
+        specs, frames = tensor_frames(outputs)
+        written = written or {}
+        for spec, frame in zip(specs, frames):
+            if spec["name"] in written:
+                spec["shm"] = written[spec["name"]].to_wire()
+            else:
+                payloads.append(frame)
+        header["outputs"] = specs
     return [msgpack.packb(header), *payloads]
 
 
@@ -265,6 +312,8 @@ def decode_reply(frames: Sequence[Buffer]) -> Reply:
     status = Status(header["status"])
     outputs: dict[str, np.ndarray] = {}
     if status is Status.OK and isinstance(header.get("outputs"), list):
-        for spec, payload in zip(header["outputs"], frames[1:]):
+        # An output written into the client's region has no frame: the client reads it there.
+        framed = [spec for spec in header["outputs"] if "shm" not in spec]
+        for spec, payload in zip(framed, frames[1:]):
             outputs[spec["name"]] = view(payload, spec["dtype"], spec["shape"])
     return Reply(id=header.get("id"), status=status, header=header, outputs=outputs)

@@ -30,6 +30,7 @@ from edged.wire.codec import (
     Status,
     TensorSpec,
 )
+from edged.wire.shm import SHM_OPS
 from edged.wire.tensors import DTYPES
 
 # The dtypes whose arrays export their bytes as they are (ml_dtypes' do not: the
@@ -47,6 +48,7 @@ class _Header(msgspec.Struct):
     inputs: list[TensorSpec] | None = None
     outputs: list[str] | None = None
     memory: bool = False
+    outputs_shm: Any = None
 
 
 class _Timing(msgspec.Struct):
@@ -97,7 +99,7 @@ def decode_request(frames: Sequence[Buffer], limits: Limits) -> Request | None:
     if header.v != PROTOCOL_VERSION:
         return None
     if header.op != "infer":
-        if header.op not in OPS or len(frames) > 1:
+        if header.op not in OPS or header.op in SHM_OPS or len(frames) > 1:
             return None
         return Request(id=request_id, op=header.op, klass=header.klass, memory=header.memory)
     deadline = header.deadline_ms
@@ -107,7 +109,14 @@ def decode_request(frames: Sequence[Buffer], limits: Limits) -> Request | None:
         deadline = min(deadline, MAX_DEADLINE_MS)
     specs = header.inputs
     payloads = frames[1:]
-    if header.model is None or not specs or len(specs) > limits.max_tensors or len(specs) != len(payloads):
+    # An input in shared memory (an "shm" key) fails TensorSpec's decode above: the checked path reads it.
+    if (
+        header.model is None
+        or header.outputs_shm is not None
+        or not specs
+        or len(specs) > limits.max_tensors
+        or len(specs) != len(payloads)
+    ):
         return None
     for spec, payload in zip(specs, payloads):
         dtype = DTYPES.get(spec.dtype)

@@ -15,7 +15,8 @@ import numpy as np
 PROTOCOL_VERSION = 1
 MAX_ID_BYTES = 64
 MAX_DEADLINE_MS = 3_600_000.0
-OPS = ("infer", "models", "health", "stats")
+# The last two: the shared-memory extension (edged.wire.shm).
+OPS = ("infer", "models", "health", "stats", "shm_register", "shm_unregister")
 
 RequestId = int | str | bytes | None
 Buffer = bytes | memoryview
@@ -41,9 +42,11 @@ class ProtocolError(Exception):
         self.request_id = request_id
 
 
-class TensorSpec(msgspec.Struct, frozen=True):
+class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A tensor's name, wire dtype name and shape (-1 marks a dynamic dimension).
-    A msgspec struct: edged.wire.fast decodes a request's input specs straight into it."""
+    A msgspec struct: edged.wire.fast decodes a request's input specs straight into it,
+    and an input map with any other key (an "shm" reference) fails that decode, which
+    leaves the request to the checked path."""
 
     name: str
     dtype: str
@@ -65,6 +68,18 @@ class Limits:
     max_pending_bytes_per_peer: int = 1 << 28
 
 
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    """`nbytes` bytes at `offset` in the registered shared-memory region `region` (edged.wire.shm)."""
+
+    region: str
+    offset: int
+    nbytes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"region": self.region, "offset": self.offset, "bytes": self.nbytes}
+
+
 @dataclass(slots=True)
 class Request:
     id: RequestId
@@ -73,9 +88,14 @@ class Request:
     klass: str | None = None
     deadline_ms: float | None = None
     inputs: list[TensorSpec] = field(default_factory=list)
-    payloads: Sequence[Buffer] = ()
+    payloads: Sequence[Buffer] = ()  # one per input without a region in `shm_inputs`, in order
     outputs: list[str] | None = None
     memory: bool = False  # op models: each model's weights too ("memory": true)
+    region: ShmRef | None = None  # ops shm_register and shm_unregister
+    shm_inputs: dict[str, ShmRef] = field(default_factory=dict)  # inputs in a region, by name
+    outputs_shm: dict[str, ShmRef] = field(default_factory=dict)  # outputs to write into a region
+    # The daemon's views of shm_inputs' bytes, once resolved against the peer's regions.
+    shm_views: dict[str, memoryview] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

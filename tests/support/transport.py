@@ -29,6 +29,9 @@ class NoSockets:
     def peer(self, route: Any) -> bytes:
         return b""
 
+    def local(self, route: Any) -> bool:
+        return True
+
     def wake(self) -> None:
         """Nothing to wake."""
 

@@ -26,6 +26,7 @@ from edged.wire.codec import (
     DTYPES,
     OPS,
     ProtocolError,
+    ShmRef,
     Status,
     decode_reply,
     decode_request,
@@ -33,6 +34,7 @@ from edged.wire.codec import (
     encode_request,
     tensor_views,
 )
+from edged.wire.shm import NAME, SHM_OPS
 
 
 def same_bytes(actual: np.ndarray, expected: np.ndarray) -> None:
@@ -76,10 +78,22 @@ def test_infer_request_round_trips(
         same_bytes(views[name], array)
 
 
-@given(request_id=ids, op=st.sampled_from([op for op in OPS if op != "infer"]), klass=st.none() | names)
+@given(request_id=ids, op=st.sampled_from([op for op in OPS if op not in ("infer", *SHM_OPS)]), klass=st.none() | names)
 def test_control_request_round_trips(request_id: Any, op: str, klass: str | None) -> None:
     request = decode_request(over_the_wire(encode_request(request_id, op, klass=klass)))
     assert (request.id, request.op, request.klass, request.inputs) == (request_id, op, klass, [])
+
+
+@given(
+    request_id=ids,
+    op=st.sampled_from(SHM_OPS),
+    name=st.from_regex(NAME, fullmatch=True),
+    nbytes=st.integers(1, 2**40),
+)
+def test_region_request_round_trips(request_id: Any, op: str, name: str, nbytes: int) -> None:
+    request = decode_request(over_the_wire(encode_request(request_id, op, region=ShmRef(name, 0, nbytes))))
+    expected = ShmRef(name, 0, nbytes if op == "shm_register" else 0)
+    assert (request.id, request.op, request.region, request.inputs) == (request_id, op, expected, [])
 
 
 @given(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,8 @@ class Job:
     elements: int = 0  # its size, for a model priced by size (Signature.elements); else 0
     peer: bytes = b""  # who sent it, and the bytes its inputs hold, counted until it is answered
     nbytes: int = 0
+    # Outputs to write into the client's shared memory (edged.serve.regions.Slot), by name.
+    into: dict[str, Any] = field(default_factory=dict)
     answered: bool = False  # written by edged.serve.answers only, under its claim
 
     def fits_with(self, other: Job) -> bool:

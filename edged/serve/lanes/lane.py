@@ -158,9 +158,11 @@ class Lane:
         rows: int,
         elements: int,
         received_ns: int,
+        into: dict[str, Any] | None = None,
     ) -> Job | Shed:
         """Admit a checked request of `rows` rows (and `elements`, for a model priced by
-        size) and place it, or shed it at once: from its header, its payload untouched."""
+        size) and place it, or shed it at once: from its header, its payload untouched.
+        `into`: where its outputs go in the client's shared memory (edged.serve.regions)."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
         cost_ns = self.service.charge_ns(model.name, rows, elements)
@@ -189,6 +191,7 @@ class Lane:
             elements=elements,
             peer=peer,
             nbytes=nbytes,
+            into=into or {},
         )
         if self.precedence.flying:
             slack_ns = left_ns - cost_ns - int(self.backlog.work_ns / self.backlog.pace)

@@ -31,6 +31,10 @@ class Transport(Protocol):
         """Who sent the request `route` answers: the same bytes for every request of one client."""
         ...
 
+    def local(self, route: Any) -> bool:
+        """Whether the request `route` answers came on an ipc endpoint (a client on this machine)."""
+        ...
+
     def wake(self) -> None:
         """Make the loop take a turn now (safe from signal handlers)."""
         ...

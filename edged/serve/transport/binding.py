@@ -33,6 +33,7 @@ class Bound:
     sock: zmq.Socket
     klass: str | None  # the class it takes alone; None: any (a shared endpoint)
     rank: int  # read before the sockets of a higher rank: its class's place, the shared ones last
+    local: bool = False  # an ipc endpoint's: its clients are on this machine
     lock: threading.Lock = field(default_factory=threading.Lock)
     unroutable: int = 0
     higher: tuple[int, ...] = ()  # the sockets, by index, read first: those of a lower rank

@@ -111,7 +111,8 @@ class Server:
             log.info("tcp endpoints use CURVE; clients served: the keys in %s", curve.allowed_clients_dir)
 
     def _bind(self, endpoint: str, klass: str | None, rank: int, io_thread: int = 0) -> None:
-        self._bound.append(Bound(bind(self._context, endpoint, self._options, io_thread), klass, rank))
+        sock = bind(self._context, endpoint, self._options, io_thread)
+        self._bound.append(Bound(sock, klass, rank, local=endpoint.startswith("ipc://")))
 
     @property
     def ingress(self) -> dict[str, list[str]]:
@@ -148,6 +149,9 @@ class Server:
     def peer(self, route: Route) -> bytes:
         """The routing id ZeroMQ gave the sending connection."""
         return route[1][0].bytes
+
+    def local(self, route: Route) -> bool:
+        return self._bound[route[0]].local
 
     def flush(self) -> None:
         """Send the replies that found a socket busy."""

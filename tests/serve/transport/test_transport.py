@@ -167,7 +167,7 @@ def test_the_server_and_the_tests_stand_in_each_give_all_that_transport_asks(imp
     must have each, with the same parameters, and so must the stand-in the in-process
     lane tests drive lanes with (else those tests would drive lanes differently)."""
     asked = {name for name in vars(Transport) if not name.startswith("_")}
-    assert asked == {"reply", "wake", "ask", "run_aside", "unroutable", "ingress", "peer"}
+    assert asked == {"reply", "wake", "ask", "run_aside", "unroutable", "ingress", "peer", "local"}
     for name in asked:
         wanted, given = getattr(Transport, name), getattr(implementation, name, None)
         assert given is not None, f"{implementation.__name__} has no {name}"

@@ -1,0 +1,48 @@
+"""The `[shm]` table: tensors in shared memory for local clients (edged.serve.regions).
+Off unless enabled: a local client that may connect can then have the daemon map
+regions it names (docs/operations.md says what it can and cannot do)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edged.config.settings import expect, no_unknown, read_positive_int
+from edged.wire.shm import NAME
+
+
+@dataclass(frozen=True, slots=True)
+class ShmConfig:
+    enabled: bool = False
+    prefix: str = "edged-"  # the only regions the daemon opens: names that start with it
+    max_region_mb: int = 256  # the largest region it maps
+    max_regions_per_peer: int = 8
+    max_mb_per_peer: int = 1024  # over all of one client's regions
+    idle_s: int = 300  # a region unused this long is unmapped (a client that vanished)
+
+    @property
+    def max_region_bytes(self) -> int:
+        return self.max_region_mb << 20
+
+    @property
+    def max_bytes_per_peer(self) -> int:
+        return self.max_mb_per_peer << 20
+
+
+def read_shm(table: dict[str, Any]) -> ShmConfig:
+    defaults = ShmConfig()
+    no_unknown(table, set(ShmConfig.__dataclass_fields__), "shm.")
+    enabled = table.get("enabled", defaults.enabled)
+    expect(isinstance(enabled, bool), "shm.enabled", enabled, "true or false")
+    prefix = table.get("prefix", defaults.prefix)
+    expect(
+        isinstance(prefix, str) and bool(NAME.fullmatch(prefix)),
+        "shm.prefix",
+        prefix,
+        "a non-empty name prefix of letters, digits, '.', '_' or '-' (no '/')",
+    )
+    numbers = {
+        key: read_positive_int(table, key, getattr(defaults, key), "shm.")
+        for key in ("max_region_mb", "max_regions_per_peer", "max_mb_per_peer", "idle_s")
+    }
+    return ShmConfig(enabled=enabled, prefix=prefix, **numbers)

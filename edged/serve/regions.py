@@ -1,0 +1,201 @@
+"""The shared-memory regions local clients registered (edged.wire.shm): mapped once at
+registration, then read as inputs and written as outputs in place, with no copy.
+
+Owned by the socket loop (the thread that serves, which dispatch runs on): it alone
+registers, resolves and sweeps. A request's views keep their region mapped: Python
+unmaps an mmap only once nothing views it, so a region unregistered, swept or replaced
+while a request reads it stays mapped until that request is answered.
+
+What a region cannot be guarded against here: a client that shrinks the object while
+the daemon reads or writes it. The size is checked at every use, but a shrink in the
+instant between the check and the read is a SIGBUS that ends the daemon. So the
+extension is off by default and served on ipc endpoints only (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.config.shm import ShmConfig
+from edged.wire.messages import ProtocolError, Request, RequestId, ShmRef, Status
+
+SHM_ROOT = Path("/dev/shm")
+
+
+@dataclass(slots=True)
+class Region:
+    name: str
+    mapping: mmap.mmap
+    nbytes: int
+    used_ns: int
+
+    def view(self, ref: ShmRef, where: str, request_id: RequestId) -> memoryview:
+        """The bytes `ref` names, checked against the region as registered and as it is now."""
+        end = ref.offset + ref.nbytes
+        if end > self.nbytes:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"{where}: bytes {ref.offset} to {end} lie past the end of region {self.name!r} "
+                f"({self.nbytes} bytes registered)",
+                request_id,
+            )
+        if self.mapping.size() < end:  # the object shrank after it was registered
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"{where}: region {self.name!r} has shrunk to {self.mapping.size()} bytes; register it again",
+                request_id,
+            )
+        return memoryview(self.mapping)[ref.offset : end]
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where an output goes: written once, by whoever answers the request."""
+
+    ref: ShmRef
+    region: Region
+    target: memoryview
+
+    def write(self, name: str, array: np.ndarray) -> ShmRef:
+        """Write `array`'s bytes at the slot's start; the reference to what was written.
+        Raises ValueError, with the sentence for the client, when it does not fit."""
+        array = np.ascontiguousarray(array)
+        if array.nbytes > self.ref.nbytes:
+            raise ValueError(
+                f"output {name!r} is {array.nbytes} bytes, but its slot in region {self.ref.region!r} "
+                f"holds {self.ref.nbytes}"
+            )
+        if self.region.mapping.size() < self.ref.offset + array.nbytes:
+            raise ValueError(f"region {self.ref.region!r} has shrunk; output {name!r} was not written")
+        np.frombuffer(self.target, np.uint8, array.nbytes)[:] = array.reshape(-1).view(np.uint8)
+        return ShmRef(self.ref.region, self.ref.offset, array.nbytes)
+
+
+class Regions:
+    """Each peer's registered regions, by name, within the limits of `[shm]`."""
+
+    def __init__(self, config: ShmConfig, root: Path = SHM_ROOT) -> None:
+        self.config = config
+        self._root = root
+        self._by_peer: dict[bytes, dict[str, Region]] = {}
+
+    def register(self, peer: bytes, ref: ShmRef, local: bool, request_id: RequestId) -> None:
+        """Map the object `ref.region`, `ref.nbytes` long, for `peer`; raises ProtocolError."""
+        self._check_open(local, request_id)
+        config, name = self.config, ref.region
+
+        def refuse(status: Status, message: str) -> ProtocolError:
+            return ProtocolError(status, f"region {name!r}: {message}", request_id)
+
+        if not name.startswith(config.prefix):
+            raise refuse(Status.INVALID_ARGUMENT, f"this daemon maps only names that start with {config.prefix!r}")
+        if ref.nbytes > config.max_region_bytes:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                f"{ref.nbytes} bytes is over the largest region this daemon maps (shm.max_region_mb = "
+                f"{config.max_region_mb})",
+            )
+        held = self._by_peer.get(peer, {})
+        others = {key: region for key, region in held.items() if key != name}
+        if len(others) >= config.max_regions_per_peer:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                f"this client has {len(others)} regions registered, the most it may (shm.max_regions_per_peer); "
+                "unregister one first",
+            )
+        if sum(region.nbytes for region in others.values()) + ref.nbytes > config.max_bytes_per_peer:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                f"it would take this client's regions past shm.max_mb_per_peer = {config.max_mb_per_peer}",
+            )
+        mapping = self._map(name, ref.nbytes, refuse)
+        self._by_peer.setdefault(peer, {})[name] = Region(name, mapping, ref.nbytes, time.monotonic_ns())
+
+    def unregister(self, peer: bytes, name: str, local: bool, request_id: RequestId) -> None:
+        self._check_open(local, request_id)
+        held = self._by_peer.get(peer, {})
+        if held.pop(name, None) is None:
+            raise ProtocolError(Status.NOT_FOUND, f"region {name!r} is not registered by this client", request_id)
+        if not held:
+            del self._by_peer[peer]
+
+    def resolve(self, peer: bytes, request: Request, local: bool) -> dict[str, Slot]:
+        """Point the request's shared-memory inputs at their bytes (`shm_views`) and return
+        where its outputs go; raises ProtocolError for any reference that does not hold."""
+        self._check_open(local, request.id)
+        now_ns = time.monotonic_ns()
+        for name, ref in request.shm_inputs.items():
+            request.shm_views[name] = self._region(peer, ref, request.id, now_ns).view(
+                ref, f"input {name!r}", request.id
+            )
+        slots = {}
+        for name, ref in request.outputs_shm.items():
+            region = self._region(peer, ref, request.id, now_ns)
+            slots[name] = Slot(ref, region, region.view(ref, f"output {name!r}", request.id))
+        return slots
+
+    def sweep(self, now_ns: int) -> None:
+        """Forget the regions unused for shm.idle_s: their clients are likely gone."""
+        idle_ns = self.config.idle_s * 1_000_000_000
+        for peer in list(self._by_peer):
+            held = self._by_peer[peer]
+            for name in [name for name, region in held.items() if now_ns - region.used_ns > idle_ns]:
+                del held[name]
+            if not held:
+                del self._by_peer[peer]
+
+    def figures(self) -> dict[str, Any]:
+        regions = [region for held in self._by_peer.values() for region in held.values()]
+        return {"peers": len(self._by_peer), "regions": len(regions), "bytes": sum(r.nbytes for r in regions)}
+
+    def _check_open(self, local: bool, request_id: RequestId) -> None:
+        if not self.config.enabled:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                "shared memory is off on this daemon ([shm] enabled = false); send tensors as payload frames",
+                request_id,
+            )
+        if not local:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                "shared memory is served on ipc endpoints only; send tensors as payload frames here",
+                request_id,
+            )
+
+    def _region(self, peer: bytes, ref: ShmRef, request_id: RequestId, now_ns: int) -> Region:
+        region = self._by_peer.get(peer, {}).get(ref.region)
+        if region is None:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"region {ref.region!r} is not registered by this client (op shm_register, on this connection)",
+                request_id,
+            )
+        region.used_ns = now_ns
+        return region
+
+    def _map(self, name: str, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> mmap.mmap:
+        # No symlink is followed, and the name holds no '/' (edged.wire.shm.NAME): only SHM_ROOT's own objects.
+        try:
+            fd = os.open(self._root / name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise refuse(Status.NOT_FOUND, "no such shared-memory object; create it (shm_open) first") from None
+        except OSError as exc:
+            raise refuse(Status.INVALID_ARGUMENT, f"the daemon cannot open it: {exc.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise refuse(Status.INVALID_ARGUMENT, "not a shared-memory object")
+            if info.st_size < nbytes:
+                raise refuse(Status.INVALID_ARGUMENT, f"it is {info.st_size} bytes, fewer than the {nbytes} registered")
+            return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)

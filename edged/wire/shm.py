@@ -1,0 +1,78 @@
+"""Tensors in shared memory: an optional, additive extension of protocol v1
+(docs/protocol.md, "Shared memory").
+
+A local client registers a POSIX shared-memory region by name (op `shm_register`);
+an input may then name a region, an offset and a byte count instead of carrying a
+payload frame, and an output may be written into one (`outputs_shm`). A client that
+uses none of it sees protocol v1 unchanged. This module reads and writes the
+references; edged.serve.regions maps the regions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from edged.wire.messages import ProtocolError, RequestId, ShmRef, Status
+
+SHM_OPS = ("shm_register", "shm_unregister")
+# A region's name as shm_open(3) takes it, without the leading slash: one path component.
+NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+@dataclass(frozen=True, slots=True)
+class ShmTensor:
+    """An input that is already in a registered region (what edged.client sends for an
+    array inside one): where it is, and what it holds."""
+
+    ref: ShmRef
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_ref(raw: Any, where: str, request_id: RequestId) -> ShmRef:
+    """A {region, offset, bytes} map, checked for its types; raises ProtocolError."""
+    if not isinstance(raw, dict):
+        raise ProtocolError(Status.INVALID_ARGUMENT, f"{where} must be a map with region, offset and bytes", request_id)
+    region, offset, nbytes = raw.get("region"), raw.get("offset"), raw.get("bytes")
+    if not isinstance(region, str) or not NAME.fullmatch(region):
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT,
+            f"{where}.region must be a registered region's name (letters, digits, '.', '_', '-'), got {region!r}",
+            request_id,
+        )
+    if not _count(offset) or not _count(nbytes):
+        raise ProtocolError(Status.INVALID_ARGUMENT, f"{where}: offset and bytes must be integers >= 0", request_id)
+    return ShmRef(region, offset, nbytes)
+
+
+def read_outputs_shm(header: dict[str, Any], request_id: RequestId) -> dict[str, ShmRef]:
+    """The header's `outputs_shm`: by output name, where to write it ({} when absent)."""
+    raw = header.get("outputs_shm")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(name, str) for name in raw):
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT, "'outputs_shm' must map output names to {region, offset, bytes}", request_id
+        )
+    return {name: read_ref(ref, f"outputs_shm[{name!r}]", request_id) for name, ref in raw.items()}
+
+
+def read_region(header: dict[str, Any], op: str, request_id: RequestId) -> ShmRef:
+    """The region an `shm_register` (`name` and `bytes` > 0) or `shm_unregister` (`name`) names."""
+    name, nbytes = header.get("name"), header.get("bytes", 0)
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT,
+            f"op {op!r} needs 'name', a shared-memory object's name without its '/' "
+            f"(letters, digits, '.', '_', '-'), got {name!r}",
+            request_id,
+        )
+    if op == "shm_register" and (not _count(nbytes) or not nbytes):
+        raise ProtocolError(Status.INVALID_ARGUMENT, "op 'shm_register' needs 'bytes', an integer > 0", request_id)
+    return ShmRef(name, 0, nbytes if op == "shm_register" else 0)
