@@ -28,6 +28,7 @@ from edged.client.errors import (
 )
 from edged.client.fleet import EndpointCounters
 from edged.client.keys import ClientKeys
+from edged.client.shm import SharedRegion
 from edged.client.sync import Client
 
 __all__ = [
@@ -43,5 +44,6 @@ __all__ = [
     "NoReply",
     "NotFound",
     "Overloaded",
+    "SharedRegion",
     "Unavailable",
 ]

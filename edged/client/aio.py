@@ -40,6 +40,7 @@ class AsyncClient(Api):
         immediate = self._fleet.several
         self._sockets = [dealer(self._context, e, curve, immediate) for e in self._fleet.endpoints]
         self._class_sockets = {}
+        self._regions = []
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
         self._receivers: list[asyncio.Task[None]] = []
 

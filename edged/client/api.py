@@ -16,7 +16,8 @@ from edged.client.call import Call
 from edged.client.errors import NoReply, raise_for_status
 from edged.client.fleet import EndpointCounters, Fleet
 from edged.client.keys import ClientKeys
-from edged.wire.codec import Buffer, Reply, encode_request
+from edged.client.shm import SharedRegion
+from edged.wire.codec import Buffer, Reply, ShmRef, encode_request
 from edged.wire.endpoints import class_endpoint, is_tcp
 
 DEFAULT_TIMEOUT_MS = 5000.0
@@ -32,6 +33,7 @@ class Api:
     _sockets: list[Any]  # per daemon: its shared endpoint's DEALER
     # Per daemon and class: a DEALER on that class's own socket; None where it has none.
     _class_sockets: dict[tuple[int, str], Any]
+    _regions: list[SharedRegion]  # registered with the daemon (edged.client.shm)
 
     def _connect(self, index: int, endpoint: str) -> Any:
         """A DEALER on daemon `index`'s `endpoint` (a class's own), read like the others."""
@@ -92,13 +94,16 @@ class Api:
         deadline_ms: float | None = None,
         outputs: Sequence[str] | None = None,
         timeout_ms: float | None = None,
+        outputs_into: dict[str, np.ndarray] | None = None,
     ) -> Any:
         """Run `model`; returns {output name: array}. Raises an EdgedError unless OK.
 
         `klass` picks the priority class, `deadline_ms` the daemon-side budget,
-        `outputs` a subset of outputs, `timeout_ms` how long this client waits.
+        `outputs` a subset of outputs, `timeout_ms` how long this client waits. An input
+        that lies in a registered SharedRegion goes by reference; `outputs_into` names
+        arrays in one for the daemon to write outputs into (edged.client.shm).
         """
-        return self._infer(lambda r: r.outputs, model, inputs, klass, deadline_ms, outputs, timeout_ms)
+        return self._infer(lambda r: r.outputs, model, inputs, klass, deadline_ms, outputs, timeout_ms, outputs_into)
 
     def infer_reply(self, model: str, inputs: dict[str, np.ndarray], **options: Any) -> Any:
         """Like infer, with the same options, but returns the whole Reply (timing_us is in its header)."""
@@ -113,10 +118,17 @@ class Api:
         deadline_ms: float | None = None,
         outputs: Sequence[str] | None = None,
         timeout_ms: float | None = None,
+        outputs_into: dict[str, np.ndarray] | None = None,
     ) -> Any:
         if timeout_ms is None and deadline_ms is not None:
             # Past its deadline the daemon answers by itself; wait a little beyond it.
             timeout_ms = max(deadline_ms * 2, deadline_ms + 1000)
+        fields: dict[str, Any] = {}
+        if self._regions:
+            inputs = {name: self._by_reference(array) for name, array in inputs.items()}
+        if outputs_into:
+            fields["outputs_shm"] = {name: self._slot(name, array) for name, array in outputs_into.items()}
+            parse = self._reading_regions(parse)
         return self._request(
             "infer",
             parse,
@@ -126,7 +138,58 @@ class Api:
             klass=klass,
             deadline_ms=deadline_ms,
             outputs=outputs,
+            **fields,
         )
+
+    # --- shared memory (edged.client.shm) ---------------------------------------
+
+    def shared_region(self, size: int, prefix: str = "edged-") -> Any:
+        """A new SharedRegion of `size` bytes, registered with the daemon (its [shm] on, an ipc endpoint)."""
+        return self.register(SharedRegion(size, prefix))
+
+    def register(self, region: SharedRegion) -> Any:
+        """Have the daemon map `region` (shm_register); returns it, its handle set."""
+        if len(self._fleet.endpoints) != 1:
+            raise ValueError("shared memory needs a client of one endpoint: a region is registered with one daemon")
+
+        def registered(reply: Reply) -> SharedRegion:
+            region.handle = reply.header["region"]
+            self._regions.append(region)
+            return region
+
+        return self._request("shm_register", registered, region=ShmRef(region.name, 0, region.size))
+
+    def unregister(self, region: SharedRegion) -> Any:
+        """Have the daemon forget `region` (shm_unregister); inputs in it go as frames again."""
+        handle, region.handle = region.handle, None
+        if region in self._regions:
+            self._regions.remove(region)
+        return self._request("shm_unregister", lambda r: None, region=ShmRef(handle or "", 0, 0))
+
+    def _by_reference(self, array: Any) -> Any:
+        for region in self._regions:
+            if isinstance(array, np.ndarray) and (tensor := region.tensor(array)) is not None:
+                return tensor
+        return array
+
+    def _slot(self, name: str, array: np.ndarray) -> ShmRef:
+        for region in self._regions:
+            if (ref := region.ref(array)) is not None:
+                return ref
+        raise ValueError(f"outputs_into[{name!r}] is not a C-ordered view of a registered SharedRegion")
+
+    def _reading_regions(self, parse: Callable[[Reply], Any]) -> Callable[[Reply], Any]:
+        """`parse`, with the outputs the daemon wrote into this client's regions among the reply's."""
+        by_handle = {region.handle: region for region in self._regions}
+
+        def read(reply: Reply) -> Any:
+            for spec in reply.header.get("outputs", []):
+                if "shm" in spec:
+                    region = by_handle[spec["shm"]["region"]]
+                    reply.outputs[spec["name"]] = region.view(spec["shm"], spec["dtype"], spec["shape"])
+            return parse(reply)
+
+        return read
 
     def models(self, memory: bool = False) -> Any:
         """The served models: [{name, backend, precision, inputs, outputs}]; with `memory`,

@@ -42,6 +42,7 @@ class Client(Api):
         self._context = context
         self._sockets = [dealer(context, e, curve, immediate) for e in self._fleet.endpoints]
         self._class_sockets = {}
+        self._regions = []
         self._daemon_of: dict[zmq.Socket, int] = {}  # every socket: the daemon it reaches, by index
         self._poller = zmq.Poller()
         for index, sock in enumerate(self._sockets):

@@ -106,12 +106,13 @@ class Dispatcher:
 
     def _region_op(self, route: Any, op: str, request_id: RequestId, region: ShmRef) -> None:
         """shm_register or shm_unregister, for the peer that sent it (edged.serve.regions)."""
-        peer, local = self._transport.peer(route), self._transport.local(route)
+        local = self._transport.local(route)
         if op == "shm_register":
-            self.regions.register(peer, region, local, request_id)
+            handle = self.regions.register(self._transport.peer(route), region, local, request_id)
+            self._reply(route, encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes))
         else:
-            self.regions.unregister(peer, region.region, local, request_id)
-        self._reply(route, encode_reply(request_id, Status.OK, region=region.region, bytes=region.nbytes))
+            self.regions.unregister(region.region, local, request_id)
+            self._reply(route, encode_reply(request_id, Status.OK, region=region.region))
 
     def spin_deadline_ns(self) -> int:
         """Until when the loop should keep polling rather than sleep: spin_us after the
@@ -237,7 +238,7 @@ class Dispatcher:
                 f"outputs_shm names {unknown}, which this request does not return: it returns {sorted(produced)}",
                 request.id,
             )
-        return self.regions.resolve(self._transport.peer(route), request, self._transport.local(route))
+        return self.regions.resolve(request, self._transport.local(route))
 
     def _note_for_spin(self, class_name: str, spin_ns: int, received_ns: int) -> None:
         """Arm the spin when this request came within spin_ns of the loop being done with

@@ -1,6 +1,11 @@
 """The shared-memory regions local clients registered (edged.wire.shm): mapped once at
 registration, then read as inputs and written as outputs in place, with no copy.
 
+A region is known by a handle the daemon draws at random (128 bits), not by the
+client's connection: a client's class sockets are other connections, and ZeroMQ's
+own peer ids are small counters another client could set on a socket of its own.
+Limits count the regions of the connection that registered them.
+
 Owned by the socket loop (the thread that serves, which dispatch runs on): it alone
 registers, resolves and sweeps. A request's views keep their region mapped: Python
 unmaps an mmap only once nothing views it, so a region unregistered, swept or replaced
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import secrets
 import stat
 import time
 from collections.abc import Callable
@@ -33,7 +39,8 @@ SHM_ROOT = Path("/dev/shm")
 
 @dataclass(slots=True)
 class Region:
-    name: str
+    name: str  # the shared-memory object's
+    owner: bytes  # the connection that registered it
     mapping: mmap.mmap
     nbytes: int
     used_ns: int
@@ -81,20 +88,20 @@ class Slot:
 
 
 class Regions:
-    """Each peer's registered regions, by name, within the limits of `[shm]`."""
+    """The registered regions, by handle, within the limits of `[shm]`."""
 
     def __init__(self, config: ShmConfig, root: Path = SHM_ROOT) -> None:
         self.config = config
         self._root = root
-        self._by_peer: dict[bytes, dict[str, Region]] = {}
+        self._regions: dict[str, Region] = {}
 
-    def register(self, peer: bytes, ref: ShmRef, local: bool, request_id: RequestId) -> None:
-        """Map the object `ref.region`, `ref.nbytes` long, for `peer`; raises ProtocolError."""
+    def register(self, peer: bytes, ref: ShmRef, local: bool, request_id: RequestId) -> str:
+        """Map the object `ref.region`, `ref.nbytes` long, for `peer`; its handle. Raises ProtocolError."""
         self._check_open(local, request_id)
         config, name = self.config, ref.region
 
         def refuse(status: Status, message: str) -> ProtocolError:
-            return ProtocolError(status, f"region {name!r}: {message}", request_id)
+            return ProtocolError(status, f"shared-memory object {name!r}: {message}", request_id)
 
         if not name.startswith(config.prefix):
             raise refuse(Status.INVALID_ARGUMENT, f"this daemon maps only names that start with {config.prefix!r}")
@@ -104,58 +111,50 @@ class Regions:
                 f"{ref.nbytes} bytes is over the largest region this daemon maps (shm.max_region_mb = "
                 f"{config.max_region_mb})",
             )
-        held = self._by_peer.get(peer, {})
-        others = {key: region for key, region in held.items() if key != name}
-        if len(others) >= config.max_regions_per_peer:
+        held = [region for region in self._regions.values() if region.owner == peer]
+        if len(held) >= config.max_regions_per_peer:
             raise refuse(
                 Status.INVALID_ARGUMENT,
-                f"this client has {len(others)} regions registered, the most it may (shm.max_regions_per_peer); "
+                f"this client has {len(held)} regions registered, the most it may (shm.max_regions_per_peer); "
                 "unregister one first",
             )
-        if sum(region.nbytes for region in others.values()) + ref.nbytes > config.max_bytes_per_peer:
+        if sum(region.nbytes for region in held) + ref.nbytes > config.max_bytes_per_peer:
             raise refuse(
                 Status.INVALID_ARGUMENT,
                 f"it would take this client's regions past shm.max_mb_per_peer = {config.max_mb_per_peer}",
             )
         mapping = self._map(name, ref.nbytes, refuse)
-        self._by_peer.setdefault(peer, {})[name] = Region(name, mapping, ref.nbytes, time.monotonic_ns())
+        handle = "r" + secrets.token_hex(16)
+        self._regions[handle] = Region(name, peer, mapping, ref.nbytes, time.monotonic_ns())
+        return handle
 
-    def unregister(self, peer: bytes, name: str, local: bool, request_id: RequestId) -> None:
+    def unregister(self, handle: str, local: bool, request_id: RequestId) -> None:
         self._check_open(local, request_id)
-        held = self._by_peer.get(peer, {})
-        if held.pop(name, None) is None:
-            raise ProtocolError(Status.NOT_FOUND, f"region {name!r} is not registered by this client", request_id)
-        if not held:
-            del self._by_peer[peer]
+        if self._regions.pop(handle, None) is None:
+            raise ProtocolError(Status.NOT_FOUND, f"no region {handle!r} is registered", request_id)
 
-    def resolve(self, peer: bytes, request: Request, local: bool) -> dict[str, Slot]:
+    def resolve(self, request: Request, local: bool) -> dict[str, Slot]:
         """Point the request's shared-memory inputs at their bytes (`shm_views`) and return
         where its outputs go; raises ProtocolError for any reference that does not hold."""
         self._check_open(local, request.id)
         now_ns = time.monotonic_ns()
         for name, ref in request.shm_inputs.items():
-            request.shm_views[name] = self._region(peer, ref, request.id, now_ns).view(
-                ref, f"input {name!r}", request.id
-            )
+            request.shm_views[name] = self._region(ref, request.id, now_ns).view(ref, f"input {name!r}", request.id)
         slots = {}
         for name, ref in request.outputs_shm.items():
-            region = self._region(peer, ref, request.id, now_ns)
+            region = self._region(ref, request.id, now_ns)
             slots[name] = Slot(ref, region, region.view(ref, f"output {name!r}", request.id))
         return slots
 
     def sweep(self, now_ns: int) -> None:
         """Forget the regions unused for shm.idle_s: their clients are likely gone."""
         idle_ns = self.config.idle_s * 1_000_000_000
-        for peer in list(self._by_peer):
-            held = self._by_peer[peer]
-            for name in [name for name, region in held.items() if now_ns - region.used_ns > idle_ns]:
-                del held[name]
-            if not held:
-                del self._by_peer[peer]
+        for handle in [handle for handle, region in self._regions.items() if now_ns - region.used_ns > idle_ns]:
+            del self._regions[handle]
 
     def figures(self) -> dict[str, Any]:
-        regions = [region for held in self._by_peer.values() for region in held.values()]
-        return {"peers": len(self._by_peer), "regions": len(regions), "bytes": sum(r.nbytes for r in regions)}
+        regions = self._regions.values()
+        return {"regions": len(regions), "bytes": sum(region.nbytes for region in regions)}
 
     def _check_open(self, local: bool, request_id: RequestId) -> None:
         if not self.config.enabled:
@@ -171,12 +170,13 @@ class Regions:
                 request_id,
             )
 
-    def _region(self, peer: bytes, ref: ShmRef, request_id: RequestId, now_ns: int) -> Region:
-        region = self._by_peer.get(peer, {}).get(ref.region)
+    def _region(self, ref: ShmRef, request_id: RequestId, now_ns: int) -> Region:
+        region = self._regions.get(ref.region)
         if region is None:
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,
-                f"region {ref.region!r} is not registered by this client (op shm_register, on this connection)",
+                f"no region {ref.region!r} is registered (op shm_register returns one; an unused one is "
+                "forgotten after shm.idle_s)",
                 request_id,
             )
         region.used_ns = now_ns

@@ -91,10 +91,11 @@ def encode_request(
         header["outputs"] = list(outputs)
     if outputs_shm:
         header["outputs_shm"] = {name: ref.to_wire() for name, ref in outputs_shm.items()}
-    if region is not None:
-        header["name"] = region.region
+    if region is not None:  # shm_register: the object's name and size; shm_unregister: the region
         if op == "shm_register":
-            header["bytes"] = region.nbytes
+            header["name"], header["bytes"] = region.region, region.nbytes
+        else:
+            header["region"] = region.region
     if inputs is None:
         return [msgpack.packb(header)]
     framed = {name: array for name, array in inputs.items() if not isinstance(array, ShmTensor)}

@@ -1,9 +1,11 @@
 """Tensors in shared memory: an optional, additive extension of protocol v1
 (docs/protocol.md, "Shared memory").
 
-A local client registers a POSIX shared-memory region by name (op `shm_register`);
-an input may then name a region, an offset and a byte count instead of carrying a
-payload frame, and an output may be written into one (`outputs_shm`). A client that
+A local client registers a POSIX shared-memory object by name (op `shm_register`),
+and gets back a region: a handle no other client can guess, valid on every socket of
+the daemon (a client's class sockets are other connections). An input may then name
+a region, an offset and a byte count instead of carrying a payload frame, and an
+output may be written into one (`outputs_shm`). A client that
 uses none of it sees protocol v1 unchanged. This module reads and writes the
 references; edged.serve.regions maps the regions.
 """
@@ -43,7 +45,7 @@ def read_ref(raw: Any, where: str, request_id: RequestId) -> ShmRef:
     if not isinstance(region, str) or not NAME.fullmatch(region):
         raise ProtocolError(
             Status.INVALID_ARGUMENT,
-            f"{where}.region must be a registered region's name (letters, digits, '.', '_', '-'), got {region!r}",
+            f"{where}.region must be what shm_register returned, got {region!r}",
             request_id,
         )
     if not _count(offset) or not _count(nbytes):
@@ -64,13 +66,15 @@ def read_outputs_shm(header: dict[str, Any], request_id: RequestId) -> dict[str,
 
 
 def read_region(header: dict[str, Any], op: str, request_id: RequestId) -> ShmRef:
-    """The region an `shm_register` (`name` and `bytes` > 0) or `shm_unregister` (`name`) names."""
-    name, nbytes = header.get("name"), header.get("bytes", 0)
+    """What an `shm_register` names (the object's `name` and `bytes` > 0), or the region
+    an `shm_unregister` gives back (the `region` its registration returned)."""
+    key = "name" if op == "shm_register" else "region"
+    name, nbytes = header.get(key), header.get("bytes", 0)
     if not isinstance(name, str) or not NAME.fullmatch(name):
+        what = "a shared-memory object's name without its '/'" if key == "name" else "what shm_register returned"
         raise ProtocolError(
             Status.INVALID_ARGUMENT,
-            f"op {op!r} needs 'name', a shared-memory object's name without its '/' "
-            f"(letters, digits, '.', '_', '-'), got {name!r}",
+            f"op {op!r} needs {key!r}, {what} (letters, digits, '.', '_', '-'), got {name!r}",
             request_id,
         )
     if op == "shm_register" and (not _count(nbytes) or not nbytes):

@@ -25,6 +25,14 @@ LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in DTYPES.items()
 _WIRE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
+def wire_name(dtype: np.dtype) -> str:
+    """The wire's name for `dtype`; raises ValueError for one it has none for."""
+    name = _WIRE_NAMES.get(np.dtype(dtype).newbyteorder("="))
+    if name is None:
+        raise ValueError(f"dtype {dtype} has no wire name; supported: {', '.join(DTYPES)}")
+    return name
+
+
 def view(payload: bytes | memoryview, dtype: str, shape: Sequence[int]) -> np.ndarray:
     """The tensor in `payload` as an array over the same bytes: no copy."""
     return np.frombuffer(payload, dtype=LITTLE_ENDIAN[dtype]).reshape(shape)

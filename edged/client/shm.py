@@ -1,0 +1,80 @@
+"""Shared memory for a client on the daemon's machine (docs/protocol.md, "Shared
+memory"): a region this client creates, owns and fills, which the daemon maps once;
+an input inside it travels as a reference instead of a frame, and an output can be
+written into it.
+
+    with Client("ipc:///run/edged/edged.sock") as client:
+        region = client.shared_region(64 << 20)          # created, mapped, registered
+        frame = region.array((1, 3, 1080, 1920))         # a view to fill, in place
+        scores = region.array((1, 10))
+        ...fill frame...
+        client.infer("model", {"image": frame}, outputs_into={"scores": scores})
+        # `scores` now holds the answer, written by the daemon
+        client.unregister(region)
+        region.close()
+"""
+
+from __future__ import annotations
+
+import secrets
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from edged.wire.messages import ShmRef
+from edged.wire.shm import ShmTensor
+from edged.wire.tensors import LITTLE_ENDIAN, wire_name
+
+ALIGN = 64  # each array starts on a cache line
+
+
+class SharedRegion:
+    """A POSIX shared-memory object of `size` bytes, created by this client (its name
+    starts with `prefix`, the daemon's shm.prefix). `array` hands out views of it, one
+    after another; `handle` is what the daemon's shm_register returned (None before)."""
+
+    def __init__(self, size: int, prefix: str = "edged-") -> None:
+        self._shm = shared_memory.SharedMemory(name=prefix + secrets.token_hex(8), create=True, size=size)
+        self.size = size
+        self.handle: str | None = None
+        self._base = np.frombuffer(self._shm.buf, np.uint8)
+        self._next = 0
+
+    @property
+    def name(self) -> str:
+        return self._shm.name.lstrip("/")
+
+    def array(self, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
+        """A new view of the region's next free bytes, shaped `shape` (zeros when new)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = -(-self._next // ALIGN) * ALIGN
+        if start + nbytes > self.size:
+            raise MemoryError(f"region {self.name} has {self.size - start} bytes left, fewer than {nbytes}")
+        self._next = start + nbytes
+        return self._base[start : start + nbytes].view(dtype).reshape(shape)
+
+    def ref(self, array: np.ndarray) -> ShmRef | None:
+        """Where `array` lies in this region, if it is a C-ordered view of it; else None."""
+        if self.handle is None or not array.flags.c_contiguous:
+            return None
+        offset = array.__array_interface__["data"][0] - self._base.__array_interface__["data"][0]
+        if offset < 0 or offset + array.nbytes > self.size:
+            return None
+        return ShmRef(self.handle, offset, array.nbytes)
+
+    def tensor(self, array: np.ndarray) -> ShmTensor | None:
+        """`array` as an input by reference, if it lies in this region; else None."""
+        ref = self.ref(array)
+        return None if ref is None else ShmTensor(ref, wire_name(array.dtype), tuple(array.shape))
+
+    def view(self, ref: dict[str, int], dtype: str, shape: list[int]) -> np.ndarray:
+        """The output the daemon wrote at `ref` (a reply's {region, offset, bytes})."""
+        start = ref["offset"]
+        return self._base[start : start + ref["bytes"]].view(LITTLE_ENDIAN[dtype]).reshape(shape)
+
+    def close(self) -> None:
+        """Unlink the object and unmap it (every view of it must be gone by then)."""
+        self._base = np.empty(0, np.uint8)
+        self._shm.unlink()
+        self._shm.close()
