@@ -17,7 +17,7 @@ from edged.client.errors import NoReply, raise_for_status
 from edged.client.fleet import EndpointCounters, Fleet
 from edged.client.keys import ClientKeys
 from edged.client.shm import SharedRegion
-from edged.wire.codec import Buffer, Reply, ShmRef, encode_request
+from edged.wire.codec import Buffer, Reply, ShmRef, Status, encode_request
 from edged.wire.endpoints import class_endpoint, is_tcp
 
 DEFAULT_TIMEOUT_MS = 5000.0
@@ -145,19 +145,22 @@ class Api:
 
     def shared_region(self, size: int, prefix: str = "edged-") -> Any:
         """A new SharedRegion of `size` bytes, registered with the daemon (its [shm] on, an ipc endpoint)."""
-        return self.register(SharedRegion(size, prefix))
+        return self.register(SharedRegion(size, prefix), owned=True)
 
-    def register(self, region: SharedRegion) -> Any:
-        """Have the daemon map `region` (shm_register); returns it, its handle set."""
+    def register(self, region: SharedRegion, owned: bool = False) -> Any:
+        """Have the daemon map `region` (shm_register); returns it, its handle set. `owned`:
+        the region was made for this call, and is closed if the daemon refuses it."""
         if len(self._fleet.endpoints) != 1:
             raise ValueError("shared memory needs a client of one endpoint: a region is registered with one daemon")
 
         def registered(reply: Reply) -> SharedRegion:
-            region.handle = reply.header["region"]
+            if reply.status is not Status.OK and owned:
+                region.close()  # made for this call alone, and refused: nothing is left in /dev/shm
+            region.handle = raise_for_status(reply).header["region"]
             self._regions.append(region)
             return region
 
-        return self._request("shm_register", registered, region=ShmRef(region.name, 0, region.size))
+        return self._call("shm_register", {"region": ShmRef(region.name, 0, region.size)}, self.timeout_ms, registered)
 
     def unregister(self, region: SharedRegion) -> Any:
         """Have the daemon forget `region` (shm_unregister); inputs in it go as frames again."""

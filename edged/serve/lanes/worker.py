@@ -107,6 +107,9 @@ class Worker:
                 rows = min(self.klass.max_batch, self._row_cap(job))
                 held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us, rows)
             self.run(batch)
+            # Let go before waiting for the next: an answered request's inputs (its frames,
+            # or the client's shared memory they keep mapped) go now, not when the next comes.
+            job = batch = None
         for runner in self.runners.values():
             runner.close()
 
