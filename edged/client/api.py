@@ -143,9 +143,10 @@ class Api:
 
     # --- shared memory (edged.client.shm) ---------------------------------------
 
-    def shared_region(self, size: int, prefix: str = "edged-") -> Any:
-        """A new SharedRegion of `size` bytes, registered with the daemon (its [shm] on, an ipc endpoint)."""
-        return self.register(SharedRegion(size, prefix), owned=True)
+    def shared_region(self, size: int, prefix: str = "edged-", group: str | None = None) -> Any:
+        """A new SharedRegion of `size` bytes (see SharedRegion for `group`), registered with
+        the daemon (its [shm] on, an ipc endpoint)."""
+        return self.register(SharedRegion(size, prefix, group), owned=True)
 
     def register(self, region: SharedRegion, owned: bool = False) -> Any:
         """Have the daemon map `region` (shm_register); returns it, its handle set. `owned`:

@@ -16,8 +16,11 @@ written into it.
 
 from __future__ import annotations
 
+import grp
+import os
 import secrets
 from multiprocessing import shared_memory
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +29,7 @@ from edged.wire.shm import ShmTensor
 from edged.wire.tensors import LITTLE_ENDIAN, wire_name
 
 ALIGN = 64  # each array starts on a cache line
+SHM_ROOT = Path("/dev/shm")
 
 
 class SharedRegion:
@@ -33,8 +37,14 @@ class SharedRegion:
     starts with `prefix`, the daemon's shm.prefix). `array` hands out views of it, one
     after another; `handle` is what the daemon's shm_register returned (None before)."""
 
-    def __init__(self, size: int, prefix: str = "edged-") -> None:
+    def __init__(self, size: int, prefix: str = "edged-", group: str | None = None) -> None:
+        """`group`: give the object to this group, mode 0660, so that a daemon running as
+        another user in it (the units' `edged`) may map it; else it is this user's alone."""
         self._shm = shared_memory.SharedMemory(name=prefix + secrets.token_hex(8), create=True, size=size)
+        if group is not None:
+            path = SHM_ROOT / self.name
+            os.chown(path, -1, grp.getgrnam(group).gr_gid)
+            os.chmod(path, 0o660)
         self.size = size
         self.handle: str | None = None
         self._base = np.frombuffer(self._shm.buf, np.uint8)
