@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,25 +15,12 @@ from types import SimpleNamespace
 import pytest
 from support import wait_for
 from support.fake_cuda import PROVIDER, FakeCuda, FakeTrt
-from support.gpu import MLP, REALTIME, fake_cuda_layer, fake_installed, fake_ort
+from support.gpu import MLP, REALTIME, fake_installed, fake_ort
 
-from edged.backends import BackendError, cuda_calls, device_weights, onnxruntime_cuda, onnxruntime_gpu, tensorrt
+from edged.backends import BackendError, cuda_calls, onnxruntime_cuda, onnxruntime_gpu, tensorrt
 from edged.backends import cuda as cuda_layer
 from edged.backends.capture_gate import CaptureGate
 from edged.config import ClassConfig
-
-
-@pytest.fixture
-def log() -> list[str]:
-    return []
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
-    cuda = fake_cuda_layer(monkeypatch, log)
-    yield cuda
-    # Every runner a test made is closed: the process's registries hold nothing after it.
-    assert len(device_weights.DEVICE_WEIGHTS) == 0 and not cuda.held
 
 
 def test_fake_metadata_onnxruntime_and_onnxruntime_gpu_both_installed_stop_start_up_with_the_fix(

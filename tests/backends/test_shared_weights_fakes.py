@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from support.fake_cuda import FakeCuda, FakeTrt
-from support.gpu import MLP, REALTIME, fake_cuda_layer, fake_ort
+from support.gpu import MLP, REALTIME, fake_ort
 
 from edged.backends import onnxruntime_cuda, tensorrt
 from edged.backends.device_weights import DEVICE_WEIGHTS, shareable, weights_key
@@ -27,18 +26,6 @@ from edged.models.engines import EngineRecord, ShapeRange
 from edged.models.repository import ModelEntry
 
 BULK = ClassConfig("bulk", order=1, max_batch=4, stream_priority=0)
-
-
-@pytest.fixture
-def log() -> list[str]:
-    return []
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
-    cuda = fake_cuda_layer(monkeypatch, log)
-    yield cuda
-    assert len(DEVICE_WEIGHTS) == 0 and len(ENGINES) == 0 and not cuda.held  # nothing outlives its runners
 
 
 def backend(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> onnxruntime_cuda.OnnxRuntimeCuda:

@@ -40,6 +40,16 @@ def obj() -> Iterator[shared_memory.SharedMemory]:
     made.close()
 
 
+@pytest.fixture
+def sock(daemon: RunningDaemon) -> Iterator[zmq.Socket]:
+    """A raw DEALER on the daemon's shared ipc socket."""
+    context = zmq.Context()
+    dealer = connect(context, daemon.ipc)
+    yield dealer
+    dealer.close(linger=0)
+    context.term()
+
+
 def mapped(daemon: RunningDaemon, name: str) -> int:
     """How many of the daemon's mappings are of the shared-memory object `name`."""
     return Path(f"/proc/{daemon.pid}/maps").read_text().count(f"/dev/shm/{name}")
@@ -74,120 +84,102 @@ def test_inputs_and_outputs_in_shared_memory_answer_as_frames_do(daemon: Running
 
 
 def test_every_bad_reference_gets_one_clear_refusal_and_harms_nothing(
-    daemon: RunningDaemon, obj: shared_memory.SharedMemory
+    daemon: RunningDaemon, sock: zmq.Socket, obj: shared_memory.SharedMemory
 ) -> None:
-    context = zmq.Context()
-    sock = connect(context, daemon.ipc)
-    try:
-        status, handle = register(sock, obj.name, obj.size)
-        assert status == "OK", handle
+    status, handle = register(sock, obj.name, obj.size)
+    assert status == "OK", handle
 
-        def infer(request_id: int, ref: ShmRef, shape: tuple[int, ...] = (1, 64), **fields: object) -> str:
-            tensor = ShmTensor(ref, "float32", shape)
-            frames = encode_request(request_id, model="mlp-light", inputs={"x": tensor}, **fields)
-            reply = exchange(sock, frames)
-            assert reply.header["id"] == request_id
-            return f"{reply.status}: {reply.header.get('error', '')}"
+    def infer(request_id: int, ref: ShmRef, shape: tuple[int, ...] = (1, 64), **fields: object) -> str:
+        tensor = ShmTensor(ref, "float32", shape)
+        frames = encode_request(request_id, model="mlp-light", inputs={"x": tensor}, **fields)
+        reply = exchange(sock, frames)
+        assert reply.header["id"] == request_id
+        return f"{reply.status}: {reply.header.get('error', '')}"
 
-        assert infer(2, ShmRef(handle, 0, 256)).startswith("OK")
-        refusals = {
-            "past the end": infer(3, ShmRef(handle, obj.size - 100, 256)),
-            "unknown handle": infer(4, ShmRef("r" + "0" * 32, 0, 256)),
-            "bytes against shape": infer(5, ShmRef(handle, 0, 255)),
-            "slot past the end": infer(6, ShmRef(handle, 0, 256), outputs_shm={"scores": ShmRef(handle, obj.size, 40)}),
-            "unknown output": infer(7, ShmRef(handle, 0, 256), outputs_shm={"nope": ShmRef(handle, 0, 40)}),
-            "slot too small": infer(8, ShmRef(handle, 0, 256), outputs_shm={"scores": ShmRef(handle, 1024, 39)}),
-        }
-        expected = {
-            "past the end": "lie past the end of region",
-            "unknown handle": "is registered",
-            "bytes against shape": "its region's bytes has 255 bytes, but shape [1, 64] of float32 needs 256",
-            "slot past the end": "lie past the end of region",
-            "unknown output": "outputs_shm names ['nope']",
-            "slot too small": "output 'scores' is 40 bytes, but its slot",
-        }
-        for case, reply in refusals.items():
-            assert reply.startswith("INVALID_ARGUMENT") and expected[case] in reply, (case, reply)
-        # None of it harmed the daemon, or this connection's region.
-        assert infer(9, ShmRef(handle, 0, 256)).startswith("OK")
-        with Client(daemon.ipc) as other:
-            assert other.infer("mlp-light", {"x": X})["scores"].shape == (3, 10)
-        reply = exchange(sock, encode_request(10, "shm_unregister", region=ShmRef(handle, 0, 0)))
-        assert reply.status == "OK"
-        reply = exchange(sock, encode_request(11, "shm_unregister", region=ShmRef(handle, 0, 0)))
-        assert reply.status == "NOT_FOUND"
-    finally:
-        sock.close(linger=0)
-        context.term()
+    assert infer(2, ShmRef(handle, 0, 256)).startswith("OK")
+    refusals = {
+        "past the end": infer(3, ShmRef(handle, obj.size - 100, 256)),
+        "unknown handle": infer(4, ShmRef("r" + "0" * 32, 0, 256)),
+        "bytes against shape": infer(5, ShmRef(handle, 0, 255)),
+        "slot past the end": infer(6, ShmRef(handle, 0, 256), outputs_shm={"scores": ShmRef(handle, obj.size, 40)}),
+        "unknown output": infer(7, ShmRef(handle, 0, 256), outputs_shm={"nope": ShmRef(handle, 0, 40)}),
+        "slot too small": infer(8, ShmRef(handle, 0, 256), outputs_shm={"scores": ShmRef(handle, 1024, 39)}),
+    }
+    expected = {
+        "past the end": "lie past the end of region",
+        "unknown handle": "is registered",
+        "bytes against shape": "its region's bytes has 255 bytes, but shape [1, 64] of float32 needs 256",
+        "slot past the end": "lie past the end of region",
+        "unknown output": "outputs_shm names ['nope']",
+        "slot too small": "output 'scores' is 40 bytes, but its slot",
+    }
+    for case, reply in refusals.items():
+        assert reply.startswith("INVALID_ARGUMENT") and expected[case] in reply, (case, reply)
+    # None of it harmed the daemon, or this connection's region.
+    assert infer(9, ShmRef(handle, 0, 256)).startswith("OK")
+    with Client(daemon.ipc) as other:
+        assert other.infer("mlp-light", {"x": X})["scores"].shape == (3, 10)
+    reply = exchange(sock, encode_request(10, "shm_unregister", region=ShmRef(handle, 0, 0)))
+    assert reply.status == "OK"
+    reply = exchange(sock, encode_request(11, "shm_unregister", region=ShmRef(handle, 0, 0)))
+    assert reply.status == "NOT_FOUND"
 
 
 def test_registration_is_refused_outside_its_limits_naming_them(
-    daemon: RunningDaemon, obj: shared_memory.SharedMemory
+    daemon: RunningDaemon, sock: zmq.Socket, obj: shared_memory.SharedMemory
 ) -> None:
-    context = zmq.Context()
-    sock = connect(context, daemon.ipc)
-    try:
-        assert register(sock, "someone-else", 64) == (
-            "INVALID_ARGUMENT",
-            "shared-memory object 'someone-else': this daemon maps only names that start with 'edged-'",
-        )
-        status, error = register(sock, "edged-missing-object", 64)
-        assert status == "NOT_FOUND" and "create it (shm_open) first" in error
-        status, error = register(sock, obj.name, obj.size + 1)
-        assert status == "INVALID_ARGUMENT" and f"fewer than the {obj.size + 1} registered" in error
-        status, error = register(sock, obj.name, 5 << 20)
-        assert status == "INVALID_ARGUMENT" and "shm.max_region_mb = 4" in error
-        handles = [register(sock, obj.name, 1024, i) for i in range(3)]
-        assert all(status == "OK" for status, _ in handles)
-        status, error = register(sock, obj.name, 1024)
-        assert status == "INVALID_ARGUMENT" and "shm.max_regions_per_peer" in error
-        for _, handle in handles:
-            exchange(sock, encode_request(1, "shm_unregister", region=ShmRef(handle, 0, 0)))
-        # On tcp, never: the client may be on another machine.
-        tcp = connect(context, daemon.tcp or "")
-        status, error = register(tcp, obj.name, 64)
-        tcp.close(linger=0)
-        assert status == "INVALID_ARGUMENT" and "ipc endpoints only" in error
-    finally:
-        sock.close(linger=0)
-        context.term()
+    assert register(sock, "someone-else", 64) == (
+        "INVALID_ARGUMENT",
+        "shared-memory object 'someone-else': this daemon maps only names that start with 'edged-'",
+    )
+    status, error = register(sock, "edged-missing-object", 64)
+    assert status == "NOT_FOUND" and "create it (shm_open) first" in error
+    status, error = register(sock, obj.name, obj.size + 1)
+    assert status == "INVALID_ARGUMENT" and f"fewer than the {obj.size + 1} registered" in error
+    status, error = register(sock, obj.name, 5 << 20)
+    assert status == "INVALID_ARGUMENT" and "shm.max_region_mb = 4" in error
+    handles = [register(sock, obj.name, 1024, i) for i in range(3)]
+    assert all(status == "OK" for status, _ in handles)
+    status, error = register(sock, obj.name, 1024)
+    assert status == "INVALID_ARGUMENT" and "shm.max_regions_per_peer" in error
+    for _, handle in handles:
+        exchange(sock, encode_request(1, "shm_unregister", region=ShmRef(handle, 0, 0)))
+    # On tcp, never: the client may be on another machine.
+    tcp = connect(sock.context, daemon.tcp or "")
+    status, error = register(tcp, obj.name, 64)
+    tcp.close(linger=0)
+    assert status == "INVALID_ARGUMENT" and "ipc endpoints only" in error
 
 
 def test_a_region_stays_mapped_while_a_request_reads_it_and_goes_once_forgotten(
-    daemon: RunningDaemon, obj: shared_memory.SharedMemory
+    daemon: RunningDaemon, sock: zmq.Socket, obj: shared_memory.SharedMemory
 ) -> None:
     name = obj.name.lstrip("/")
-    context = zmq.Context()
-    sock = connect(context, daemon.ipc)
+    _, handle = register(sock, name, obj.size)
+    assert mapped(daemon, name) == 1
+    rows = 8  # cnn-heavy, 8 rows: long enough for the unregister to arrive while it runs
+    big = shared_memory.SharedMemory(name=name + "-big", create=True, size=rows * 3 * 64 * 64 * 4)
     try:
-        _, handle = register(sock, name, obj.size)
-        assert mapped(daemon, name) == 1
-        rows = 8  # cnn-heavy, 8 rows: long enough for the unregister to arrive while it runs
-        big = shared_memory.SharedMemory(name=name + "-big", create=True, size=rows * 3 * 64 * 64 * 4)
-        try:
-            _, big_handle = register(sock, big.name, big.size, 2)
-            image = ShmTensor(ShmRef(big_handle, 0, big.size), "float32", (rows, 3, 64, 64))
-            sock.send_multipart(encode_request(3, model="cnn-heavy", klass="bulk", inputs={"image": image}))
-            sock.send_multipart(encode_request(4, "shm_unregister", region=ShmRef(big_handle, 0, 0)))
-            replies: dict[int, str] = {}
-            while len(replies) < 2:
-                reply = receive(sock)
-                assert reply.header["id"] not in replies, "a second reply"
-                replies[reply.header["id"]] = reply.status
-            assert replies == {3: "OK", 4: "OK"}
-            assert nothing_more(sock)
-            wait_for(lambda: mapped(daemon, big.name) == 0, 5, "the answered request's region to be unmapped")
-        finally:
-            big.unlink()
-            big.close()
-        # Unused for shm.idle_s (2 s), a region is forgotten and unmapped.
-        wait_for(lambda: mapped(daemon, name) == 0, 10, "the idle region to be unmapped")
-        x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
-        reply = exchange(sock, encode_request(5, model="mlp-light", inputs={"x": x}))
-        assert reply.status == "INVALID_ARGUMENT" and "forgotten after shm.idle_s" in reply.header["error"]
+        _, big_handle = register(sock, big.name, big.size, 2)
+        image = ShmTensor(ShmRef(big_handle, 0, big.size), "float32", (rows, 3, 64, 64))
+        sock.send_multipart(encode_request(3, model="cnn-heavy", klass="bulk", inputs={"image": image}))
+        sock.send_multipart(encode_request(4, "shm_unregister", region=ShmRef(big_handle, 0, 0)))
+        replies: dict[int, str] = {}
+        while len(replies) < 2:
+            reply = receive(sock)
+            assert reply.header["id"] not in replies, "a second reply"
+            replies[reply.header["id"]] = reply.status
+        assert replies == {3: "OK", 4: "OK"}
+        assert nothing_more(sock)
+        wait_for(lambda: mapped(daemon, big.name) == 0, 5, "the answered request's region to be unmapped")
     finally:
-        sock.close(linger=0)
-        context.term()
+        big.unlink()
+        big.close()
+    # Unused for shm.idle_s (2 s), a region is forgotten and unmapped.
+    wait_for(lambda: mapped(daemon, name) == 0, 10, "the idle region to be unmapped")
+    x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
+    reply = exchange(sock, encode_request(5, model="mlp-light", inputs={"x": x}))
+    assert reply.status == "INVALID_ARGUMENT" and "forgotten after shm.idle_s" in reply.header["error"]
 
 
 def test_shared_memory_is_off_unless_enabled() -> None:
