@@ -91,10 +91,10 @@ class TensorRt:
     def load(self, model: ModelEntry, lane: ClassConfig) -> Runner:
         try:
             trt, chosen = self._choose(model)
-            engine = ENGINES.take(chosen.key, lambda: deserialize(trt, chosen))
+            held = ENGINES.take(chosen.key, lambda: deserialize(trt, chosen))
         except BackendError as exc:
             return self._fall_back(model, lane, str(exc))
-        runner = TensorRtRunner(trt, engine.engine, model.signature, lane, lambda: ENGINES.give_back(chosen.key))
+        runner = TensorRtRunner(trt, held.engine, model.signature, lane, lambda: ENGINES.give_back(chosen.key))
         with self._lock:
             self._context_bytes[model.name] = runner.activation_bytes
         return runner

@@ -37,8 +37,8 @@ class Chosen:
     key: Key
 
 
-def _free(engine: Engine) -> None:
-    engine.close()
+def _free(held: Engine) -> None:
+    held.close()
 
 
 ENGINES: Shared[Engine] = Shared(free=_free)

@@ -78,13 +78,14 @@ def test_every_cuda_driver_name_exists_in_cuda_bindings(path: str) -> None:
 
 def test_every_tensorrt_runtime_name_exists_in_tensorrt_lean() -> None:
     trt = pytest.importorskip("tensorrt_lean", reason="TensorRT's lean runtime is not installed (tensorrt-lean-cu13)")
-    path = "edged/backends/tensorrt.py"
+    # The runner, and the engines it shares (one per file: edged.backends.tensorrt_engines).
+    paths = ("edged/backends/tensorrt.py", "edged/backends/tensorrt_engines.py")
     for receivers, real in (
         ({"trt"}, trt),
         ({"runtime"}, trt.Runtime),
         ({"engine", "self._engine"}, trt.ICudaEngine),
         ({"context", "self._context"}, trt.IExecutionContext),
     ):
-        chains = used_names(path, receivers) - {"__version__"}
-        assert chains, f"{path} reads nothing off {receivers}: the scan is out of date"
+        chains = set().union(*(used_names(path, receivers) for path in paths)) - {"__version__"}
+        assert chains, f"{paths} read nothing off {receivers}: the scan is out of date"
         assert missing(real, chains) == [], receivers

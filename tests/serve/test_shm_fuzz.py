@@ -50,8 +50,10 @@ MAX_BYTES_PER_PEER = 3 << 20
 ALLOWED = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "OVERLOADED"}
 SOCKETS = 3
 PARTS = 8  # a step's messages write outputs into disjoint parts of a region's second half
-FUZZ_SECONDS = 25.0  # random steps for this long (or MAX_MESSAGES): the whole test takes under a minute
-MAX_MESSAGES = 4000
+# Random steps until this many requests went out: 1,600-2,450 took 25 s on the 2-core VM,
+# so the cap, in case the box is far slower, leaves a margin of 5x and more.
+MESSAGES = 1200
+CAP_SECONDS = 120.0
 REPLY_S = 15.0
 ROW = {"mlp-light": ("x", (64,), "scores"), "cnn-heavy": ("image", (3, 64, 64), "logits")}
 OUT_ROW_BYTES = 40  # both models: 10 float32 per row
@@ -501,7 +503,7 @@ def test_shm_fuzzed_every_request_answered_once_and_nothing_left_mapped(fuzz: Fu
                     region.used = stamp
 
     started = time.monotonic()
-    while time.monotonic() - started < FUZZ_SECONDS and fuzz.sent < MAX_MESSAGES:
+    while time.monotonic() - started < CAP_SECONDS and fuzz.sent < MESSAGES:
         step()
     fuzz.nothing_more()
 
@@ -537,5 +539,5 @@ def test_shm_fuzzed_every_request_answered_once_and_nothing_left_mapped(fuzz: Fu
     assert grown_mib < 32, f"RSS grew by {grown_mib:.1f} MiB"
     assert fuzz.running.alive()
     print(f"{fuzz.sent} requests, replies {fuzz.statuses}, RSS +{grown_mib:.1f} MiB; {sorted(fuzz.kinds.items())}")
-    assert fuzz.sent >= 1000, (fuzz.sent, fuzz.statuses)
+    assert fuzz.sent >= MESSAGES, (fuzz.sent, fuzz.statuses)
     assert fuzz.statuses.get("OK", 0) >= 50 and fuzz.statuses.get("INVALID_ARGUMENT", 0) >= 50, fuzz.statuses
