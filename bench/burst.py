@@ -115,6 +115,7 @@ def report(run: str, floor: dict[str, Any], edged: dict[str, Any]) -> str:
     ok = rt["statuses"].get("OK", 0) / rt["sent"] if rt["sent"] else 0.0
     trip, inside, floor_trip = rt["round_trip_ms"], rt["daemon_total_ms"], floor["realtime"]["round_trip_ms"]
     took, floor_took = burst["seconds_to_answer_all"], floor["burst"]["seconds_to_answer_all"]
+    shed_took = burst["seconds_to_answer_shed"]
     return "\n".join(
         [
             f"run {run}: {burst['sent']} bulk requests from the peers; statuses {burst['statuses']}",
@@ -125,7 +126,9 @@ def report(run: str, floor: dict[str, Any], edged: dict[str, Any]) -> str:
             f"{trip.get('p99', 0):.2f} / max {trip.get('max', 0):.2f} ms (inside the daemon p50 "
             f"{inside.get('p50', 0):.2f} / p99 {inside.get('p99', 0):.2f} ms); beside the floor's burst "
             f"p50 {floor_trip.get('p50', 0):.2f} / p99 {floor_trip.get('p99', 0):.2f} ms",
-            f"  whole burst answered in {took:.2f} s, the floor's in {floor_took:.2f} s: {took / floor_took:.2f}x",
+            f"  whole burst answered in {took:.2f} s, the floor's in {floor_took:.2f} s: {took / floor_took:.2f}x; "
+            f"its sheds in {shed_took:.2f} s ({shed_took / floor_took:.2f}x), "
+            f"the rest being the {burst['admitted']} admitted requests' compute",
             f"  OVERLOADED round trip p50: {burst['overloaded_round_trip_p50_ms'] or 0:.1f} ms",
             f"  the daemon's CPU seconds during the burst, by thread: {edged['daemon_cpu_s']}",
             f"  RSS {rss['before'] / 1024:.0f} MiB before, {rss['after_1s'] / 1024:.0f} MiB 1 s after "

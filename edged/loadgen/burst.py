@@ -36,6 +36,8 @@ class BurstResult:
     duplicated: int = 0
     lost: int = 0
     seconds_to_answer_all: float = 0.0
+    # The last OVERLOADED reply: how long shedding took, apart from the admitted work's compute.
+    seconds_to_answer_shed: float = 0.0
     round_trips_ms: dict[str, list[float]] = field(default_factory=dict)
 
     @property
@@ -52,6 +54,7 @@ class BurstResult:
             "admitted": self.admitted,
             "expired_of_admitted": self.statuses["DEADLINE_EXCEEDED"] / self.admitted if self.admitted else 0.0,
             "seconds_to_answer_all": self.seconds_to_answer_all,
+            "seconds_to_answer_shed": self.seconds_to_answer_shed,
             "overloaded_round_trip_p50_ms": float(np.percentile(overloaded, 50)) if overloaded else None,
         }
 
@@ -92,7 +95,7 @@ def stampede(
         poller = zmq.Poller()
         for sock in sockets:
             poller.register(sock, zmq.POLLIN)
-        last_reply = start
+        last_reply = last_shed = start
         while len(answered) < result.sent:
             ready = poller.poll(patience_s * 1000)
             if not ready:
@@ -111,11 +114,14 @@ def stampede(
                         continue
                     answered.add(key)
                     last_reply = now
+                    if header["status"] == "OVERLOADED":
+                        last_shed = now
                     result.statuses[header["status"]] += 1
                     rtt = (now - sent_at[key]) / 1e6
                     result.round_trips_ms.setdefault(header["status"], []).append(rtt)
         result.lost = result.sent - len(answered)
         result.seconds_to_answer_all = (last_reply - start) / 1e9
+        result.seconds_to_answer_shed = (last_shed - start) / 1e9
         return result
     finally:
         for sock in sockets:
