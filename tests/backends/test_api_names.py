@@ -57,6 +57,7 @@ RUNTIME_USERS = (
     "edged/backends/cuda_memory.py",
     "edged/backends/cuda_ipc.py",
     "bench/gpu_check_stream.py",
+    "bench/gpu_check_ipc.py",
 )
 DRIVER_USERS = (
     "edged/backends/cuda.py",
