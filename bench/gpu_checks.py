@@ -4,6 +4,7 @@
     python bench/gpu_checks.py memory [--out DIR]
     python bench/gpu_checks.py green [--out DIR]
     python bench/gpu_checks.py weights [--out DIR]
+    python bench/gpu_checks.py ipc [--out DIR]
 
 NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs both).
 
@@ -41,6 +42,10 @@ memory, once, and each lane less than half a copy per session of its own (a sess
 that copied the weights would take a whole one: ONNX Runtime copies a shared
 initializer whose device is not the one it planned, logging "Cannot use user supplied
 initializer"). One request per class must agree with the CPU within the TF32 bound.
+
+ipc: that a lane reads a client's device memory through CUDA IPC, and answers as the
+frame path does, for a 25 MB frame; and the round trip's overhead beyond compute against
+the issue's 2 ms target (bench/gpu_check_ipc.py says how).
 
 Each prints a table and a verdict line last, writes DIR/gpu-checks-NAME.json, and exits
 non-zero on failure (3 where the device cannot run the check at all).
@@ -111,7 +116,7 @@ def write(out: Path, check: str, record: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=("stream", "memory", "green", "weights"))
+    parser.add_argument("check", choices=("stream", "memory", "green", "weights", "ipc"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu-checks-CHECK.json")
     args = parser.parse_args(argv)
     needs_gpu(args.check)

@@ -8,7 +8,9 @@ does not use (and the server never imports one at all).
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -69,11 +71,41 @@ class CallStop:
             self._stop()
 
 
+class DeviceMemory(Protocol):
+    """Device memory a client shared with the daemon (a CUDA IPC region), opened by a
+    backend that is `OpeningIpc`; it closes itself once nothing references it."""
+
+    pointer: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTensor:
+    """An input already in device memory: what a runner gets in place of an array for an
+    input in a CUDA IPC region. A GPU runner copies it device to device on its lane's
+    stream; it is never batched with other requests. Holding it keeps `memory` open."""
+
+    memory: DeviceMemory
+    offset: int
+    nbytes: int
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+
+    @property
+    def pointer(self) -> int:
+        return self.memory.pointer + self.offset
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
 class Runner(Protocol):
     def run(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
     ) -> list[np.ndarray]:
-        """Run one (possibly batched) call; inputs were checked against the signature.
+        """Run one (possibly batched) call; inputs were checked against the signature. An
+        input may be a DeviceTensor on a backend that is `OpeningIpc`, never on another.
         With `stop`, the call may be cancelled from another thread (see CallStop)."""
         ...
 
@@ -133,6 +165,17 @@ class Describing(Protocol):
 
     def describe(self, model: ModelEntry) -> dict[str, Any]:
         """Fields to add to `model`'s entry in `models` (none: {}); called after its lanes load."""
+        ...
+
+
+@runtime_checkable
+class OpeningIpc(Protocol):
+    """A GPU backend that reads clients' device memory (optional): the socket loop opens a
+    CUDA IPC region through it, once, at registration, and hands its runners DeviceTensors."""
+
+    def open_ipc(self, handle: bytes, nbytes: int) -> DeviceMemory:
+        """Open the allocation `handle` exports, at least `nbytes` long; raises BackendError
+        with a sentence for the client."""
         ...
 
 

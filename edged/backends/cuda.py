@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from edged.backends.cuda_calls import INSTALL_HINT, CudaError, check, check_driver, driver_api, runtime
-from edged.backends.cuda_memory import DeviceBuffer, Event, PinnedBuffer, Staged, copy_run_sync, upload_at_load
+from edged.backends.cuda_ipc import IpcMemory
+from edged.backends.cuda_memory import (
+    DeviceBuffer,
+    Event,
+    PinnedBuffer,
+    Staged,
+    copy_run_sync,
+    download_now,
+    upload_at_load,
+)
 
 # What the backends reach through this module (`cuda.DeviceBuffer`, ...): one name to
 # fake in tests, one to read in the code.
@@ -25,6 +34,7 @@ __all__ = [
     "DeviceInfo",
     "Event",
     "Graph",
+    "IpcMemory",
     "PinnedBuffer",
     "Staged",
     "Stream",
@@ -32,6 +42,7 @@ __all__ = [
     "cuda_available",
     "device_count",
     "device_info",
+    "download_now",
     "memory_info",
     "priority_range",
     "set_device",
@@ -148,6 +159,12 @@ class Stream:
         rt = runtime()
         kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
         check("cudaMemcpyAsync", rt.cudaMemcpyAsync(host_ptr, device_ptr, nbytes, kind, self.handle))
+
+    def copy_on_device(self, destination: int, source: int, nbytes: int) -> None:
+        """A device-to-device copy on this stream: a client's device input into a staging buffer."""
+        rt = runtime()
+        kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        check("cudaMemcpyAsync", rt.cudaMemcpyAsync(destination, source, nbytes, kind, self.handle))
 
     def synchronize(self) -> None:
         check("cudaStreamSynchronize", runtime().cudaStreamSynchronize(self.handle))

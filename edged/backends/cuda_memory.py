@@ -3,6 +3,7 @@ a tensor's staging between them, and a run's copies in and out on one stream."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from edged.backends.cuda_calls import CudaError, check, runtime
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from edged.backends import DeviceTensor
     from edged.backends.cuda import Stream
 
 
@@ -61,6 +63,15 @@ def upload_at_load(device_pointer: int, arrays: list[tuple[int, np.ndarray]]) ->
     check("cudaDeviceSynchronize", rt.cudaDeviceSynchronize())
 
 
+def download_now(tensor: DeviceTensor) -> np.ndarray:
+    """A device input's bytes in a new host array, copied now (for a runner on the CPU)."""
+    array = np.empty(tensor.shape, tensor.dtype)
+    rt = runtime()
+    kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+    check("cudaMemcpy", rt.cudaMemcpy(array.ctypes.data, tensor.pointer, tensor.nbytes, kind))
+    return array
+
+
 class PinnedBuffer:
     """Page-locked host memory (cudaMallocHost): asynchronous copies need it, and it is
     allocated once because pinning is slow."""
@@ -101,6 +112,16 @@ class Staged:
         np.copyto(staged, array, casting="same_kind")
         stream.copy_to_device(self.device.pointer, self.pinned.pointer, staged.nbytes)
 
+    def copy_from_device(self, stream: Stream, tensor: DeviceTensor) -> None:
+        """Copy a client's device input into the device buffer on `stream`: no host round
+        trip. Its bytes are taken as they are, so its dtype must be the buffer's."""
+        if tensor.dtype != self.dtype or tensor.nbytes > self.device.nbytes:
+            raise CudaError(
+                f"a {tensor.nbytes}-byte {tensor.dtype} device input does not fit this {self.device.nbytes}-byte "
+                f"{self.dtype} buffer: device inputs are copied as they are, never converted"
+            )
+        stream.copy_on_device(self.device.pointer, tensor.pointer, tensor.nbytes)
+
     def download(self, stream: Stream, shape: tuple[int, ...]) -> np.ndarray:
         """A view of the pinned buffer that holds `shape` once the stream is synchronized."""
         view = self.pinned.array(self.dtype, shape)
@@ -114,16 +135,27 @@ class Staged:
 
 def copy_run_sync(
     stream: Stream,
-    inputs: list[tuple[Staged, np.ndarray]],
+    inputs: list[tuple[Staged, np.ndarray | DeviceTensor]],
     enqueue: Callable[[], None],
     outputs: Callable[[], list[tuple[Staged, tuple[int, ...]]]],
 ) -> list[np.ndarray]:
-    """One call on `stream`: stage the inputs to the device, enqueue the run, stage the
-    outputs (`outputs()` gives their shapes once the run is enqueued) back, and wait."""
-    for staged, array in inputs:
-        staged.upload(stream, array)
-    enqueue()
-    views = [staged.download(stream, shape) for staged, shape in outputs()]
+    """One call on `stream`: stage the inputs to the device (a host array through its
+    pinned buffer, a DeviceTensor device to device), enqueue the run, stage the outputs
+    (`outputs()` gives their shapes once the run is enqueued) back, and wait."""
+    try:
+        for staged, value in inputs:
+            if isinstance(value, np.ndarray):
+                staged.upload(stream, value)
+            else:
+                staged.copy_from_device(stream, value)
+        enqueue()
+        views = [staged.download(stream, shape) for staged, shape in outputs()]
+    except BaseException:
+        # A copy already enqueued may still read a client's device memory, which closes
+        # once the call lets go of it: wait for it (a failed stream may fail this too).
+        with contextlib.suppress(CudaError):
+            stream.synchronize()
+        raise
     stream.synchronize()
     # Copies: the pinned buffers are reused by the next call while the reply may still be queued.
     return [view.copy() for view in views]

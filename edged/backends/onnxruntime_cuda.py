@@ -278,6 +278,9 @@ class OnnxRuntimeCuda:
         added = max(0, before - self.free_bytes())
         return WeightsHold(replace(plan, added_bytes=added), lambda: DEVICE_WEIGHTS.give_back(key))
 
+    def open_ipc(self, handle: bytes, nbytes: int) -> cuda.IpcMemory:
+        return open_ipc(handle, nbytes)
+
     def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCudaRunner:
         return OnnxRuntimeCudaRunner(self._ort, model, lane, self.reservation_of(model, lane))
 
@@ -294,3 +297,13 @@ def lane_stream(lane: ClassConfig) -> cuda.Stream:
     if lane.sm_count:
         return green.green_stream(lane.sm_count, lane.stream_priority)
     return cuda.Stream(lane.stream_priority)
+
+
+def open_ipc(handle: bytes, nbytes: int) -> cuda.IpcMemory:
+    """A client's CUDA IPC region (edged.backends.OpeningIpc), opened on the calling thread,
+    the socket loop's, in the device's primary context, which the lanes share."""
+    try:
+        cuda.set_device(DEVICE)
+        return cuda.IpcMemory(handle, nbytes)
+    except cuda.CudaError as exc:
+        raise BackendError(f"the daemon cannot open this CUDA IPC handle: {exc}") from None

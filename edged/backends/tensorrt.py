@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from edged.backends import BackendError, CallStop, Runner, cuda
-from edged.backends.onnxruntime_cuda import lane_stream
+from edged.backends import BackendError, CallStop, DeviceMemory, DeviceTensor, Runner, cuda
+from edged.backends.onnxruntime_cuda import lane_stream, open_ipc
 from edged.backends.shared import Weights, WeightsHold, file_key
 from edged.backends.tensorrt_engines import ENGINES, Chosen, deserialize
 from edged.config.classes import ClassConfig
@@ -99,6 +99,9 @@ class TensorRt:
             self._context_bytes[model.name] = runner.activation_bytes
         return runner
 
+    def open_ipc(self, handle: bytes, nbytes: int) -> DeviceMemory:
+        return open_ipc(handle, nbytes)
+
     def weights_plan(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> Weights:
         """One engine per model, whatever its lanes; none where its lanes will fall back."""
         try:
@@ -158,7 +161,27 @@ class TensorRt:
 
         log.warning("%s: serving its ONNX on ONNX Runtime's CPU provider instead: %s", model.name, why)
         variant = replace(model.variant, backend="onnxruntime", path=model.variant.fallback, engines=())
-        return OnnxRuntimeCpuRunner(replace(model, variant=variant), lane)
+        return HostInputs(OnnxRuntimeCpuRunner(replace(model, variant=variant), lane))
+
+
+class HostInputs:
+    """A fallback runner on the CPU, in a daemon that takes CUDA IPC regions: an input in
+    device memory is copied to the host first, the one place such an input goes through it."""
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+
+    def run(
+        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
+    ) -> list[np.ndarray]:
+        on_host = {
+            name: cuda.download_now(value) if isinstance(value, DeviceTensor) else value
+            for name, value in inputs.items()
+        }
+        return self._runner.run(on_host, output_names, stop)
+
+    def close(self) -> None:
+        self._runner.close()
 
 
 class TensorRtRunner:

@@ -16,7 +16,7 @@ from edged.client.call import Call
 from edged.client.errors import NoReply, raise_for_status
 from edged.client.fleet import EndpointCounters, Fleet
 from edged.client.keys import ClientKeys
-from edged.client.shm import SharedRegion
+from edged.client.shm import CudaIpcRegion, SharedRegion
 from edged.wire.codec import Buffer, Reply, ShmRef, Status, encode_request
 from edged.wire.endpoints import class_endpoint, is_tcp
 
@@ -163,7 +163,21 @@ class Api:
 
         return self._call("shm_register", {"region": ShmRef(region.name, 0, region.size)}, self.timeout_ms, registered)
 
-    def unregister(self, region: SharedRegion) -> Any:
+    def register_cuda_ipc(self, ipc_handle: bytes, nbytes: int) -> Any:
+        """Have a GPU daemon open `nbytes` of device memory by its CUDA IPC handle (64 bytes,
+        from cudaIpcGetMemHandle); returns a CudaIpcRegion, whose `tensor` names inputs in it."""
+        if len(self._fleet.endpoints) != 1:
+            raise ValueError("CUDA IPC needs a client of one endpoint: a region is registered with one daemon")
+        region = CudaIpcRegion(ipc_handle, nbytes)
+
+        def registered(reply: Reply) -> CudaIpcRegion:
+            region.handle = raise_for_status(reply).header["region"]
+            return region
+
+        fields = {"region": ShmRef("cuda-ipc", 0, nbytes), "cuda_ipc": ipc_handle}
+        return self._call("shm_register", fields, self.timeout_ms, registered)
+
+    def unregister(self, region: SharedRegion | CudaIpcRegion) -> Any:
         """Have the daemon forget `region` (shm_unregister); inputs in it go as frames again."""
         handle, region.handle = region.handle, None
         if region in self._regions:

@@ -12,6 +12,13 @@ written into it.
         # `scores` now holds the answer, written by the daemon
         client.unregister(region)
         region.close()
+
+On a GPU daemon, device memory the client holds (a decoder's output) is registered by
+its CUDA IPC handle, and its inputs are read on the lane's stream, device to device:
+
+        region = client.register_cuda_ipc(handle, nbytes)  # cudaIpcGetMemHandle's 64 bytes
+        client.infer("model", {"image": region.tensor(0, (1, 3, 1080, 1920))})
+        client.unregister(region)  # before the client frees the memory
 """
 
 from __future__ import annotations
@@ -88,3 +95,22 @@ class SharedRegion:
         self._base = np.empty(0, np.uint8)
         self._shm.unlink()
         self._shm.close()
+
+
+class CudaIpcRegion:
+    """Device memory this client exported (cudaIpcGetMemHandle) and the daemon opened:
+    `tensor` names an input in it. The client keeps the memory allocated until it has
+    unregistered the region; outputs never go here (they come back as frames, or into a
+    SharedRegion)."""
+
+    def __init__(self, ipc_handle: bytes, nbytes: int) -> None:
+        self.ipc_handle, self.nbytes = ipc_handle, nbytes
+        self.handle: str | None = None  # what shm_register returned
+
+    def tensor(self, offset: int, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> ShmTensor:
+        """An input of `shape` and `dtype` whose bytes start `offset` bytes into the memory."""
+        if self.handle is None:
+            raise ValueError("this CUDA IPC region is not registered")
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return ShmTensor(ShmRef(self.handle, offset, nbytes), wire_name(dtype), tuple(shape))

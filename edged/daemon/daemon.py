@@ -171,6 +171,7 @@ class Daemon:
             result.memory,
             result.fixed_rows,
             result.failed,
+            result.open_ipc,
         )
         self.lifecycle.move(State.SERVING)
         for lane in old:

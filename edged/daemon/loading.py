@@ -12,7 +12,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from edged.backends import VARIANTS_OF, Backend, Describing, Reserving, SharingWeights, backend_named, fixed_rows
+from edged.backends import (
+    VARIANTS_OF,
+    Backend,
+    Describing,
+    DeviceMemory,
+    OpeningIpc,
+    Reserving,
+    SharingWeights,
+    backend_named,
+    fixed_rows,
+)
 from edged.backends.gpu_memory import MIB, LaneReservation, check_measured, mib
 from edged.backends.host_memory import check_lane, check_weights, rss_bytes, trim
 from edged.backends.shared import MemoryPlan, Weights, WeightsHold
@@ -40,6 +50,8 @@ class Loaded:
     fixed_rows: bool  # the backend's buffers hold max_batch rows: larger requests are refused
     seconds: float
     failed: dict[str, str]  # by model: why it failed to load or warm up (server.on_model_failure = "skip")
+    # The backend's way to open a client's CUDA IPC region; None on a backend with no GPU.
+    open_ipc: Callable[[bytes, int], DeviceMemory] | None = None
 
 
 def load(
@@ -84,7 +96,8 @@ def load(
     if isinstance(backend, Describing):
         models = [replace(model, served=served) if (served := backend.describe(model)) else model for model in models]
     seconds = time.monotonic() - started
-    return Loaded(config, models, lanes, reservations, memory, fixed_rows(backend), seconds, failed)
+    open_ipc = backend.open_ipc if isinstance(backend, OpeningIpc) else None
+    return Loaded(config, models, lanes, reservations, memory, fixed_rows(backend), seconds, failed, open_ipc)
 
 
 def _start_lanes(

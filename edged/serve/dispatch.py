@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
+from edged.backends import DeviceMemory
 from edged.backends.gpu_memory import LaneReservation
 from edged.backends.host_memory import rss_bytes
 from edged.backends.shared import MemoryPlan
@@ -21,7 +23,7 @@ from edged.serve.pending import PendingBytes
 from edged.serve.regions import Regions, Slot
 from edged.serve.transport import Transport
 from edged.wire import fast
-from edged.wire.codec import Buffer, ProtocolError, Request, RequestId, ShmRef, Status, decode_request, encode_reply
+from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
 
 log = logging.getLogger("edged.dispatch")
 
@@ -65,8 +67,10 @@ class Dispatcher:
         memory: MemoryPlan,
         fixed_rows: bool,
         failed: dict[str, str],
+        open_ipc: Callable[[bytes, int], DeviceMemory] | None = None,
     ) -> None:
-        """Take warm lanes, at start-up or in place of the previous ones; the daemon opens inference."""
+        """Take warm lanes, at start-up or in place of the previous ones; the daemon opens inference.
+        `open_ipc`: the backend's, where it reads clients' device memory (edged.backends.OpeningIpc)."""
         self.config = config
         self._class_names = {c.name for c in config.classes}
         self.models = {model.name: model for model in models}
@@ -75,6 +79,7 @@ class Dispatcher:
         self.memory = memory
         self.fixed_rows = fixed_rows
         self.failed = failed
+        self.regions.open_device, self.regions.backend = open_ipc, config.backend
 
     def handle(self, route: Any, frames: list[Buffer], received_ns: int, ingress: str | None) -> None:
         """Answer or admit one request; every call leads to exactly one reply. `ingress`:
@@ -93,7 +98,7 @@ class Dispatcher:
                 failed = [{"name": name, "error": error} for name, error in self.failed.items()]
                 self._reply(route, encode_reply(request.id, Status.OK, models=models, failed=failed))
             elif request.region is not None:
-                self._region_op(route, request.op, request.id, request.region)
+                self._region_op(route, request)
             else:
                 self._reply(route, encode_reply(request.id, Status.OK, **self.stats()))
         except ProtocolError as exc:
@@ -104,10 +109,16 @@ class Dispatcher:
             message = f"the daemon failed on this request: {exc}"
             self._reply(route, encode_reply(request_id, Status.INTERNAL, error=message))
 
-    def _region_op(self, route: Any, op: str, request_id: RequestId, region: ShmRef) -> None:
-        """shm_register or shm_unregister, for the peer that sent it (edged.serve.regions)."""
-        local = self._transport.local(route)
-        if op == "shm_register":
+    def _region_op(self, route: Any, request: Request) -> None:
+        """shm_register (of a POSIX object or of device memory) or shm_unregister, for the
+        peer that sent it (edged.serve.regions)."""
+        local, region, request_id = self._transport.local(route), request.region, request.id
+        assert region is not None
+        if request.ipc_handle is not None:
+            peer = self._transport.peer(route)
+            handle = self.regions.register_ipc(peer, request.ipc_handle, region.nbytes, local, request_id)
+            self._reply(route, encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes))
+        elif request.op == "shm_register":
             handle = self.regions.register(self._transport.peer(route), region, local, request_id)
             self._reply(route, encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes))
         else:

@@ -11,6 +11,11 @@ registers, resolves and sweeps. A request's views keep their region mapped: Pyth
 unmaps an mmap only once nothing views it, so a region unregistered, swept or replaced
 while a request reads it stays mapped until that request is answered.
 
+On a GPU backend a region may instead be a client's device memory, registered by its
+CUDA IPC handle (DeviceRegion): opened once, through the backend (edged.backends.
+OpeningIpc, so this module imports no runtime), read by inputs as DeviceTensors that
+keep it open, and closed once neither the registry nor any request holds it.
+
 What a region cannot be guarded against here: a client that shrinks the object while
 the daemon reads or writes it. The size is checked at every use, but a shrink in the
 instant between the check and the read is a SIGBUS that ends the daemon. So the
@@ -31,8 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from edged.backends import BackendError, DeviceMemory, DeviceTensor
 from edged.config.shm import ShmConfig
 from edged.wire.messages import ProtocolError, Request, RequestId, ShmRef, Status
+from edged.wire.shm import IPC_NAME
+from edged.wire.tensors import DTYPES
 
 SHM_ROOT = Path("/dev/shm")
 
@@ -64,6 +72,31 @@ class Region:
         return memoryview(self.mapping)[ref.offset : end]
 
 
+@dataclass(slots=True)
+class DeviceRegion:
+    """A client's device memory, opened by its CUDA IPC handle; read by inputs only."""
+
+    owner: bytes
+    memory: DeviceMemory
+    nbytes: int
+    used_ns: int
+    name: str = IPC_NAME
+
+    def tensor(
+        self, ref: ShmRef, dtype: str, shape: tuple[int, ...], where: str, request_id: RequestId
+    ) -> DeviceTensor:
+        """The input `ref` names, checked against the region as registered."""
+        end = ref.offset + ref.nbytes
+        if end > self.nbytes:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"{where}: bytes {ref.offset} to {end} lie past the end of CUDA IPC region {ref.region!r} "
+                f"({self.nbytes} bytes registered)",
+                request_id,
+            )
+        return DeviceTensor(self.memory, ref.offset, ref.nbytes, DTYPES[dtype], shape)
+
+
 @dataclass(frozen=True, slots=True)
 class Slot:
     """Where an output goes: written once, by whoever answers the request."""
@@ -93,7 +126,11 @@ class Regions:
     def __init__(self, config: ShmConfig, root: Path = SHM_ROOT) -> None:
         self.config = config
         self._root = root
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[str, Region | DeviceRegion] = {}
+        # How a CUDA IPC region is opened: the backend's open_ipc, set while a GPU backend
+        # serves (edged.serve.dispatch); None: the refusal says why, naming `backend`.
+        self.open_device: Callable[[bytes, int], DeviceMemory] | None = None
+        self.backend = ""
 
     def register(self, peer: bytes, ref: ShmRef, local: bool, request_id: RequestId) -> str:
         """Map the object `ref.region`, `ref.nbytes` long, for `peer`; its handle. Raises ProtocolError."""
@@ -111,22 +148,34 @@ class Regions:
                 f"{ref.nbytes} bytes is over the largest region this daemon maps (shm.max_region_mb = "
                 f"{config.max_region_mb})",
             )
-        held = [region for region in self._regions.values() if region.owner == peer]
-        if len(held) >= config.max_regions_per_peer:
-            raise refuse(
-                Status.INVALID_ARGUMENT,
-                f"this client has {len(held)} regions registered, the most it may (shm.max_regions_per_peer); "
-                "unregister one first",
-            )
-        if sum(region.nbytes for region in held) + ref.nbytes > config.max_bytes_per_peer:
-            raise refuse(
-                Status.INVALID_ARGUMENT,
-                f"it would take this client's regions past shm.max_mb_per_peer = {config.max_mb_per_peer}",
-            )
+        self._check_limits(peer, ref.nbytes, refuse)
         mapping = self._map(name, ref.nbytes, refuse)
         handle = "r" + secrets.token_hex(16)
         self._regions[handle] = Region(name, peer, mapping, ref.nbytes, time.monotonic_ns())
         return handle
+
+    def register_ipc(self, peer: bytes, handle: bytes, nbytes: int, local: bool, request_id: RequestId) -> str:
+        """Open the device memory a CUDA IPC `handle` exports, `nbytes` long, for `peer`, once;
+        its region handle. Raises ProtocolError."""
+        self._check_open(local, request_id)
+
+        def refuse(status: Status, message: str) -> ProtocolError:
+            return ProtocolError(status, f"CUDA IPC region: {message}", request_id)
+
+        if self.open_device is None:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                f"this daemon serves on server.backend = {self.backend!r}, not a GPU backend, so it cannot read "
+                "device memory; register a POSIX shared-memory object instead",
+            )
+        self._check_limits(peer, nbytes, refuse)
+        try:
+            memory = self.open_device(handle, nbytes)
+        except BackendError as exc:
+            raise refuse(Status.INVALID_ARGUMENT, str(exc)) from None
+        region = "r" + secrets.token_hex(16)
+        self._regions[region] = DeviceRegion(peer, memory, nbytes, time.monotonic_ns())
+        return region
 
     def unregister(self, handle: str, local: bool, request_id: RequestId) -> None:
         self._check_open(local, request_id)
@@ -139,10 +188,23 @@ class Regions:
         self._check_open(local, request.id)
         now_ns = time.monotonic_ns()
         for name, ref in request.shm_inputs.items():
-            request.shm_views[name] = self._region(ref, request.id, now_ns).view(ref, f"input {name!r}", request.id)
+            region = self._region(ref, request.id, now_ns)
+            if isinstance(region, DeviceRegion):
+                spec = next(spec for spec in request.inputs if spec.name == name)
+                tensor = region.tensor(ref, spec.dtype, spec.shape, f"input {name!r}", request.id)
+                request.device_inputs[name] = tensor
+            else:
+                request.shm_views[name] = region.view(ref, f"input {name!r}", request.id)
         slots = {}
         for name, ref in request.outputs_shm.items():
             region = self._region(ref, request.id, now_ns)
+            if isinstance(region, DeviceRegion):
+                raise ProtocolError(
+                    Status.INVALID_ARGUMENT,
+                    f"output {name!r}: region {ref.region!r} is a CUDA IPC region, which inputs read; outputs go "
+                    "into POSIX shared-memory regions or come back as frames",
+                    request.id,
+                )
             slots[name] = Slot(ref, region, region.view(ref, f"output {name!r}", request.id))
         return slots
 
@@ -170,7 +232,29 @@ class Regions:
                 request_id,
             )
 
-    def _region(self, ref: ShmRef, request_id: RequestId, now_ns: int) -> Region:
+    def _check_limits(self, peer: bytes, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> None:
+        """shm.max_region_mb, and the peer's regions (both kinds together) against its limits."""
+        config = self.config
+        if nbytes > config.max_region_bytes:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                f"{nbytes} bytes is over the largest region this daemon maps (shm.max_region_mb = "
+                f"{config.max_region_mb})",
+            )
+        held = [region for region in self._regions.values() if region.owner == peer]
+        if len(held) >= config.max_regions_per_peer:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                f"this client has {len(held)} regions registered, the most it may (shm.max_regions_per_peer); "
+                "unregister one first",
+            )
+        if sum(region.nbytes for region in held) + nbytes > config.max_bytes_per_peer:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                f"it would take this client's regions past shm.max_mb_per_peer = {config.max_mb_per_peer}",
+            )
+
+    def _region(self, ref: ShmRef, request_id: RequestId, now_ns: int) -> Region | DeviceRegion:
         region = self._regions.get(ref.region)
         if region is None:
             raise ProtocolError(

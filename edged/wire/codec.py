@@ -31,7 +31,7 @@ from edged.wire.messages import (
     Status,
     TensorSpec,
 )
-from edged.wire.shm import SHM_OPS, ShmTensor, read_outputs_shm, read_ref, read_region
+from edged.wire.shm import SHM_OPS, ShmTensor, read_ipc, read_outputs_shm, read_ref, read_region
 from edged.wire.tensors import DTYPES, tensor_frames, view
 
 # The messages are imported from here too, beside the functions that encode them.
@@ -75,9 +75,11 @@ def encode_request(
     memory: bool = False,
     outputs_shm: dict[str, ShmRef] | None = None,
     region: ShmRef | None = None,
+    cuda_ipc: bytes | None = None,
 ) -> list[Buffer]:
     """Frames of one request; tensors go out as views of their own buffers, or as
-    references to the registered regions that hold them (ShmTensor)."""
+    references to the registered regions that hold them (ShmTensor). An shm_register
+    with `cuda_ipc` registers device memory by that handle, `region.nbytes` long."""
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
     if memory:
         header["memory"] = True
@@ -92,7 +94,9 @@ def encode_request(
     if outputs_shm:
         header["outputs_shm"] = {name: ref.to_wire() for name, ref in outputs_shm.items()}
     if region is not None:  # shm_register: the object's name and size; shm_unregister: the region
-        if op == "shm_register":
+        if op == "shm_register" and cuda_ipc is not None:
+            header["cuda_ipc"], header["bytes"] = cuda_ipc, region.nbytes
+        elif op == "shm_register":
             header["name"], header["bytes"] = region.region, region.nbytes
         else:
             header["region"] = region.region
@@ -136,7 +140,9 @@ def decode_request(frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS) ->
     if op != "infer":
         if len(frames) > 1:
             raise ProtocolError(Status.INVALID_ARGUMENT, f"op {op!r} takes no payload frames", request_id)
-        if op in SHM_OPS:
+        if op == "shm_register" and "cuda_ipc" in header:
+            request.region, request.ipc_handle = read_ipc(header, request_id)
+        elif op in SHM_OPS:
             request.region = read_region(header, op, request_id)
         return request
     request.model = header.get("model")
@@ -162,13 +168,16 @@ def decode_request(frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS) ->
     return request
 
 
-def tensor_views(request: Request) -> dict[str, np.ndarray]:
+def tensor_views(request: Request) -> dict[str, Any]:
     """The request's inputs as numpy arrays over the received frames, or over the regions
-    that hold them (`shm_views`): no copies."""
+    that hold them (`shm_views`): no copies. An input in device memory stays the
+    edged.backends.DeviceTensor the regions made of it (`device_inputs`)."""
     payloads = iter(request.payloads)
-    views = request.shm_views
+    views, device = request.shm_views, request.device_inputs
     return {
-        spec.name: view(views[spec.name] if spec.name in views else next(payloads), spec.dtype, spec.shape)
+        spec.name: device[spec.name]
+        if spec.name in device
+        else view(views[spec.name] if spec.name in views else next(payloads), spec.dtype, spec.shape)
         for spec in request.inputs
     }
 

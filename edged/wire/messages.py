@@ -92,10 +92,13 @@ class Request:
     outputs: list[str] | None = None
     memory: bool = False  # op models: each model's weights too ("memory": true)
     region: ShmRef | None = None  # ops shm_register and shm_unregister
+    ipc_handle: bytes | None = None  # shm_register of device memory: its CUDA IPC handle
     shm_inputs: dict[str, ShmRef] = field(default_factory=dict)  # inputs in a region, by name
     outputs_shm: dict[str, ShmRef] = field(default_factory=dict)  # outputs to write into a region
     # The daemon's views of shm_inputs' bytes, once resolved against the peer's regions.
     shm_views: dict[str, memoryview] = field(default_factory=dict)
+    # Inputs in a CUDA IPC region, once resolved: edged.backends.DeviceTensor, opaque here.
+    device_inputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -5,8 +5,9 @@ A local client registers a POSIX shared-memory object by name (op `shm_register`
 and gets back a region: a handle no other client can guess, valid on every socket of
 the daemon (a client's class sockets are other connections). An input may then name
 a region, an offset and a byte count instead of carrying a payload frame, and an
-output may be written into one (`outputs_shm`). A client that
-uses none of it sees protocol v1 unchanged. This module reads and writes the
+output may be written into one (`outputs_shm`). On a GPU daemon a region may instead
+be device memory the client exports with a CUDA IPC handle (`cuda_ipc`), read by
+inputs only. A client that uses none of it sees protocol v1 unchanged. This module reads and writes the
 references; edged.serve.regions maps the regions.
 """
 
@@ -21,6 +22,10 @@ from edged.wire.messages import ProtocolError, RequestId, ShmRef, Status
 SHM_OPS = ("shm_register", "shm_unregister")
 # A region's name as shm_open(3) takes it, without the leading slash: one path component.
 NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+# cudaIpcMemHandle_t is 64 opaque bytes (CUDA_IPC_HANDLE_SIZE).
+IPC_HANDLE_BYTES = 64
+# What a CUDA IPC region is called in the daemon's sentences: it has no name of its own.
+IPC_NAME = "cuda-ipc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +85,19 @@ def read_region(header: dict[str, Any], op: str, request_id: RequestId) -> ShmRe
     if op == "shm_register" and (not _count(nbytes) or not nbytes):
         raise ProtocolError(Status.INVALID_ARGUMENT, "op 'shm_register' needs 'bytes', an integer > 0", request_id)
     return ShmRef(name, 0, nbytes if op == "shm_register" else 0)
+
+
+def read_ipc(header: dict[str, Any], request_id: RequestId) -> tuple[ShmRef, bytes]:
+    """What an `shm_register` of device memory names: its CUDA IPC handle (`cuda_ipc`,
+    64 bytes of bin) and its `bytes` > 0."""
+    handle, nbytes = header.get("cuda_ipc"), header.get("bytes", 0)
+    if not isinstance(handle, bytes) or len(handle) != IPC_HANDLE_BYTES:
+        got = f"{len(handle)} bytes" if isinstance(handle, bytes) else type(handle).__name__
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT,
+            f"'cuda_ipc' must be the {IPC_HANDLE_BYTES} bytes of a cudaIpcMemHandle_t, as bin; got {got}",
+            request_id,
+        )
+    if not _count(nbytes) or not nbytes:
+        raise ProtocolError(Status.INVALID_ARGUMENT, "op 'shm_register' needs 'bytes', an integer > 0", request_id)
+    return ShmRef(IPC_NAME, 0, nbytes), handle

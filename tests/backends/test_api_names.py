@@ -55,9 +55,16 @@ RUNTIME_USERS = (
     "edged/backends/cuda.py",
     "edged/backends/cuda_calls.py",
     "edged/backends/cuda_memory.py",
+    "edged/backends/cuda_ipc.py",
     "bench/gpu_check_stream.py",
+    "bench/gpu_check_ipc.py",
 )
-DRIVER_USERS = ("edged/backends/cuda.py", "edged/backends/cuda_calls.py", "edged/backends/green.py")
+DRIVER_USERS = (
+    "edged/backends/cuda.py",
+    "edged/backends/cuda_calls.py",
+    "edged/backends/cuda_ipc.py",
+    "edged/backends/green.py",
+)
 
 
 @pytest.mark.parametrize("path", RUNTIME_USERS)

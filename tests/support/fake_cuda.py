@@ -26,6 +26,7 @@ class FakeCuda(types.SimpleNamespace):
         self.held: dict[int, int] = {}  # the live DeviceBuffers' sizes, by pointer
         self.next_pointer = 0x1000
         self.uploads: list[int] = []  # bytes of each upload_at_load
+        self.copied: list[tuple[Any, Any, Any]] = []  # (stream, staged, input) of every call's inputs
         cuda = self
 
         class Stream:
@@ -77,6 +78,7 @@ class FakeCuda(types.SimpleNamespace):
         self.Stream, self.Staged, self.Graph, self.DeviceBuffer = Stream, Staged, Graph, DeviceBuffer
         self.CudaError = RuntimeError
         self.set_device = lambda device: None
+        self.download_now = lambda tensor: (log.append("download_now"), np.ones(tensor.shape, tensor.dtype))[1]
         self.cuda_available = lambda: None
         self.device_info = lambda device=0: types.SimpleNamespace(name="Fake GPU", compute_capability=(9, 0))
         # Free memory is what the live DeviceBuffers leave, so that what the code measures is theirs.
@@ -86,13 +88,14 @@ class FakeCuda(types.SimpleNamespace):
         self.log.append("upload")
         self.uploads.append(sum(array.nbytes for _, array in arrays))
 
-    @staticmethod
     def copy_run_sync(
+        self,
         stream: Any,
-        inputs: list[tuple[Any, np.ndarray]],
+        inputs: list[tuple[Any, Any]],
         enqueue: Callable[[], None],
         outputs: Callable[[], list[tuple[Any, tuple[int, ...]]]],
     ) -> list[np.ndarray]:
+        self.copied.extend((stream, staged, value) for staged, value in inputs)
         enqueue()
         return [np.zeros(shape, staged.dtype) for staged, shape in outputs()]
 

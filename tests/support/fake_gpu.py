@@ -9,18 +9,31 @@ takes EDGED_FAKE_GPU_CONTEXT_MB (default 0) for good, as a CUDA context's one-ti
 the daemon's wiring of a reserving backend (the refusals, the `stats` and `models`
 fields), not anything about a GPU.
 
+It also takes CUDA IPC regions (edged.backends.OpeningIpc), faked with host memory: the
+64-byte "handle" is a POSIX shared-memory object's name, NUL-padded, which `open_ipc`
+maps; a runner reads a DeviceTensor input from that mapping. Each open, read and close
+is a line in the file EDGED_FAKE_GPU_IPC_LOG names, and a read waits
+EDGED_FAKE_GPU_IPC_RUN_S (default 0) first, so that a test can act while it runs.
+
 Run as a script, it is `edged` with this backend registered as "fake-gpu".
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from edged.backends import BACKENDS, VARIANTS_OF, Runner
+import numpy as np
+
+from edged.backends import BACKENDS, VARIANTS_OF, BackendError, DeviceTensor, Runner
 from edged.backends.gpu_memory import MIB, LaneReservation, reserve_lanes
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.config.classes import ClassConfig
@@ -64,6 +77,34 @@ class FakeGpu(OnnxRuntimeCpu):
         with self._lock:
             self._free -= nbytes
 
+    def open_ipc(self, handle: bytes, nbytes: int) -> FakeIpcMemory:
+        return FakeIpcMemory(handle, nbytes)
+
+
+def note(line: str) -> None:
+    """One line in the fake's IPC log, if a test asked for one."""
+    if path := os.environ.get("EDGED_FAKE_GPU_IPC_LOG"):
+        with open(path, "a") as log:
+            log.write(line + "\n")
+
+
+class FakeIpcMemory:
+    """A POSIX shared-memory object standing in for a client's device allocation."""
+
+    def __init__(self, handle: bytes, nbytes: int) -> None:
+        name = handle.rstrip(b"\0").decode()
+        try:
+            with open(Path("/dev/shm") / name, "r+b") as file:
+                self._mapping = mmap.mmap(file.fileno(), 0)
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"the daemon cannot open this CUDA IPC handle: {exc}") from None
+        if nbytes > len(self._mapping):
+            raise BackendError(f"its allocation has {len(self._mapping)} bytes, fewer than the {nbytes} registered")
+        self._anchor = ctypes.c_char.from_buffer(self._mapping)
+        self.pointer, self.nbytes = ctypes.addressof(self._anchor), nbytes
+        note(f"open {name}")
+        weakref.finalize(self, note, f"close {name}")
+
 
 class _Held:
     """A CPU runner that gives its share of the fake device memory back when it closes."""
@@ -71,12 +112,22 @@ class _Held:
     def __init__(self, runner: Runner, give_back: Callable[[], None]) -> None:
         self._runner, self._give_back = runner, give_back
 
-    def run(self, *args: Any, **options: Any) -> Any:
-        return self._runner.run(*args, **options)
+    def run(self, inputs: dict[str, Any], *args: Any, **options: Any) -> Any:
+        device = {name: value for name, value in inputs.items() if isinstance(value, DeviceTensor)}
+        if device:
+            time.sleep(float(os.environ.get("EDGED_FAKE_GPU_IPC_RUN_S", "0")))
+            note(f"read {' '.join(device)}")
+            inputs = {**inputs, **{name: read(tensor) for name, tensor in device.items()}}
+        return self._runner.run(inputs, *args, **options)
 
     def close(self) -> None:
         self._runner.close()
         self._give_back()
+
+
+def read(tensor: DeviceTensor) -> np.ndarray:
+    raw = (ctypes.c_char * tensor.nbytes).from_address(tensor.pointer)
+    return np.frombuffer(raw, tensor.dtype).reshape(tensor.shape).copy()
 
 
 if __name__ == "__main__":

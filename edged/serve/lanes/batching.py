@@ -37,12 +37,16 @@ class Job:
     nbytes: int = 0
     # Outputs to write into the client's shared memory (edged.serve.regions.Slot), by name.
     into: dict[str, Any] = field(default_factory=dict)
+    # An input is in a client's device memory (edged.backends.DeviceTensor): never stacked.
+    device: bool = False
     answered: bool = False  # written by edged.serve.answers only, under its claim
 
     def fits_with(self, other: Job) -> bool:
         """Whether the two can share one batched backend call."""
-        return self.model is other.model and all(
-            array.shape[1:] == other.inputs[name].shape[1:] for name, array in self.inputs.items()
+        return (
+            self.model is other.model
+            and not (self.device or other.device)
+            and all(array.shape[1:] == other.inputs[name].shape[1:] for name, array in self.inputs.items())
         )
 
 

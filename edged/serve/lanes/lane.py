@@ -192,6 +192,7 @@ class Lane:
             peer=peer,
             nbytes=nbytes,
             into=into or {},
+            device=bool(request.device_inputs),
         )
         if self.precedence.flying:
             slack_ns = left_ns - cost_ns - int(self.backlog.work_ns / self.backlog.pace)
