@@ -31,7 +31,7 @@ from edged.wire.messages import (
     Status,
     TensorSpec,
 )
-from edged.wire.shm import SHM_OPS, ShmTensor, read_ipc, read_outputs_shm, read_ref, read_region
+from edged.wire.shm import SHM_OPS, ShmTensor, input_entries, read_outputs_shm, read_ref, read_shm_op, write_region
 from edged.wire.tensors import DTYPES, tensor_frames, view
 
 # The messages are imported from here too, beside the functions that encode them.
@@ -93,24 +93,11 @@ def encode_request(
         header["outputs"] = list(outputs)
     if outputs_shm:
         header["outputs_shm"] = {name: ref.to_wire() for name, ref in outputs_shm.items()}
-    if region is not None:  # shm_register: the object's name and size; shm_unregister: the region
-        if op == "shm_register" and cuda_ipc is not None:
-            header["cuda_ipc"], header["bytes"] = cuda_ipc, region.nbytes
-        elif op == "shm_register":
-            header["name"], header["bytes"] = region.region, region.nbytes
-        else:
-            header["region"] = region.region
+    if region is not None:
+        write_region(header, op, region, cuda_ipc)
     if inputs is None:
         return [msgpack.packb(header)]
-    framed = {name: array for name, array in inputs.items() if not isinstance(array, ShmTensor)}
-    frame_specs, payloads = tensor_frames(framed)
-    by_name = {spec["name"]: spec for spec in frame_specs}
-    header["inputs"] = [
-        {"name": name, "dtype": value.dtype, "shape": list(value.shape), "shm": value.ref.to_wire()}
-        if isinstance(value, ShmTensor)
-        else by_name[name]
-        for name, value in inputs.items()
-    ]
+    header["inputs"], payloads = input_entries(inputs)
     return [msgpack.packb(header), *payloads]
 
 
@@ -140,10 +127,8 @@ def decode_request(frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS) ->
     if op != "infer":
         if len(frames) > 1:
             raise ProtocolError(Status.INVALID_ARGUMENT, f"op {op!r} takes no payload frames", request_id)
-        if op == "shm_register" and "cuda_ipc" in header:
-            request.region, request.ipc_handle = read_ipc(header, request_id)
-        elif op in SHM_OPS:
-            request.region = read_region(header, op, request_id)
+        if op in SHM_OPS:
+            request.region, request.ipc_handle = read_shm_op(header, op, request_id)
         return request
     request.model = header.get("model")
     if not isinstance(request.model, str):

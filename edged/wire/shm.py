@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edged.wire.messages import ProtocolError, RequestId, ShmRef, Status
+from edged.wire.tensors import tensor_frames
 
 SHM_OPS = ("shm_register", "shm_unregister")
 # A region's name as shm_open(3) takes it, without the leading slash: one path component.
@@ -101,3 +102,35 @@ def read_ipc(header: dict[str, Any], request_id: RequestId) -> tuple[ShmRef, byt
     if not _count(nbytes) or not nbytes:
         raise ProtocolError(Status.INVALID_ARGUMENT, "op 'shm_register' needs 'bytes', an integer > 0", request_id)
     return ShmRef(IPC_NAME, 0, nbytes), handle
+
+
+def read_shm_op(header: dict[str, Any], op: str, request_id: RequestId) -> tuple[ShmRef, bytes | None]:
+    """An shm op's region, and the CUDA IPC handle of a registration of device memory (else None)."""
+    if op == "shm_register" and "cuda_ipc" in header:
+        return read_ipc(header, request_id)
+    return read_region(header, op, request_id), None
+
+
+def write_region(header: dict[str, Any], op: str, region: ShmRef, cuda_ipc: bytes | None) -> None:
+    """An shm op's fields: shm_register's object name (or CUDA IPC handle) and size; shm_unregister's region."""
+    if op != "shm_register":
+        header["region"] = region.region
+    elif cuda_ipc is not None:
+        header["cuda_ipc"], header["bytes"] = cuda_ipc, region.nbytes
+    else:
+        header["name"], header["bytes"] = region.region, region.nbytes
+
+
+def input_entries(inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """A request's `inputs` entries, in order, and the payload frames of those sent as
+    frames: an array is a frame, a ShmTensor a reference to the region that holds it."""
+    framed = {name: value for name, value in inputs.items() if not isinstance(value, ShmTensor)}
+    specs, payloads = tensor_frames(framed)
+    by_name = {spec["name"]: spec for spec in specs}
+    entries = [
+        {"name": name, "dtype": value.dtype, "shape": list(value.shape), "shm": value.ref.to_wire()}
+        if isinstance(value, ShmTensor)
+        else by_name[name]
+        for name, value in inputs.items()
+    ]
+    return entries, payloads

@@ -29,7 +29,7 @@ def fake_runtime(log: list[str]) -> SimpleNamespace:
         def __init__(self) -> None:
             self.raw = ctypes.create_string_buffer(64)
 
-        def getPtr(self) -> int:  # noqa: N802: cuda-python's name
+        def getPtr(self) -> int:  # cuda-python's name
             return ctypes.addressof(self.raw)
 
     def malloc_host(nbytes: int) -> tuple[int, int]:
