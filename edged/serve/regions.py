@@ -45,6 +45,18 @@ from edged.wire.tensors import DTYPES
 SHM_ROOT = Path("/dev/shm")
 
 
+def span_end(ref: ShmRef, nbytes: int, region: str, where: str, request_id: RequestId) -> int:
+    """Where the bytes `ref` names end, refused unless they lie within the `nbytes` registered."""
+    end = ref.offset + ref.nbytes
+    if end > nbytes:
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT,
+            f"{where}: bytes {ref.offset} to {end} lie past the end of {region} ({nbytes} bytes registered)",
+            request_id,
+        )
+    return end
+
+
 @dataclass(slots=True)
 class Region:
     name: str  # the shared-memory object's
@@ -55,14 +67,7 @@ class Region:
 
     def view(self, ref: ShmRef, where: str, request_id: RequestId) -> memoryview:
         """The bytes `ref` names, checked against the region as registered and as it is now."""
-        end = ref.offset + ref.nbytes
-        if end > self.nbytes:
-            raise ProtocolError(
-                Status.INVALID_ARGUMENT,
-                f"{where}: bytes {ref.offset} to {end} lie past the end of region {self.name!r} "
-                f"({self.nbytes} bytes registered)",
-                request_id,
-            )
+        end = span_end(ref, self.nbytes, f"region {self.name!r}", where, request_id)
         if self.mapping.size() < end:  # the object shrank after it was registered
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,
@@ -86,14 +91,7 @@ class DeviceRegion:
         self, ref: ShmRef, dtype: str, shape: tuple[int, ...], where: str, request_id: RequestId
     ) -> DeviceTensor:
         """The input `ref` names, checked against the region as registered."""
-        end = ref.offset + ref.nbytes
-        if end > self.nbytes:
-            raise ProtocolError(
-                Status.INVALID_ARGUMENT,
-                f"{where}: bytes {ref.offset} to {end} lie past the end of CUDA IPC region {ref.region!r} "
-                f"({self.nbytes} bytes registered)",
-                request_id,
-            )
+        span_end(ref, self.nbytes, f"CUDA IPC region {ref.region!r}", where, request_id)
         return DeviceTensor(self.memory, ref.offset, ref.nbytes, DTYPES[dtype], shape)
 
 
