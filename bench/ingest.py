@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
+from edged.backends.shared import MemoryPlan
 from edged.config import load_config
 from edged.daemon.lifecycle import Lifecycle, State
 from edged.models.repository import discover
@@ -103,7 +104,7 @@ def main() -> int:
     lanes = {c.name: Lane(c, models, backend, sink) for c in config.classes}
     for lane in lanes.values():
         lane.start()
-    dispatcher.serve(config, models, lanes, {}, False, {})
+    dispatcher.serve(config, models, lanes, {}, MemoryPlan(), False, {})
     lifecycle.move(State.SERVING)
     limits = config.limits
 
