@@ -33,6 +33,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from edged.backends.host_memory import rss_bytes
 from edged.loadgen.large_model import write_matmuls
 
 SIDE = 4096
@@ -40,7 +41,7 @@ WAYS = ("private", "shared values", "shared values, no prepack", "one session")
 
 
 def rss_mib() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+    return rss_bytes() / 2**20
 
 
 def measure(way: str, path: Path, runners: int, runs: int) -> str:

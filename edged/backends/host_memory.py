@@ -54,8 +54,8 @@ def trim() -> int:
 
 
 def check_weights(plans: Sequence[Weights], classes: Sequence[ClassConfig], rss_now: int, limit_bytes: int) -> None:
-    """Refuse, naming the model and the lane that first needs it, weights that would take
-    the process past `limit_bytes` from `rss_now`."""
+    """Refuse, naming the model and its lanes, weights that would take the process past
+    `limit_bytes` from `rss_now`."""
     total = rss_now
     for plan in plans:
         total += plan.planned_bytes

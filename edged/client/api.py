@@ -151,30 +151,28 @@ class Api:
     def register(self, region: SharedRegion, owned: bool = False) -> Any:
         """Have the daemon map `region` (shm_register); returns it, its handle set. `owned`:
         the region was made for this call, and is closed if the daemon refuses it."""
-        if len(self._fleet.endpoints) != 1:
-            raise ValueError("shared memory needs a client of one endpoint: a region is registered with one daemon")
-
-        def registered(reply: Reply) -> SharedRegion:
-            if reply.status is not Status.OK and owned:
-                region.close()  # made for this call alone, and refused: nothing is left in /dev/shm
-            region.handle = raise_for_status(reply).header["region"]
-            self._regions.append(region)
-            return region
-
-        return self._call("shm_register", {"region": ShmRef(region.name, 0, region.size)}, self.timeout_ms, registered)
+        return self._register(region, {"region": ShmRef(region.name, 0, region.size)}, owned)
 
     def register_cuda_ipc(self, ipc_handle: bytes, nbytes: int) -> Any:
         """Have a GPU daemon open `nbytes` of device memory by its CUDA IPC handle (64 bytes,
         from cudaIpcGetMemHandle); returns a CudaIpcRegion, whose `tensor` names inputs in it."""
-        if len(self._fleet.endpoints) != 1:
-            raise ValueError("CUDA IPC needs a client of one endpoint: a region is registered with one daemon")
-        region = CudaIpcRegion(ipc_handle, nbytes)
+        fields = {"region": ShmRef("cuda-ipc", 0, nbytes), "cuda_ipc": ipc_handle}
+        return self._register(CudaIpcRegion(ipc_handle, nbytes), fields)
 
-        def registered(reply: Reply) -> CudaIpcRegion:
+    def _register(self, region: SharedRegion | CudaIpcRegion, fields: dict[str, Any], owned: bool = False) -> Any:
+        """shm_register `region` with `fields`; a SharedRegion registered is one whose arrays
+        go by reference (a CudaIpcRegion's inputs are named with its `tensor`)."""
+        if len(self._fleet.endpoints) != 1:
+            raise ValueError("shared memory needs a client of one endpoint: a region is registered with one daemon")
+
+        def registered(reply: Reply) -> SharedRegion | CudaIpcRegion:
+            if reply.status is not Status.OK and owned and isinstance(region, SharedRegion):
+                region.close()  # made for this call alone, and refused: nothing is left in /dev/shm
             region.handle = raise_for_status(reply).header["region"]
+            if isinstance(region, SharedRegion):
+                self._regions.append(region)
             return region
 
-        fields = {"region": ShmRef("cuda-ipc", 0, nbytes), "cuda_ipc": ipc_handle}
         return self._call("shm_register", fields, self.timeout_ms, registered)
 
     def unregister(self, region: SharedRegion | CudaIpcRegion) -> Any:

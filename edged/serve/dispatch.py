@@ -23,7 +23,7 @@ from edged.serve.pending import PendingBytes
 from edged.serve.regions import Regions, Slot
 from edged.serve.transport import Transport
 from edged.wire import fast
-from edged.wire.codec import Buffer, ProtocolError, Request, Status, decode_request, encode_reply
+from edged.wire.codec import Buffer, ProtocolError, Request, ShmRef, Status, decode_request, encode_reply
 
 log = logging.getLogger("edged.dispatch")
 
@@ -98,7 +98,7 @@ class Dispatcher:
                 failed = [{"name": name, "error": error} for name, error in self.failed.items()]
                 self._reply(route, encode_reply(request.id, Status.OK, models=models, failed=failed))
             elif request.region is not None:
-                self._region_op(route, request)
+                self._region_op(route, request, request.region)
             else:
                 self._reply(route, encode_reply(request.id, Status.OK, **self.stats()))
         except ProtocolError as exc:
@@ -109,21 +109,20 @@ class Dispatcher:
             message = f"the daemon failed on this request: {exc}"
             self._reply(route, encode_reply(request_id, Status.INTERNAL, error=message))
 
-    def _region_op(self, route: Any, request: Request) -> None:
+    def _region_op(self, route: Any, request: Request, region: ShmRef) -> None:
         """shm_register (of a POSIX object or of device memory) or shm_unregister, for the
         peer that sent it (edged.serve.regions)."""
-        local, region, request_id = self._transport.local(route), request.region, request.id
-        assert region is not None
-        if request.ipc_handle is not None:
-            peer = self._transport.peer(route)
-            handle = self.regions.register_ipc(peer, request.ipc_handle, region.nbytes, local, request_id)
-            self._reply(route, encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes))
-        elif request.op == "shm_register":
-            handle = self.regions.register(self._transport.peer(route), region, local, request_id)
-            self._reply(route, encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes))
-        else:
+        local, request_id = self._transport.local(route), request.id
+        if request.op == "shm_unregister":
             self.regions.unregister(region.region, local, request_id)
             self._reply(route, encode_reply(request_id, Status.OK, region=region.region))
+            return
+        peer = self._transport.peer(route)
+        if request.ipc_handle is not None:
+            handle = self.regions.register_ipc(peer, request.ipc_handle, region.nbytes, local, request_id)
+        else:
+            handle = self.regions.register(peer, region, local, request_id)
+        self._reply(route, encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes))
 
     def spin_deadline_ns(self) -> int:
         """Until when the loop should keep polling rather than sleep: spin_us after the

@@ -140,17 +140,9 @@ class Regions:
 
         if not name.startswith(config.prefix):
             raise refuse(Status.INVALID_ARGUMENT, f"this daemon maps only names that start with {config.prefix!r}")
-        if ref.nbytes > config.max_region_bytes:
-            raise refuse(
-                Status.INVALID_ARGUMENT,
-                f"{ref.nbytes} bytes is over the largest region this daemon maps (shm.max_region_mb = "
-                f"{config.max_region_mb})",
-            )
         self._check_limits(peer, ref.nbytes, refuse)
         mapping = self._map(name, ref.nbytes, refuse)
-        handle = "r" + secrets.token_hex(16)
-        self._regions[handle] = Region(name, peer, mapping, ref.nbytes, time.monotonic_ns())
-        return handle
+        return self._add(Region(name, peer, mapping, ref.nbytes, time.monotonic_ns()))
 
     def register_ipc(self, peer: bytes, handle: bytes, nbytes: int, local: bool, request_id: RequestId) -> str:
         """Open the device memory a CUDA IPC `handle` exports, `nbytes` long, for `peer`, once;
@@ -171,9 +163,7 @@ class Regions:
             memory = self.open_device(handle, nbytes)
         except BackendError as exc:
             raise refuse(Status.INVALID_ARGUMENT, str(exc)) from None
-        region = "r" + secrets.token_hex(16)
-        self._regions[region] = DeviceRegion(peer, memory, nbytes, time.monotonic_ns())
-        return region
+        return self._add(DeviceRegion(peer, memory, nbytes, time.monotonic_ns()))
 
     def unregister(self, handle: str, local: bool, request_id: RequestId) -> None:
         self._check_open(local, request_id)
@@ -215,6 +205,12 @@ class Regions:
     def figures(self) -> dict[str, Any]:
         regions = self._regions.values()
         return {"regions": len(regions), "bytes": sum(region.nbytes for region in regions)}
+
+    def _add(self, region: Region | DeviceRegion) -> str:
+        """Register `region` under a new handle (128 random bits), and return it."""
+        handle = "r" + secrets.token_hex(16)
+        self._regions[handle] = region
+        return handle
 
     def _check_open(self, local: bool, request_id: RequestId) -> None:
         if not self.config.enabled:

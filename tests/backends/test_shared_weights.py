@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from edged.backends import Runner
+from edged.backends.host_memory import rss_bytes
 from edged.backends.onnxruntime_cpu import SESSIONS, OnnxRuntimeCpu, cpu_session
 from edged.config.classes import ClassConfig
 from edged.loadgen.large_model import write_matmuls
@@ -21,7 +22,7 @@ SIDE = 2048  # three 2048x2048 float32 MatMuls: 48 MiB of weights
 
 
 def rss_mib() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+    return rss_bytes() / 2**20
 
 
 @pytest.fixture
