@@ -27,6 +27,7 @@ from edged.backends.gpu_memory import MIB, LaneReservation, check_measured, mib
 from edged.backends.host_memory import check_lane, check_weights, rss_bytes, trim
 from edged.backends.shared import MemoryPlan, Weights, WeightsHold
 from edged.config import Config
+from edged.models.pipeline import PipelineError, discover_pipelines
 from edged.models.repository import ModelEntry, RepositoryError, discover, scan
 from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.lanes.lane import Lane
@@ -79,30 +80,51 @@ def load(
     folders = scan(config.model_repository)
     for folder, why in folders.unreadable.items():
         fail(ModelFailure(folder, why))
-    models = discover(config.model_repository, variants, config.models, folders)
+    # A pipeline is named by its folder: server.models may list it as it lists a model.
+    pipeline_files = [path for path in folders.pipelines if not config.models or path.parent.name in config.models]
+    named = {path.parent.name for path in pipeline_files}
+    models = discover(config.model_repository, variants, tuple(n for n in config.models if n not in named), folders)
     for model in models:
         if warning := one_size_warning(model.name, model.signature, model.samples, model.manifest):
             log.warning("%s", warning)
+    pipelines = discover_pipelines(pipeline_files, models, fail)
     backend = backend_named(config.backend, config.fallback)
     while True:
         try:
-            reservations, memory, lanes = _start_lanes(config, models, backend, stats, transport, pending)
+            reservations, memory, lanes = _start_lanes(config, models, pipelines, backend, stats, transport, pending)
             break
         except ModelFailure as exc:
             fail(exc)
             models = [model for model in models if model.name != exc.model]
+            pipelines = _without(pipelines, exc.model, fail)
             if not models:
                 raise RepositoryError(f"every model failed to load or warm up: {failed}") from None
     if isinstance(backend, Describing):
         models = [replace(model, served=served) if (served := backend.describe(model)) else model for model in models]
     seconds = time.monotonic() - started
     open_ipc = backend.open_ipc if isinstance(backend, OpeningIpc) else None
-    return Loaded(config, models, lanes, reservations, memory, fixed_rows(backend), seconds, failed, open_ipc)
+    served = [*models, *pipelines]
+    return Loaded(config, served, lanes, reservations, memory, fixed_rows(backend), seconds, failed, open_ipc)
+
+
+def _without(pipelines: list[ModelEntry], failed: str, fail: Callable[[ModelFailure], None]) -> list[ModelEntry]:
+    """The pipelines left when `failed` (a model or a pipeline) is not served: a pipeline
+    whose step runs a model that failed fails with it, saying so."""
+    kept = []
+    for entry in pipelines:
+        if entry.name == failed:
+            continue
+        if entry.pipeline is not None and failed in entry.pipeline.models:
+            fail(PipelineError(entry.name, f"pipeline {entry.name!r} runs model {failed}, which is not served"))
+            continue
+        kept.append(entry)
+    return kept
 
 
 def _start_lanes(
     config: Config,
     models: list[ModelEntry],
+    pipelines: list[ModelEntry],
     backend: Backend,
     stats: dict[str, ClassStats],
     transport: Transport,
@@ -136,7 +158,7 @@ def _start_lanes(
         free = backend.free_bytes() if reserving else 0
         weights_bytes = free_before - free
         for klass in config.classes:
-            lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence, pending)
+            lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence, pending, pipelines)
             lanes[klass.name] = lane
             rss = trim()
             lane.start()

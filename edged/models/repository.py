@@ -13,14 +13,18 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edged.models.engines import EngineRecord, EngineRecordError
 from edged.models.warmup import WarmupError, WarmupSample, default_sample, read_warmup
 from edged.wire.codec import DTYPES, TensorSpec
 from edged.wire.signature import Signature
 
+if TYPE_CHECKING:
+    from edged.models.pipeline import Pipeline
+
 MANIFEST = "manifest.json"
+PIPELINE = "pipeline.toml"  # a folder that holds a pipeline (edged.models.pipeline) instead of a model
 NOT_MODELS = {"lost+found"}  # what a repository on a file system of its own holds besides models
 
 
@@ -51,6 +55,8 @@ class ModelEntry:
     manifest: Path | None = None  # where it was read: named by every error about the model
     # What the backend decided at load (edged.backends.Describing), shown in `models`.
     served: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    # Set for a pipeline: the steps it runs in place of one backend call (edged.models.pipeline).
+    pipeline: Pipeline | None = field(default=None, hash=False, compare=False)
 
     @property
     def samples(self) -> tuple[WarmupSample, ...]:
@@ -63,6 +69,7 @@ class ModelEntry:
             "precision": self.variant.precision,
             **self.signature.to_wire(),
             **self.served,
+            **({"steps": [step.to_wire() for step in self.pipeline.steps]} if self.pipeline else {}),
         }
 
 
@@ -94,6 +101,7 @@ class Folders:
 
     manifests: list[Path]
     unreadable: dict[str, str]
+    pipelines: list[Path] = field(default_factory=list)  # each pipeline folder's pipeline.toml
 
 
 def scan(root: Path) -> Folders:
@@ -106,11 +114,13 @@ def scan(root: Path) -> Folders:
         raise RepositoryError(
             f"model repository {root} cannot be read ({exc.strerror}): give the daemon's user read access to it"
         ) from None
-    manifests, refused = [], {}
+    manifests, refused, pipelines = [], {}, []
     for folder in folders:
         try:
             (folder / MANIFEST).stat()
         except FileNotFoundError:
+            if (folder / PIPELINE).is_file():
+                pipelines.append(folder / PIPELINE)
             continue  # a folder without a manifest holds no model
         except OSError as exc:
             refused[folder.name] = (
@@ -119,7 +129,7 @@ def scan(root: Path) -> Folders:
             )
             continue
         manifests.append(folder / MANIFEST)
-    return Folders(manifests, refused)
+    return Folders(manifests, refused, pipelines)
 
 
 def entries_of(manifest_path: Path, backend: str) -> list[ModelEntry]:

@@ -69,10 +69,10 @@ class Answers:
         self._backlog.finish(job.cost_ns)
         self._reply(job.route, frames)
 
-    def expired(self, job: Job) -> None:
-        """A job whose deadline passed while it was queued: DEADLINE_EXCEEDED, not run."""
+    def expired(self, job: Job, message: str = "its deadline passed while it was queued; it was not run") -> None:
+        """A job whose deadline passed (or, a pipeline's, would pass) before it ran: DEADLINE_EXCEEDED."""
         self.stats.expiry()
-        self.unrun(job, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued; it was not run")
+        self.unrun(job, Status.DEADLINE_EXCEEDED, message)
 
     def unrun(self, job: Job, status: Status, message: str) -> None:
         """A job that was not run (expired, or refused at shutdown)."""

@@ -184,7 +184,7 @@ class Dispatcher:
         weights = self.memory.weights.get(model.name) if memory else None
         if weights is not None:
             wire["weights"] = weights.to_wire()
-        if self.reservations:
+        if self.reservations and model.pipeline is None:
             wire["gpu_memory"] = {
                 klass: {
                     **next(m.to_wire() for m in reservation.models if m.model == model.name),

@@ -10,11 +10,13 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from edged.backends import Backend
 from edged.config.classes import ClassConfig
+from edged.models.pipeline import Pipeline, Step
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, Shed, admit
 from edged.serve.answers import Answers
@@ -22,6 +24,7 @@ from edged.serve.lanes.batching import Job
 from edged.serve.lanes.inline import InlinePath
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.routes import Aside, Inline, Queued, Route
+from edged.serve.lanes.steps import step_price, too_late
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.lanes.worker import STOP, Remeasure, Worker
 from edged.serve.pending import PendingBytes
@@ -55,9 +58,11 @@ class Lane:
         stats: ClassStats | None = None,
         precedence: Precedence | None = None,
         pending: PendingBytes | None = None,
+        pipelines: list[ModelEntry] | None = None,
     ) -> None:
         self.klass = klass
         self.models = models
+        self.pipelines = pipelines or []  # their steps run on the workers (edged.serve.lanes.steps)
         self.stats = stats or ClassStats()
         self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
         self.backlog = Backlog(klass.workers, self.precedence.idle, klass.gives_way)
@@ -165,7 +170,11 @@ class Lane:
         `into`: where its outputs go in the client's shared memory (edged.serve.regions)."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        cost_ns = self.service.charge_ns(model.name, rows, elements)
+        price = step_price(self.service, rows, elements) if model.pipeline is not None else None
+        if model.pipeline is not None and price is not None:
+            cost_ns = model.pipeline.critical_path(price)[0]
+        else:
+            cost_ns = self.service.charge_ns(model.name, rows, elements)
         now_ns = time.monotonic_ns()
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
@@ -175,6 +184,8 @@ class Lane:
         if shed is None:  # its bytes are held only once admission admits it
             peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
             shed = self._pending.take(peer, nbytes, self.backlog)
+        if shed is not None and shed.reason == "deadline" and model.pipeline is not None and price is not None:
+            shed = replace(shed, message=_pipeline_shed(model.name, model.pipeline, price, left_ns, shed.message))
         if shed is not None:
             return self._shed(shed, model, rows, elements, now_ns)
         self.stats.admitted += 1
@@ -205,7 +216,8 @@ class Lane:
         on the loop's thread, now: the hand-off to a sleeping worker costs more than a
         cheap job takes, and most of a dear one's overhead. Counted in the backlog first:
         the stand-in may admit behind an aside call."""
-        routes = self._idle_routes if not self.backlog.depth else (self._queued,)
+        # A pipeline runs on a worker: its Python steps never run on the loop.
+        routes = self._idle_routes if not self.backlog.depth and job.model.pipeline is None else (self._queued,)
         self.backlog.add(job.cost_ns)
         for where in routes:
             if where.take(job):
@@ -276,6 +288,7 @@ class Lane:
             self.service,
             self.precedence,
             on_worker=on_worker,
+            pipelines=self.pipelines if on_worker else [],
         )
 
     def _start_worker(self, ready: threading.Barrier | None) -> Worker:
@@ -302,3 +315,12 @@ class Lane:
         else:
             ready.wait()
         worker.serve()
+
+
+def _pipeline_shed(name: str, pipeline: Pipeline, price: Callable[[Step], int], left_ns: int, why: str) -> str:
+    """A pipeline's shed, named by its step: the first on its critical path to end past
+    the deadline, or, where the work ahead is what does not fit, its last."""
+    if (late := too_late(pipeline, price, left_ns)) is not None:
+        return f"pipeline {name!r}: {late}"
+    last = pipeline.critical_path(price)[1][-1][0]
+    return f"pipeline {name!r} would end past the deadline at its last step, {last.name!r}: {why}"

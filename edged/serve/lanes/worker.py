@@ -25,11 +25,13 @@ from typing import Any
 
 from edged.backends import Backend, CallStop, Runner
 from edged.config.classes import ClassConfig
+from edged.models.pipeline import PipelineError, Step
 from edged.models.repository import ModelEntry
 from edged.models.warmup import load_failure, tiled, warmup_failure
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job, fill, stack, unstack
 from edged.serve.lanes.precedence import Precedence
+from edged.serve.lanes.steps import StepFailed, StepLate, Stepper, step_price, too_late, width
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.pricing import ServiceTimes
 
@@ -66,7 +68,9 @@ class Worker:
     # False for the inline path's worker, whose calls run on the socket loop's thread:
     # the watchdog answers them but never gives up on that thread (edged.serve.lanes.watchdog).
     on_worker: bool = True
+    pipelines: list[ModelEntry] = field(default_factory=list)  # run on workers alone, never on the loop
     runners: dict[str, Runner] = field(default_factory=dict)
+    stepper: Stepper | None = None  # the pipelines' steps (edged.serve.lanes.steps)
     error: BaseException | None = None  # why `load` failed
     loaded: threading.Event = field(default_factory=threading.Event)
 
@@ -81,7 +85,32 @@ class Worker:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.klass.nice)
         for model in self.models:
             self.runners[model.name] = load_and_warm(self.backend, model, self.klass, self.service)
+        if self.pipelines:
+            pipelines = [entry.pipeline for entry in self.pipelines if entry.pipeline is not None]
+            self.stepper = Stepper(self.runners, self.service, width(pipelines))
+            for entry in self.pipelines:
+                self._warm_pipeline(entry)
         self.loaded.set()
+
+    def _warm_pipeline(self, entry: ModelEntry) -> None:
+        """Run the pipeline WARMUP_RUNS times on each warm-up sample: every step is warm,
+        and priced, before the first request."""
+        assert self.stepper is not None and entry.pipeline is not None
+        for sample in entry.samples:
+            inputs = sample.inputs()
+            rows, elements = _measure(entry, inputs)
+            for _ in range(WARMUP_RUNS):
+                try:
+                    start = time.perf_counter_ns()
+                    self.stepper.run(entry.pipeline, inputs, rows, elements)
+                except StepFailed as exc:
+                    shapes = {name: list(array.shape) for name, array in inputs.items()}
+                    raise PipelineError(
+                        entry.name,
+                        f"pipeline {entry.name!r}: its warm-up on {shapes} failed: {exc}; give {entry.manifest} a "
+                        "'warmup' sample its steps take",
+                    ) from None
+                self.service.observe(entry.name, time.perf_counter_ns() - start, rows, elements)
 
     def serve(self) -> None:
         """Run jobs until STOP, or until the watchdog gives up on this thread."""
@@ -93,15 +122,12 @@ class Worker:
             if job is STOP:
                 break
             if isinstance(job, Remeasure):
-                model = job.model
-                inputs = model.samples[0].inputs()
-                elapsed = _time_calls(self.runners[model.name], model, inputs, 1)
-                self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
+                self._remeasure(job.model)
                 continue
             if self.klass.yields:
                 self.precedence.wait_turn(self.klass.order)
             batch = [job]
-            if self.klass.max_batch > 1 and job.model.signature.batchable:
+            if self.klass.max_batch > 1 and job.model.signature.batchable and job.model.pipeline is None:
                 # max_batch counts rows: a GPU backend's buffers hold that many. A lone job
                 # past it still runs, alone, where the backend took it (the CPU's).
                 rows = min(self.klass.max_batch, self._row_cap(job))
@@ -112,6 +138,24 @@ class Worker:
             job = batch = None
         for runner in self.runners.values():
             runner.close()
+        if self.stepper is not None:
+            self.stepper.close()
+
+    def _remeasure(self, model: ModelEntry) -> None:
+        inputs = model.samples[0].inputs()
+        rows, elements = _measure(model, inputs)
+        if model.pipeline is None:
+            elapsed = _time_calls(self.runners[model.name], model, inputs, 1)
+        else:
+            assert self.stepper is not None
+            start = time.perf_counter_ns()
+            try:
+                self.stepper.run(model.pipeline, inputs, rows, elements)
+            except StepFailed as exc:
+                log.warning("pipeline %s: re-timing its warm-up sample failed: %s", model.name, exc)
+                return
+            elapsed = time.perf_counter_ns() - start
+        self.service.observe(model.name, elapsed, rows, elements)
 
     def _row_cap(self, job: Job) -> int:
         """The most rows of `job`'s model one call may carry and still end within the
@@ -147,6 +191,9 @@ class Worker:
 
     def _call(self, live: list[Job], taken_ns: int) -> bool:
         """One backend call for `live`; True when it was cancelled and must run again."""
+        if live[0].model.pipeline is not None:
+            self._run_pipeline(live[0], taken_ns)
+            return False
         inputs, names = stack(live)
         rows = sum(job.rows for job in live)
         self.answers.stats.call(rows)
@@ -188,6 +235,41 @@ class Worker:
             self.answers.result(job, taken_ns, compute_ns, outputs=result)
         return False
 
+    def _run_pipeline(self, job: Job, taken_ns: int) -> None:
+        """A pipeline's steps (edged.serve.lanes.steps), watched as one backend call that
+        starts afresh with each step. Before each step, a class that yields waits its turn,
+        and the steps left must still fit the deadline by their prices, or the request
+        ends DEADLINE_EXCEEDED, naming the step that would end late. Steps are not
+        cancelled mid-call."""
+        pipeline = job.model.pipeline
+        assert pipeline is not None and self.stepper is not None
+        price = step_price(self.service, job.rows, job.elements)
+
+        def before_step(step: Step, done: set[str]) -> None:
+            if done and self.klass.yields:
+                self.precedence.wait_turn(self.klass.order)
+            now_ns = time.monotonic_ns()
+            if (late := too_late(pipeline, price, job.deadline_ns - now_ns, done)) is not None:
+                raise StepLate(late)
+            self.calls.begin([job], now_ns, self.on_worker)
+
+        self.answers.stats.call(job.rows)
+        start = time.perf_counter_ns()
+        try:
+            outputs = self.stepper.run(pipeline, job.inputs, job.rows, job.elements, before_step)
+        except StepLate as exc:
+            self.answers.expired(job, str(exc))
+            return
+        except StepFailed as exc:
+            self.answers.result(job, taken_ns, 0, error=str(exc))
+            log.warning("pipeline %s: %s", pipeline.name, exc)
+            return
+        finally:
+            self.calls.end()
+        compute_ns = time.perf_counter_ns() - start
+        self.service.observe(job.model.name, compute_ns, job.rows, job.elements)
+        self.answers.result(job, taken_ns, compute_ns, outputs={name: outputs[name] for name in job.output_names})
+
 
 def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, service: ServiceTimes) -> Runner:
     """Load `model` for `klass` and make WARMUP_RUNS calls on each warm-up sample (and at the
@@ -219,3 +301,10 @@ def _time_calls(runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs:
         runner.run(inputs, model.signature.output_names)
         times.append(time.perf_counter_ns() - start)
     return sorted(times)[len(times) // 2]
+
+
+def _measure(model: ModelEntry, inputs: dict[str, Any]) -> tuple[int, int]:
+    """A sample's rows and elements, as Signature.measure counts a request's."""
+    signature = model.signature
+    rows = next(iter(inputs.values())).shape[0] if signature.batchable else 1
+    return rows, signature.elements(inputs) if signature.sized else 0

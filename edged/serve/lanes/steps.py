@@ -1,0 +1,177 @@
+"""A pipeline's steps, run for one admitted request on a worker of its class.
+
+A pipeline (edged.models.pipeline) is one job of its class's lane: admitted once, at
+arrival, for its critical path (`Lane.offer`), then run here, step after step, on the
+worker that took it. So a step never queues behind other requests mid-pipeline, its
+intermediate tensors never leave the worker's memory, and its Python steps never run
+on the socket loop. Steps whose inputs are ready together run at once, on the worker
+and on threads it started (inheriting its niceness and cores); steps of one model run
+one after another, since a runner is one worker's. Each step's time is learned under its own name
+(`pipeline/step`, by the request's size), for the next request's critical path, and a
+model step's also under its model's name, by the size it ran at.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from edged.backends import Runner
+from edged.models.pipeline import Pipeline, Ref, Step
+from edged.serve.pricing import ServiceTimes
+from edged.wire.tensors import DTYPES
+
+
+class StepFailed(Exception):
+    """A step that raised or returned what it declared it would not; names the step."""
+
+
+class StepLate(Exception):
+    """A step that would end past the request's deadline, by the steps' prices; names it."""
+
+
+def step_price(service: ServiceTimes, rows: int, elements: int) -> Callable[[Step], int]:
+    """Each step's price for a request of `rows` and `elements` (0: not size-priced), as learned on a lane."""
+    return lambda step: service.charge_ns(step.key, rows, elements)
+
+
+class Stepper:
+    """One worker's way through its lane's pipelines: its runners, and the threads that
+    run a pipeline's other branches (none where no pipeline fans out)."""
+
+    def __init__(self, runners: Mapping[str, Runner], service: ServiceTimes, width: int) -> None:
+        self._runners = runners
+        self._service = service
+        self._branches = ThreadPoolExecutor(width - 1, thread_name_prefix="pipeline-branch") if width > 1 else None
+
+    def run(
+        self,
+        pipeline: Pipeline,
+        inputs: Mapping[str, np.ndarray],
+        rows: int,
+        elements: int,
+        before_step: Callable[[Step, set[str]], None] = lambda step, done: None,
+    ) -> dict[str, np.ndarray]:
+        """The pipeline's outputs for `inputs`. Each step starts once the steps it takes
+        from are done, on this thread or, beside one already running, on a branch
+        thread; `before_step(step, done)` runs first (and may raise to end the request).
+        Raises StepFailed naming the step that failed, once the steps running are done."""
+        values: dict[Ref, np.ndarray] = {Ref(None, name): array for name, array in inputs.items()}
+        todo, done = list(pipeline.steps), set[str]()
+        running: dict[Future[dict[str, np.ndarray]], Step] = {}
+
+        def record(step: Step, made: dict[str, np.ndarray]) -> None:
+            values.update((Ref(step.name, name), array) for name, array in made.items())
+            done.add(step.name)
+
+        try:
+            while todo or running:
+                ready = self._ready(todo, done, {step.runner for step in running.values()})
+                for step in ready:
+                    before_step(step, done)
+                    todo.remove(step)
+                for step in ready[1:]:
+                    assert self._branches is not None
+                    running[self._branches.submit(self._step, step, values, rows, elements)] = step
+                if ready:
+                    record(ready[0], self._step(ready[0], values, rows, elements))
+                finished = [f for f in running if f.done()] if ready else wait(running, return_when=FIRST_COMPLETED)[0]
+                for future in finished:
+                    record(running.pop(future), future.result())
+        finally:
+            wait(running)  # a failed request's branches end before the worker takes the next
+        return {name: values[ref] for name, ref in pipeline.outputs}
+
+    def _ready(self, todo: list[Step], done: set[str], busy: set[str]) -> list[Step]:
+        """The steps that may start now: all they take is made, and their runner is free
+        (a runner is one worker's, so one model's steps run one after another)."""
+        ready = []
+        for step in todo:
+            if step.after <= done and step.runner not in busy:
+                ready.append(step)
+                busy.add(step.runner)
+        return ready if self._branches is not None else ready[:1]
+
+    def close(self) -> None:
+        if self._branches is not None:
+            self._branches.shutdown(wait=False, cancel_futures=True)
+
+    def _step(self, step: Step, values: Mapping[Ref, np.ndarray], rows: int, elements: int) -> dict[str, np.ndarray]:
+        given = {param: values[ref] for param, ref in step.inputs}
+        start = time.perf_counter_ns()
+        try:
+            made = self._call(step, given)
+        except StepFailed:
+            raise
+        except Exception as exc:
+            raise StepFailed(f"step {step.name!r} ({step.runs}) failed: {type(exc).__name__}: {exc}") from exc
+        elapsed = time.perf_counter_ns() - start
+        self._service.observe(step.key, elapsed, rows, elements)
+        return made
+
+    def _call(self, step: Step, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        model = step.model
+        if model is None:
+            assert step.function is not None
+            return _checked(step, step.function(**given))
+        signature = model.signature
+        if signature.batchable and any(array.shape[0] == 0 for array in given.values()):
+            # Nothing to run (a detector that found nothing): empty outputs, as the model would make.
+            return {spec.name: np.zeros(_empty(spec.shape), DTYPES[spec.dtype]) for spec in step.outputs}
+        inputs = {spec.name: np.ascontiguousarray(given[spec.name]) for spec in signature.inputs}
+        start = time.perf_counter_ns()
+        outputs = self._runners[model.name].run(inputs, signature.output_names)
+        rows = next(iter(inputs.values())).shape[0] if signature.batchable else 1
+        self._service.observe(model.name, time.perf_counter_ns() - start, rows, signature.elements(inputs))
+        return dict(zip(signature.output_names, outputs))
+
+
+def _empty(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """No rows, and no elements along any other open dimension."""
+    return (0, *(max(d, 0) for d in shape[1:]))
+
+
+def _checked(step: Step, made: Any) -> dict[str, np.ndarray]:
+    """A Python step's result, held to what the manifest declares: its outputs, their
+    dtypes and ranks and fixed sizes."""
+    declared = {spec.name: spec for spec in step.outputs}
+    if not isinstance(made, Mapping) or set(made) != set(declared):
+        names = sorted(made) if isinstance(made, Mapping) else type(made).__name__
+        raise StepFailed(f"step {step.name!r} ({step.runs}) returned {names}; it declares {sorted(declared)}")
+    checked = {}
+    for name, spec in declared.items():
+        array = np.asarray(made[name])
+        shape_ok = array.ndim == len(spec.shape) and all(d in (-1, n) for d, n in zip(spec.shape, array.shape))
+        if array.dtype != DTYPES[spec.dtype] or not shape_ok:
+            raise StepFailed(
+                f"step {step.name!r} ({step.runs}) returned {name} as {array.dtype} {list(array.shape)}; "
+                f"it declares {spec.dtype} {list(spec.shape)}"
+            )
+        checked[name] = array
+    return checked
+
+
+def width(pipelines: list[Pipeline]) -> int:
+    """The most runners one wave of these pipelines uses at once: the threads a worker
+    needs to run their branches side by side."""
+    return max((len({step.runner for step in wave}) for p in pipelines for wave in p.waves), default=1)
+
+
+def too_late(
+    pipeline: Pipeline, price: Callable[[Step], int], left_ns: int, done: set[str] | frozenset[str] = frozenset()
+) -> str | None:
+    """Why the steps not `done` cannot end within `left_ns`, naming the first step of
+    their critical path that would end past it (None: they fit)."""
+    total_ns, chain = pipeline.critical_path(price, done)
+    late = next((step for step, end_ns in chain if end_ns > left_ns), None)
+    if late is None:
+        return None
+    path = ", ".join(f"{step.name} {price(step) / 1e6:.3f}" for step, _ in chain)
+    return (
+        f"step {late.name!r} ({late.runs}) would end past the deadline: the pipeline's critical path "
+        f"from there is {total_ns / 1e6:.3f} ms ({path} ms) and {max(left_ns, 0) / 1e6:.3f} ms are left"
+    )
