@@ -21,6 +21,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -160,6 +161,7 @@ class _Checker:
 
     def __init__(self, name: str, where: str, folder: Path, models: Mapping[str, ModelEntry]) -> None:
         self.name, self.where, self.folder, self.models = name, where, folder, models
+        self.modules: dict[str, ModuleType] = {}  # the step modules imported, by name
 
     def fail(self, message: str) -> PipelineError:
         return PipelineError(self.name, f"pipeline {self.name!r} ({self.where}): {message}")
@@ -216,11 +218,24 @@ class _Checker:
         return Step(name, refs, outputs, after, key, function=function, python=raw["python"])
 
     def function(self, step: str, target: Any, params: set[str]) -> Callable[..., Mapping[str, np.ndarray]]:
-        """Import `module:function` from the pipeline's folder, afresh on every load."""
+        """`module:function` from the pipeline's folder."""
         module_name, _, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
-        path = self.folder / f"{module_name}.py"
         if not module_name.isidentifier() or not attr.isidentifier():
             raise self.fail(f"step {step!r}: 'python' must be 'module:function', a file beside the manifest")
+        path = self.folder / f"{module_name}.py"
+        module = self.modules.get(module_name) or self.module(step, module_name, path)
+        function = getattr(module, attr, None)
+        if not callable(function):
+            raise self.fail(f"step {step!r}: {path} has no function {attr!r}")
+        try:
+            inspect.signature(function).bind(**dict.fromkeys(params))
+        except TypeError as exc:
+            raise self.fail(f"step {step!r}: {target} cannot take the inputs {sorted(params)}: {exc}") from None
+        return function
+
+    def module(self, step: str, module_name: str, path: Path) -> ModuleType:
+        """Import a step module, afresh on every load (a reload picks up its changes) and
+        once per pipeline (its steps share the module's state)."""
         if not path.is_file():
             raise self.fail(f"step {step!r}: 'python' names {path}, which does not exist")
         # A name of its own per pipeline: two pipelines' modules of one name never meet.
@@ -233,14 +248,8 @@ class _Checker:
             spec.loader.exec_module(module)
         except Exception as exc:
             raise self.fail(f"step {step!r}: importing {path} failed: {type(exc).__name__}: {exc}") from None
-        function = getattr(module, attr, None)
-        if not callable(function):
-            raise self.fail(f"step {step!r}: {path} has no function {attr!r}")
-        try:
-            inspect.signature(function).bind(**dict.fromkeys(params))
-        except TypeError as exc:
-            raise self.fail(f"step {step!r}: {target} cannot take the inputs {sorted(params)}: {exc}") from None
-        return function
+        self.modules[module_name] = module
+        return module
 
     def check_source(
         self, step: Step, param: str, ref: Ref, steps: dict[str, Step], inputs: dict[str, TensorSpec]

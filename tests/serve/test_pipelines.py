@@ -1,0 +1,250 @@
+"""Pipelines served by a real daemon over real sockets: answers equal to their steps run
+in process, one deadline end to end (shed at arrival, or ended before a step that would
+end late, naming the step), a failing step ending its own request alone, Python steps
+on a lane's worker and never on the socket loop, and a bad pipeline failing alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import ENGINES, REPO_ROOT, Reference, RunningDaemon, short_dir, start_daemon, wait_for
+
+from edged.client import Client
+from edged.client.errors import DeadlineExceeded, Internal, Overloaded
+
+DEMO = REPO_ROOT / "docs" / "examples" / "demo-ensemble"
+
+# Test steps: `guard` refuses a NaN (a step that fails on one request's input) and says
+# which thread ran it; `wait` sleeps for x[0, 0] seconds (a step dearer than its price);
+# `meet` returns only once another branch has reached it too.
+STEPS = """
+import threading
+import time
+
+import numpy as np
+
+
+def guard(x):
+    if np.isnan(x).any():
+        raise ValueError("refused: the input holds a NaN")
+    return {"x": x, "thread": np.frombuffer(threading.current_thread().name.encode(), np.uint8)}
+
+
+def wait(x):
+    time.sleep(float(x[0, 0]))
+    return {"x": x}
+
+
+MEETING = threading.Barrier(2, timeout=10)
+
+
+def meet(x):
+    MEETING.wait()  # passes only with the other branch at the barrier at the same time
+    return {"thread": np.frombuffer(threading.current_thread().name.encode(), np.uint8)}
+"""
+
+GUARDED = """
+[inputs]
+x = { dtype = "float32", shape = [-1, 64] }
+
+[[steps]]
+name = "guard"
+python = "steps:guard"
+inputs = { x = "x" }
+outputs = { x = { dtype = "float32", shape = [-1, 64] }, thread = { dtype = "uint8", shape = [-1] } }
+
+[[steps]]
+name = "light"
+model = "mlp-light"
+inputs = { x = "guard.x" }
+
+[outputs]
+scores = "light.scores"
+thread = "guard.thread"
+"""
+
+SLOW = """
+[inputs]
+x = { dtype = "float32", shape = [-1, 64] }
+
+[[steps]]
+name = "wait"
+python = "steps:wait"
+inputs = { x = "x" }
+outputs = { x = { dtype = "float32", shape = [-1, 64] } }
+
+[[steps]]
+name = "light"
+model = "mlp-light"
+inputs = { x = "wait.x" }
+
+[outputs]
+scores = "light.scores"
+"""
+
+
+PAIR = """
+[inputs]
+x = { dtype = "float32", shape = [-1, 64] }
+
+[[steps]]
+name = "left"
+python = "steps:meet"
+inputs = { x = "x" }
+outputs = { thread = { dtype = "uint8", shape = [-1] } }
+
+[[steps]]
+name = "right"
+python = "steps:meet"
+inputs = { x = "x" }
+outputs = { thread = { dtype = "uint8", shape = [-1] } }
+
+[outputs]
+left = "left.thread"
+right = "right.thread"
+"""
+
+
+def pipeline(root: Path, name: str, manifest: str) -> None:
+    (root / name).mkdir()
+    (root / name / "pipeline.toml").write_text(manifest)
+    (root / name / "steps.py").write_text(STEPS)
+
+
+@pytest.fixture(scope="module")
+def repository() -> Path:
+    root = short_dir()
+    for model in ("mlp-light", "cnn-heavy"):
+        shutil.copytree(ENGINES / model, root / model)
+    shutil.copytree(DEMO, root / "demo-ensemble")
+    pipeline(root, "guarded", GUARDED)
+    pipeline(root, "slow", SLOW)
+    pipeline(root, "pair", PAIR)
+    return root
+
+
+@pytest.fixture(scope="module")
+def served(repository: Path) -> RunningDaemon:
+    running = start_daemon(f'[server]\nmodel_repository = "{repository}"\n')
+    yield running
+    running.close()
+
+
+def ensemble_in_process(image: np.ndarray) -> np.ndarray:
+    spec = importlib.util.spec_from_file_location("demo_ensemble_steps", DEMO / "ensemble.py")
+    assert spec is not None and spec.loader is not None
+    steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steps)
+    reference = Reference()
+    heavy = reference.run("cnn-heavy", {"image": image})
+    light = reference.run("mlp-light", steps.pool(image))
+    return steps.join(heavy, light)["probabilities"]
+
+
+@pytest.mark.parametrize("klass", ["realtime", "standard", "bulk"])
+def test_the_fan_out_ensemble_answers_as_its_steps_do_in_process(served: RunningDaemon, klass: str) -> None:
+    image = np.random.default_rng(7).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    with Client(served.ipc) as client:
+        reply = client.infer_reply("demo-ensemble", {"image": image}, klass=klass)
+    np.testing.assert_allclose(reply.outputs["probabilities"], ensemble_in_process(image), rtol=1e-5, atol=1e-6)
+    timing = reply.header["timing_us"]
+    assert timing["compute"] > 0 and timing["total"] >= timing["compute"]
+
+
+def test_models_lists_a_pipeline_with_its_steps_and_stats_shows_each_steps_price(served: RunningDaemon) -> None:
+    with Client(served.ipc) as client:
+        entry = next(model for model in client.models() if model["name"] == "demo-ensemble")
+        prices = client.stats()["classes"]["standard"]["prices"]
+    assert entry["backend"] == "pipeline"
+    assert entry["inputs"] == [{"name": "image", "dtype": "float32", "shape": [-1, 3, 64, 64]}]
+    assert entry["outputs"] == [{"name": "probabilities", "dtype": "float32", "shape": [-1, 10]}]
+    assert [step["name"] for step in entry["steps"]] == ["heavy", "pool", "light", "join"]
+    assert entry["steps"][1] == {"name": "pool", "python": "ensemble:pool"}
+    for step in ("heavy", "pool", "light", "join"):
+        assert prices[f"demo-ensemble/{step}"]["first_row_ms"] > 0
+
+
+def test_a_pipeline_that_cannot_make_its_deadline_is_shed_at_arrival_naming_the_step(served: RunningDaemon) -> None:
+    image = np.zeros((1, 3, 64, 64), dtype=np.float32)
+    with Client(served.ipc) as client:
+        before = client.stats()["classes"]["standard"]["completed"]
+        with pytest.raises(Overloaded) as shed:
+            client.infer("demo-ensemble", {"image": image}, klass="standard", deadline_ms=0.2)
+        after = client.stats()["classes"]["standard"]["completed"]
+    assert "pipeline 'demo-ensemble': step 'heavy' (model cnn-heavy) would end past the deadline" in str(shed.value)
+    assert after == before  # nothing ran
+
+
+def test_a_failing_python_step_ends_its_own_request_alone_naming_the_step(served: RunningDaemon) -> None:
+    poisoned = np.full((1, 64), np.nan, dtype=np.float32)
+    clean = np.ones((1, 64), dtype=np.float32)
+    with Client(served.ipc) as client, Client(served.ipc) as other:
+        with pytest.raises(Internal) as failed:
+            client.infer("guarded", {"x": poisoned})
+        answered = other.infer("guarded", {"x": clean})
+        again = client.infer("guarded", {"x": clean})
+    message = str(failed.value)
+    assert "step 'guard' (Python step steps:guard) failed: ValueError: refused: the input holds a NaN" in message
+    expected = Reference().run("mlp-light", {"x": clean})
+    np.testing.assert_allclose(answered["scores"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(again["scores"], expected, rtol=1e-5, atol=1e-6)
+    assert served.alive()
+
+
+@pytest.mark.parametrize("klass", ["realtime", "standard", "bulk"])
+def test_python_steps_run_on_a_worker_of_the_class_never_on_the_socket_loop(served: RunningDaemon, klass: str) -> None:
+    """realtime runs cheap requests on the loop's own thread (MainThread): a pipeline never."""
+    with Client(served.ipc) as client:
+        for _ in range(5):
+            thread = client.infer("guarded", {"x": np.ones((1, 64), np.float32)}, klass=klass)["thread"]
+            assert bytes(thread).decode().startswith(f"lane-{klass}-")
+
+
+def test_a_step_that_would_end_past_the_deadline_ends_the_request_once_naming_it(served: RunningDaemon) -> None:
+    x = np.zeros((1, 64), dtype=np.float32)
+    x[0, 0] = 0.3  # the wait step sleeps 300 ms; warmed up on zeros, it is priced at next to nothing
+    with Client(served.ipc) as client:
+        with pytest.raises(DeadlineExceeded) as late:
+            client.infer("slow", {"x": x}, klass="standard", deadline_ms=150)
+        assert "step 'light' (model mlp-light) would end past the deadline" in str(late.value)
+        # One reply, and the lane serves on: a quick request right after is answered.
+        quick = client.infer("slow", {"x": np.zeros((1, 64), np.float32)}, klass="standard", deadline_ms=2000)
+    assert quick["scores"].shape == (1, 10)
+
+
+def test_branches_run_side_by_side_on_a_thread_beside_the_worker(served: RunningDaemon) -> None:
+    """Each branch of `pair` waits at a barrier for the other: run one after the other,
+    the first would wait 10 s and fail."""
+    with Client(served.ipc) as client:
+        threads = client.infer("pair", {"x": np.zeros((1, 64), np.float32)}, klass="bulk", timeout_ms=30_000)
+    names = sorted(bytes(threads[side]).decode() for side in ("left", "right"))
+    assert names[0].startswith("lane-bulk-") and names[1].startswith("pipeline-branch"), names
+
+
+def test_a_bad_pipeline_fails_alone_and_its_models_serve_on(repository: Path, own_daemon) -> None:  # type: ignore[no-untyped-def]
+    root = short_dir()
+    for name in ("mlp-light", "guarded"):
+        shutil.copytree(repository / name, root / name)
+    pipeline(root, "broken", GUARDED.replace('model = "mlp-light"', 'model = "mlp-gone"'))
+    running = own_daemon(f'[server]\nmodel_repository = "{root}"\non_model_failure = "skip"\n')
+    with Client(running.ipc) as client:
+        assert sorted(model["name"] for model in client.models()) == ["guarded", "mlp-light"]
+        reason = client.health()["failed_models"]["broken"]
+        assert client.infer("guarded", {"x": np.ones((1, 64), np.float32)})["scores"].shape == (1, 10)
+    assert reason.startswith("pipeline 'broken' (")
+    assert "step 'light': 'model' 'mlp-gone' is not served here" in reason
+
+
+def test_a_bad_pipeline_stops_start_up_by_default_naming_it(repository: Path, own_daemon) -> None:  # type: ignore[no-untyped-def]
+    root = short_dir()
+    shutil.copytree(repository / "mlp-light", root / "mlp-light")
+    pipeline(root, "broken", GUARDED.replace('x = "guard.x"', 'x = "guard.y"'))
+    running = own_daemon(f'[server]\nmodel_repository = "{root}"\n', wait=False)
+    wait_for(lambda: not running.alive(), 60, "the daemon to refuse to start")
+    log = running.log()
+    assert "pipeline 'broken' (" in log and "step 'light': inputs.x: step 'guard' makes no 'y'" in log
+    assert 'or set server.on_model_failure = "skip" to serve the other models' in log
