@@ -146,7 +146,7 @@ def read_pipeline(path: Path, models: Mapping[str, ModelEntry]) -> ModelEntry:
     steps = checker.steps(raw.get("steps"), {spec.name: spec for spec in inputs})
     outputs = checker.outputs(raw.get("outputs"), steps)
     made = [(out, checker.spec_of(ref, steps)) for out, ref in outputs]
-    signature = Signature(inputs, tuple(TensorSpec(out, spec.dtype, spec.shape) for out, spec in made))
+    signature = Signature(inputs, tuple(TensorSpec(out, spec.dtype, spec.shape) for out, spec in made), stacks=False)
     pipeline = Pipeline(name, _waves(name, where, steps), outputs)
     try:
         warmup = read_warmup(raw, signature, folder, where)

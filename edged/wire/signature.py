@@ -20,6 +20,9 @@ from edged.wire.tensors import DTYPES
 class Signature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # False where requests are never stacked whatever the shapes say (a pipeline's: its
+    # dimension 0 may be an image's height), so dimension 0 counts in its size.
+    stacks: bool = True
     # Derived once here: both are read for every request.
     output_names: tuple[str, ...] = field(init=False)
     batchable: bool = field(init=False)  # requests can be stacked along a dynamic first dimension
@@ -31,7 +34,7 @@ class Signature:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_names", tuple(spec.name for spec in self.outputs))
-        batchable = all(spec.shape and spec.shape[0] == -1 for spec in self.inputs + self.outputs)
+        batchable = self.stacks and all(spec.shape and spec.shape[0] == -1 for spec in self.inputs + self.outputs)
         object.__setattr__(self, "batchable", batchable)
         fixed = tuple(tuple((i, d) for i, d in enumerate(spec.shape) if d != -1) for spec in self.inputs)
         object.__setattr__(self, "_fixed", fixed)

@@ -164,8 +164,9 @@ def test_models_lists_a_pipeline_with_its_steps_and_stats_shows_each_steps_price
     assert entry["outputs"] == [{"name": "probabilities", "dtype": "float32", "shape": [-1, 10]}]
     assert [step["name"] for step in entry["steps"]] == ["heavy", "pool", "light", "join"]
     assert entry["steps"][1] == {"name": "pool", "python": "ensemble:pool"}
+    # Priced by size (a pipeline's dimension 0 is no batch): by the request's elements, as warmed up.
     for step in ("heavy", "pool", "light", "join"):
-        assert prices[f"demo-ensemble/{step}"]["first_row_ms"] > 0
+        assert prices[f"demo-ensemble/{step}"]["row_ms_by_elements"][str(3 * 64 * 64)] > 0
 
 
 def test_a_pipeline_that_cannot_make_its_deadline_is_shed_at_arrival_naming_the_step(served: RunningDaemon) -> None:
