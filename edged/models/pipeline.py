@@ -19,7 +19,7 @@ import inspect
 import sys
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -87,6 +87,11 @@ class Pipeline:
     name: str
     waves: tuple[tuple[Step, ...], ...]
     outputs: tuple[tuple[str, Ref], ...]
+    children: Mapping[str, tuple[Step, ...]] = field(init=False)  # by step: the steps that take from it
+
+    def __post_init__(self) -> None:
+        taking = {step.name: tuple(s for s in self.steps if step.name in s.after) for step in self.steps}
+        object.__setattr__(self, "children", taking)
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -96,20 +101,32 @@ class Pipeline:
     def models(self) -> frozenset[str]:
         return frozenset(step.model.name for step in self.steps if step.model is not None)
 
-    def critical_path(
-        self, price: Callable[[Step], int], done: set[str] | frozenset[str] = frozenset()
-    ) -> tuple[int, list[tuple[Step, int]]]:
-        """The time the steps not `done` take when each takes `price` and starts once
-        the steps it takes from are done (the sum along a chain, the longest of parallel
-        branches), and the chain that sets it, each step with the time it ends."""
-        ends: dict[str, tuple[int, list[tuple[Step, int]]]] = {}
-        for step in self.steps:
-            if step.name in done:
-                continue
-            before = max((ends[name] for name in step.after if name in ends), key=lambda e: e[0], default=(0, []))
-            end = before[0] + price(step)
-            ends[step.name] = (end, [*before[1], (step, end)])
-        return max(ends.values(), key=lambda e: e[0], default=(0, []))
+    def tails(self, prices: Mapping[str, int]) -> dict[str, int]:
+        """By step, the time from its start to the pipeline's end along the longest path
+        on from it, each step taking its price and starting once what it takes is made."""
+        tails: dict[str, int] = {}
+        for step in reversed(self.steps):
+            tails[step.name] = prices[step.name] + max((tails[c.name] for c in self.children[step.name]), default=0)
+        return tails
+
+    def span_ns(self, tails: Mapping[str, int]) -> int:
+        """The whole pipeline's critical path: the sum along a chain, the longest of parallel branches."""
+        return max(tails[step.name] for step in self.waves[0])
+
+    def longest(
+        self, prices: Mapping[str, int], tails: Mapping[str, int], start: Step | None = None
+    ) -> list[tuple[Step, int]]:
+        """The critical path from `start` (None: the pipeline's start), each step with
+        the time it ends, counted from the start."""
+        step = start or max(self.waves[0], key=lambda s: tails[s.name])
+        chain, end = [], 0
+        while True:
+            end += prices[step.name]
+            chain.append((step, end))
+            after = self.children[step.name]
+            if not after:
+                return chain
+            step = max(after, key=lambda s: tails[s.name])
 
 
 def discover_pipelines(

@@ -32,16 +32,21 @@ def test_the_demo_ensemble_reads_as_a_fan_out_then_a_join() -> None:
 
 
 def test_the_critical_path_is_the_sum_along_a_chain_and_the_longest_branch() -> None:
-    entry = read_pipeline(DEMO / "pipeline.toml", MODELS)
-    assert entry.pipeline is not None
+    pipeline = read_pipeline(DEMO / "pipeline.toml", MODELS).pipeline
+    assert pipeline is not None
     prices = {"heavy": 10, "pool": 1, "light": 2, "join": 3}
-    total, chain = entry.pipeline.critical_path(lambda step: prices[step.name])
-    assert total == 13 and [step.name for step, _ in chain] == ["heavy", "join"]
+    tails = pipeline.tails(prices)
+    assert pipeline.span_ns(tails) == 13
+    assert [(step.name, end) for step, end in pipeline.longest(prices, tails)] == [("heavy", 10), ("join", 13)]
     prices["light"] = 20  # the other branch is now the longer one
-    total, chain = entry.pipeline.critical_path(lambda step: prices[step.name])
-    assert total == 24 and [(step.name, end) for step, end in chain] == [("pool", 1), ("light", 21), ("join", 24)]
-    total, _ = entry.pipeline.critical_path(lambda step: prices[step.name], done={"heavy", "pool"})
-    assert total == 23
+    tails = pipeline.tails(prices)
+    assert pipeline.span_ns(tails) == 24
+    assert [(step.name, end) for step, end in pipeline.longest(prices, tails)] == [
+        ("pool", 1),
+        ("light", 21),
+        ("join", 24),
+    ]
+    assert tails["light"] == 23 and tails["join"] == 3
 
 
 def edited(text: str, old: str, new: str) -> str:

@@ -10,13 +10,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from edged.backends import Backend
 from edged.config.classes import ClassConfig
-from edged.models.pipeline import Pipeline, Step
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, Shed, admit
 from edged.serve.answers import Answers
@@ -24,7 +22,7 @@ from edged.serve.lanes.batching import Job
 from edged.serve.lanes.inline import InlinePath
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.routes import Aside, Inline, Queued, Route
-from edged.serve.lanes.steps import step_price, too_late
+from edged.serve.lanes.steps import Priced
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.lanes.worker import STOP, Remeasure, Worker
 from edged.serve.pending import PendingBytes
@@ -170,11 +168,8 @@ class Lane:
         `into`: where its outputs go in the client's shared memory (edged.serve.regions)."""
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        price = step_price(self.service, rows, elements) if model.pipeline is not None else None
-        if model.pipeline is not None and price is not None:
-            cost_ns = model.pipeline.critical_path(price)[0]
-        else:
-            cost_ns = self.service.charge_ns(model.name, rows, elements)
+        priced = Priced.of(model.pipeline, self.service, rows, elements) if model.pipeline is not None else None
+        cost_ns = priced.span_ns if priced is not None else self.service.charge_ns(model.name, rows, elements)
         now_ns = time.monotonic_ns()
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
@@ -184,8 +179,8 @@ class Lane:
         if shed is None:  # its bytes are held only once admission admits it
             peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
             shed = self._pending.take(peer, nbytes, self.backlog)
-        if shed is not None and shed.reason == "deadline" and model.pipeline is not None and price is not None:
-            shed = replace(shed, message=_pipeline_shed(model.name, model.pipeline, price, left_ns, shed.message))
+        if shed is not None and shed.reason == "deadline" and priced is not None:
+            shed = replace(shed, message=_pipeline_shed(model.name, priced, left_ns, shed.message))
         if shed is not None:
             return self._shed(shed, model, rows, elements, now_ns)
         self.stats.admitted += 1
@@ -317,10 +312,10 @@ class Lane:
         worker.serve()
 
 
-def _pipeline_shed(name: str, pipeline: Pipeline, price: Callable[[Step], int], left_ns: int, why: str) -> str:
+def _pipeline_shed(name: str, priced: Priced, left_ns: int, why: str) -> str:
     """A pipeline's shed, named by its step: the first on its critical path to end past
     the deadline, or, where the work ahead is what does not fit, its last."""
-    if (late := too_late(pipeline, price, left_ns)) is not None:
+    if (late := priced.late(left_ns)) is not None:
         return f"pipeline {name!r}: {late}"
-    last = pipeline.critical_path(price)[1][-1][0]
+    last = priced.pipeline.longest(priced.prices, priced.tails)[-1][0]
     return f"pipeline {name!r} would end past the deadline at its last step, {last.name!r}: {why}"

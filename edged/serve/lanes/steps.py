@@ -6,9 +6,9 @@ worker that took it. So a step never queues behind other requests mid-pipeline, 
 intermediate tensors never leave the worker's memory, and its Python steps never run
 on the socket loop. Steps whose inputs are ready together run at once, on the worker
 and on threads it started (inheriting its niceness and cores); steps of one model run
-one after another, since a runner is one worker's. Each step's time is learned under its own name
-(`pipeline/step`, by the request's size), for the next request's critical path, and a
-model step's also under its model's name, by the size it ran at.
+one after another, since a runner is one worker's. Each step's time is learned under
+its own name (`pipeline/step`, by the request's size), for the next request's critical
+path (`Priced`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,9 +35,36 @@ class StepLate(Exception):
     """A step that would end past the request's deadline, by the steps' prices; names it."""
 
 
-def step_price(service: ServiceTimes, rows: int, elements: int) -> Callable[[Step], int]:
-    """Each step's price for a request of `rows` and `elements` (0: not size-priced), as learned on a lane."""
-    return lambda step: service.charge_ns(step.key, rows, elements)
+@dataclass(frozen=True, slots=True)
+class Priced:
+    """A pipeline as one request sees it, priced once: each step's price on the lane, by
+    the request's size, and from each step on, the time to the pipeline's end."""
+
+    pipeline: Pipeline
+    prices: dict[str, int]
+    tails: dict[str, int]
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, service: ServiceTimes, rows: int, elements: int) -> Priced:
+        prices = {step.name: service.charge_ns(step.key, rows, elements) for step in pipeline.steps}
+        return cls(pipeline, prices, pipeline.tails(prices))
+
+    @property
+    def span_ns(self) -> int:
+        return self.pipeline.span_ns(self.tails)
+
+    def late(self, left_ns: int, start: Step | None = None) -> str | None:
+        """Why the pipeline (from `start` on) cannot end within `left_ns`, naming the first
+        step of its critical path that would end past it; None when it fits."""
+        if (self.tails[start.name] if start is not None else self.span_ns) <= left_ns:
+            return None
+        chain = self.pipeline.longest(self.prices, self.tails, start)
+        late = next(step for step, end_ns in chain if end_ns > left_ns)
+        path = ", ".join(f"{step.name} {self.prices[step.name] / 1e6:.3f}" for step, _ in chain)
+        return (
+            f"step {late.name!r} ({late.runs}) would end past the deadline: the pipeline's critical path "
+            f"from there is {chain[-1][1] / 1e6:.3f} ms ({path} ms) and {max(left_ns, 0) / 1e6:.3f} ms are left"
+        )
 
 
 class Stepper:
@@ -123,10 +151,7 @@ class Stepper:
             # Nothing to run (a detector that found nothing): empty outputs, as the model would make.
             return {spec.name: np.zeros(_empty(spec.shape), DTYPES[spec.dtype]) for spec in step.outputs}
         inputs = {spec.name: np.ascontiguousarray(given[spec.name]) for spec in signature.inputs}
-        start = time.perf_counter_ns()
         outputs = self._runners[model.name].run(inputs, signature.output_names)
-        rows = next(iter(inputs.values())).shape[0] if signature.batchable else 1
-        self._service.observe(model.name, time.perf_counter_ns() - start, rows, signature.elements(inputs))
         return dict(zip(signature.output_names, outputs))
 
 
@@ -159,19 +184,3 @@ def width(pipelines: list[Pipeline]) -> int:
     """The most runners one wave of these pipelines uses at once: the threads a worker
     needs to run their branches side by side."""
     return max((len({step.runner for step in wave}) for p in pipelines for wave in p.waves), default=1)
-
-
-def too_late(
-    pipeline: Pipeline, price: Callable[[Step], int], left_ns: int, done: set[str] | frozenset[str] = frozenset()
-) -> str | None:
-    """Why the steps not `done` cannot end within `left_ns`, naming the first step of
-    their critical path that would end past it (None: they fit)."""
-    total_ns, chain = pipeline.critical_path(price, done)
-    late = next((step for step, end_ns in chain if end_ns > left_ns), None)
-    if late is None:
-        return None
-    path = ", ".join(f"{step.name} {price(step) / 1e6:.3f}" for step, _ in chain)
-    return (
-        f"step {late.name!r} ({late.runs}) would end past the deadline: the pipeline's critical path "
-        f"from there is {total_ns / 1e6:.3f} ms ({path} ms) and {max(left_ns, 0) / 1e6:.3f} ms are left"
-    )

@@ -31,7 +31,7 @@ from edged.models.warmup import load_failure, tiled, warmup_failure
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job, fill, stack, unstack
 from edged.serve.lanes.precedence import Precedence
-from edged.serve.lanes.steps import StepFailed, StepLate, Stepper, step_price, too_late, width
+from edged.serve.lanes.steps import Priced, StepFailed, StepLate, Stepper, width
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.pricing import ServiceTimes
 
@@ -238,18 +238,18 @@ class Worker:
     def _run_pipeline(self, job: Job, taken_ns: int) -> None:
         """A pipeline's steps (edged.serve.lanes.steps), watched as one backend call that
         starts afresh with each step. Before each step, a class that yields waits its turn,
-        and the steps left must still fit the deadline by their prices, or the request
-        ends DEADLINE_EXCEEDED, naming the step that would end late. Steps are not
+        and the path from that step to the end must still fit the deadline by the steps'
+        prices, or the request ends DEADLINE_EXCEEDED, naming the step that would end late. Steps are not
         cancelled mid-call."""
         pipeline = job.model.pipeline
         assert pipeline is not None and self.stepper is not None
-        price = step_price(self.service, job.rows, job.elements)
+        priced = Priced.of(pipeline, self.service, job.rows, job.elements)
 
         def before_step(step: Step, done: set[str]) -> None:
             if done and self.klass.yields:
                 self.precedence.wait_turn(self.klass.order)
             now_ns = time.monotonic_ns()
-            if (late := too_late(pipeline, price, job.deadline_ns - now_ns, done)) is not None:
+            if (late := priced.late(job.deadline_ns - now_ns, step)) is not None:
                 raise StepLate(late)
             self.calls.begin([job], now_ns, self.on_worker)
 
