@@ -249,3 +249,20 @@ def test_a_bad_pipeline_stops_start_up_by_default_naming_it(repository: Path, ow
     log = running.log()
     assert "pipeline 'broken' (" in log and "step 'light': inputs.x: step 'guard' makes no 'y'" in log
     assert 'or set server.on_model_failure = "skip" to serve the other models' in log
+
+
+def test_a_hung_python_step_is_answered_by_the_watchdog_and_its_worker_replaced(
+    repository: Path,
+    own_daemon,  # type: ignore[no-untyped-def]
+) -> None:
+    running = own_daemon(f'[server]\nmodel_repository = "{repository}"\n[classes.standard]\nstuck_after_ms = 300\n')
+    hung = np.zeros((1, 64), dtype=np.float32)
+    hung[0, 0] = 3.0  # the wait step sleeps 3 s, ten times the watchdog's limit
+    with Client(running.ipc) as client:
+        with pytest.raises(Internal) as answered:
+            client.infer("slow", {"x": hung}, klass="standard", deadline_ms=20_000, timeout_ms=10_000)
+        assert "the backend call has not returned after 300 ms" in str(answered.value)
+        wait_for(lambda: client.health()["lanes"]["standard"] == "ok", 10, "a new standard worker")
+        quick = client.infer("slow", {"x": np.zeros((1, 64), np.float32)}, klass="standard")
+    assert quick["scores"].shape == (1, 10)
+    assert "class standard: recovering: a backend call of slow has not returned after 300 ms" in running.log()
