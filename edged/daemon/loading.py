@@ -27,7 +27,8 @@ from edged.backends.gpu_memory import MIB, LaneReservation, check_measured, mib
 from edged.backends.host_memory import check_lane, check_weights, rss_bytes, trim
 from edged.backends.shared import MemoryPlan, Weights, WeightsHold
 from edged.config import Config
-from edged.models.pipeline import PipelineError, discover_pipelines
+from edged.models.pipeline import PipelineError
+from edged.models.pipeline_manifest import discover_pipelines
 from edged.models.repository import ModelEntry, RepositoryError, discover, scan
 from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.lanes.lane import Lane

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from support import ENGINES, REPO_ROOT
 
-from edged.models.pipeline import PipelineError, read_pipeline
+from edged.models.pipeline import PipelineError
+from edged.models.pipeline_manifest import read_pipeline
 from edged.models.repository import discover
 
 MODELS = {model.name: model for model in discover(ENGINES, "onnxruntime", ("cnn-heavy", "mlp-light"))}

@@ -180,7 +180,7 @@ class Lane:
             peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
             shed = self._pending.take(peer, nbytes, self.backlog)
         if shed is not None and shed.reason == "deadline" and priced is not None:
-            shed = replace(shed, message=_pipeline_shed(model.name, priced, left_ns, shed.message))
+            shed = replace(shed, message=priced.shed(left_ns, shed.message))
         if shed is not None:
             return self._shed(shed, model, rows, elements, now_ns)
         self.stats.admitted += 1
@@ -310,12 +310,3 @@ class Lane:
         else:
             ready.wait()
         worker.serve()
-
-
-def _pipeline_shed(name: str, priced: Priced, left_ns: int, why: str) -> str:
-    """A pipeline's shed, named by its step: the first on its critical path to end past
-    the deadline, or, where the work ahead is what does not fit, its last."""
-    if (late := priced.late(left_ns)) is not None:
-        return f"pipeline {name!r}: {late}"
-    last = priced.pipeline.longest(priced.prices, priced.tails)[-1][0]
-    return f"pipeline {name!r} would end past the deadline at its last step, {last.name!r}: {why}"

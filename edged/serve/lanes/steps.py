@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from edged.backends import Runner
-from edged.models.pipeline import Pipeline, Ref, Step
+from edged.models.pipeline import Pipeline, PipelineError, Ref, Step
+from edged.models.repository import ModelEntry
 from edged.serve.pricing import ServiceTimes
 from edged.wire.tensors import DTYPES
 
@@ -65,6 +66,16 @@ class Priced:
             f"step {late.name!r} ({late.runs}) would end past the deadline: the pipeline's critical path "
             f"from there is {chain[-1][1] / 1e6:.3f} ms ({path} ms) and {max(left_ns, 0) / 1e6:.3f} ms are left"
         )
+
+    def shed(self, left_ns: int, why: str) -> str:
+        """The sentence of a shed at arrival: the first step of the critical path to end
+        past the deadline, or, where the work queued ahead is what does not fit (`why`,
+        admission's own sentence), the last."""
+        name = self.pipeline.name
+        if (late := self.late(left_ns)) is not None:
+            return f"pipeline {name!r}: {late}"
+        last = self.pipeline.longest(self.prices, self.tails)[-1][0]
+        return f"pipeline {name!r} would end past the deadline at its last step, {last.name!r}: {why}"
 
 
 class Stepper:
@@ -113,6 +124,31 @@ class Stepper:
         finally:
             wait(running)  # a failed request's branches end before the worker takes the next
         return {name: values[ref] for name, ref in pipeline.outputs}
+
+    def timed(self, entry: ModelEntry, inputs: Mapping[str, np.ndarray]) -> None:
+        """Run `entry`'s pipeline on a sample (a warm-up, a re-timing): its steps priced
+        as they run, and the whole under the pipeline's own name, as `stats` shows it."""
+        assert entry.pipeline is not None
+        elements = entry.signature.elements(dict(inputs))
+        start = time.perf_counter_ns()
+        self.run(entry.pipeline, inputs, 1, elements)
+        self._service.observe(entry.name, time.perf_counter_ns() - start, 1, elements)
+
+    def warm(self, entry: ModelEntry, runs: int) -> None:
+        """Run the pipeline `runs` times on each warm-up sample: every step warm, and
+        priced, before the first request; a step that fails fails the pipeline."""
+        for sample in entry.samples:
+            inputs = sample.inputs()
+            for _ in range(runs):
+                try:
+                    self.timed(entry, inputs)
+                except StepFailed as exc:
+                    shapes = {name: list(array.shape) for name, array in inputs.items()}
+                    raise PipelineError(
+                        entry.name,
+                        f"pipeline {entry.name!r}: its warm-up on {shapes} failed: {exc}; give {entry.manifest} a "
+                        "'warmup' sample its steps take",
+                    ) from None
 
     def _ready(self, todo: list[Step], done: set[str], busy: set[str]) -> list[Step]:
         """The steps that may start now: all they take is made, and their runner is free

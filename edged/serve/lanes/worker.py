@@ -25,7 +25,7 @@ from typing import Any
 
 from edged.backends import Backend, CallStop, Runner
 from edged.config.classes import ClassConfig
-from edged.models.pipeline import PipelineError, Step
+from edged.models.pipeline import Step
 from edged.models.repository import ModelEntry
 from edged.models.warmup import load_failure, tiled, warmup_failure
 from edged.serve.answers import Answers
@@ -89,28 +89,8 @@ class Worker:
             pipelines = [entry.pipeline for entry in self.pipelines if entry.pipeline is not None]
             self.stepper = Stepper(self.runners, self.service, width(pipelines))
             for entry in self.pipelines:
-                self._warm_pipeline(entry)
+                self.stepper.warm(entry, WARMUP_RUNS)
         self.loaded.set()
-
-    def _warm_pipeline(self, entry: ModelEntry) -> None:
-        """Run the pipeline WARMUP_RUNS times on each warm-up sample: every step is warm,
-        and priced, before the first request."""
-        assert self.stepper is not None and entry.pipeline is not None
-        for sample in entry.samples:
-            inputs = sample.inputs()
-            rows, elements = _measure(entry, inputs)
-            for _ in range(WARMUP_RUNS):
-                try:
-                    start = time.perf_counter_ns()
-                    self.stepper.run(entry.pipeline, inputs, rows, elements)
-                except StepFailed as exc:
-                    shapes = {name: list(array.shape) for name, array in inputs.items()}
-                    raise PipelineError(
-                        entry.name,
-                        f"pipeline {entry.name!r}: its warm-up on {shapes} failed: {exc}; give {entry.manifest} a "
-                        "'warmup' sample its steps take",
-                    ) from None
-                self.service.observe(entry.name, time.perf_counter_ns() - start, rows, elements)
 
     def serve(self) -> None:
         """Run jobs until STOP, or until the watchdog gives up on this thread."""
@@ -143,19 +123,15 @@ class Worker:
 
     def _remeasure(self, model: ModelEntry) -> None:
         inputs = model.samples[0].inputs()
-        rows, elements = _measure(model, inputs)
         if model.pipeline is None:
             elapsed = _time_calls(self.runners[model.name], model, inputs, 1)
-        else:
-            assert self.stepper is not None
-            start = time.perf_counter_ns()
-            try:
-                self.stepper.run(model.pipeline, inputs, rows, elements)
-            except StepFailed as exc:
-                log.warning("pipeline %s: re-timing its warm-up sample failed: %s", model.name, exc)
-                return
-            elapsed = time.perf_counter_ns() - start
-        self.service.observe(model.name, elapsed, rows, elements)
+            self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
+            return
+        assert self.stepper is not None
+        try:
+            self.stepper.timed(model, inputs)
+        except StepFailed as exc:
+            log.warning("pipeline %s: re-timing its warm-up sample failed: %s", model.name, exc)
 
     def _row_cap(self, job: Job) -> int:
         """The most rows of `job`'s model one call may carry and still end within the
@@ -301,10 +277,3 @@ def _time_calls(runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs:
         runner.run(inputs, model.signature.output_names)
         times.append(time.perf_counter_ns() - start)
     return sorted(times)[len(times) // 2]
-
-
-def _measure(model: ModelEntry, inputs: dict[str, Any]) -> tuple[int, int]:
-    """A sample's rows and elements, as Signature.measure counts a request's."""
-    signature = model.signature
-    rows = next(iter(inputs.values())).shape[0] if signature.batchable else 1
-    return rows, signature.elements(inputs) if signature.sized else 0
