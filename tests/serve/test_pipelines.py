@@ -6,7 +6,9 @@ on a lane's worker and never on the socket loop, and a bad pipeline failing alon
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -266,3 +268,26 @@ def test_a_hung_python_step_is_answered_by_the_watchdog_and_its_worker_replaced(
         quick = client.infer("slow", {"x": np.zeros((1, 64), np.float32)}, klass="standard")
     assert quick["scores"].shape == (1, 10)
     assert "class standard: recovering: a backend call of slow has not returned after 300 ms" in running.log()
+
+
+def test_a_reload_picks_up_a_changed_step_and_a_new_pipeline(repository: Path, own_daemon) -> None:  # type: ignore[no-untyped-def]
+    root = short_dir()
+    for name in ("mlp-light", "guarded"):
+        shutil.copytree(repository / name, root / name)
+    running = own_daemon(f'[server]\nmodel_repository = "{root}"\n')
+    x = np.ones((1, 64), np.float32)
+    with Client(running.ipc) as client:
+        before = client.infer("guarded", {"x": x})["scores"]
+        # The guard now passes on twice its input; and a second pipeline appears beside it.
+        steps = root / "guarded" / "steps.py"
+        steps.write_text(steps.read_text().replace('return {"x": x, "thread"', 'return {"x": x * 2, "thread"'))
+        shutil.copytree(root / "guarded", root / "guarded-too")
+        count = running.log().count("reloaded")
+        os.kill(running.pid, signal.SIGHUP)
+        wait_for(lambda: running.log().count("reloaded") > count, 60, "the reload")
+        after = client.infer("guarded", {"x": x})["scores"]
+        too = client.infer("guarded-too", {"x": x})["scores"]
+    reference = Reference()
+    np.testing.assert_allclose(before, reference.run("mlp-light", {"x": x}), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(after, reference.run("mlp-light", {"x": 2 * x}), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(too, after, rtol=1e-6)
