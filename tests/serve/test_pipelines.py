@@ -9,6 +9,7 @@ import importlib.util
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,10 @@ def guard(x):
 def wait(x):
     time.sleep(float(x[0, 0]))
     return {"x": x}
+
+
+def who(x):
+    return {"thread": np.frombuffer(threading.current_thread().name.encode(), np.uint8)}
 
 
 MEETING = threading.Barrier(2, timeout=10)
@@ -291,3 +296,27 @@ def test_a_reload_picks_up_a_changed_step_and_a_new_pipeline(repository: Path, o
     np.testing.assert_allclose(before, reference.run("mlp-light", {"x": x}), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(after, reference.run("mlp-light", {"x": 2 * x}), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(too, after, rtol=1e-6)
+
+
+def test_on_a_gpu_backend_branches_run_in_turn_on_the_workers_thread_fake_gpu(repository: Path) -> None:
+    """A GPU runtime's per-thread state is made on the worker's thread: no branch thread
+    there. The backend is tests/support/fake_gpu.py (a reserving backend on the CPU)."""
+    root = short_dir()
+    shutil.copytree(repository / "mlp-light", root / "mlp-light")
+    pipeline(root, "who", PAIR.replace("steps:meet", "steps:who"))
+    saved = dict(os.environ)
+    os.environ.update(EDGED_FAKE_GPU_FREE_MB="65536")
+    try:
+        program = [sys.executable, str(REPO_ROOT / "tests" / "support" / "fake_gpu.py")]
+        config = f'[server]\nbackend = "fake-gpu"\nmodel_repository = "{root}"\n'
+        running = start_daemon(config, program=program)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        with Client(running.ipc) as client:
+            threads = client.infer("who", {"x": np.zeros((1, 64), np.float32)}, klass="bulk")
+    finally:
+        running.close()
+    names = {bytes(threads[side]).decode() for side in ("left", "right")}
+    assert len(names) == 1 and names.pop().startswith("lane-bulk-")

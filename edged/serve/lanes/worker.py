@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.backends import Backend, CallStop, Runner
+from edged.backends import Backend, CallStop, Reserving, Runner
 from edged.config.classes import ClassConfig
 from edged.models.pipeline import Step
 from edged.models.repository import ModelEntry
@@ -87,7 +87,10 @@ class Worker:
             self.runners[model.name] = load_and_warm(self.backend, model, self.klass, self.service)
         if self.pipelines:
             pipelines = [entry.pipeline for entry in self.pipelines if entry.pipeline is not None]
-            self.stepper = Stepper(self.runners, self.service, width(pipelines))
+            # A GPU runtime keeps per-thread state (ONNX Runtime's cuBLAS and cuDNN handles,
+            # the current context), made on this thread: there, branches run here, in turn.
+            on_gpu = isinstance(self.backend, Reserving)
+            self.stepper = Stepper(self.runners, self.service, 1 if on_gpu else width(pipelines))
             for entry in self.pipelines:
                 self.stepper.warm(entry, WARMUP_RUNS)
         self.loaded.set()
