@@ -199,6 +199,10 @@ def copy_run_keeping(
         for staged, value in inputs:
             if isinstance(value, np.ndarray):
                 staged.upload(stream, value)
+            elif isinstance(value.memory, Lent) and value.dtype != staged.dtype:
+                # Another runner's output, of another dtype than this input (an engine whose I/O types
+                # are not its manifest's): through the host, converted, as it went before it was kept.
+                staged.upload(stream, download_now(value))
             else:
                 staged.copy_from_device(stream, value)
         enqueue()

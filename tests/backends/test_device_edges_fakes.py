@@ -214,3 +214,21 @@ def test_fake_cuda_memory_ort_a_kept_output_is_its_bound_buffer_with_the_bytes_r
     with pytest.raises(cuda_calls.CudaError, match="ran again or closed"):
         kept.pointer  # noqa: B018
     runner.close()
+
+
+def test_fake_cuda_memory_a_kept_output_of_another_dtype_than_the_input_goes_through_the_host_converted(
+    runtime: SimpleNamespace, log: list[str]
+) -> None:
+    """A client's device input of another dtype is refused (never converted); a runner's
+    kept output is converted, as it was when every output was downloaded."""
+    stream = object.__new__(cuda_layer.Stream)
+    stream.handle = 7
+    made, taking = cuda_memory.Staged(np.dtype(np.float32), 32), cuda_memory.Staged(np.dtype(np.float16), 16)
+    values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    host_view(made.device.pointer, np.dtype(np.float32), (2, 4))[:] = values
+    kept = cuda_memory.Lender().lend(made, (2, 4))
+    (out,) = cuda_memory.copy_run_keeping(stream, [(taking, kept)], lambda: None, lambda: [(taking, (2, 4), None)])
+    assert isinstance(out, np.ndarray) and out.dtype == np.float16
+    np.testing.assert_array_equal(out, values)
+    made.close()
+    taking.close()
