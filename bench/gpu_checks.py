@@ -5,6 +5,7 @@
     python bench/gpu_checks.py green [--out DIR]
     python bench/gpu_checks.py weights [--out DIR]
     python bench/gpu_checks.py ipc [--out DIR]
+    python bench/gpu_checks.py edges [--out DIR]
 
 NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs both).
 
@@ -46,6 +47,12 @@ initializer"). One request per class must agree with the CPU within the TF32 bou
 ipc: that a lane reads a client's device memory through CUDA IPC, and answers as the
 frame path does, for a 25 MB frame; and the round trip's overhead beyond compute against
 the issue's 2 ms target (bench/gpu_check_ipc.py says how).
+
+edges: that a pipeline's kept edge is what the runner made (edged.backends.KeepsOnDevice):
+a runner for mlp-light on onnxruntime-cuda runs one input with `run`, then with
+`run_keeping` keeping every output; each must come back as a DeviceTensor whose bytes,
+read back, equal `run`'s download and the CPU's within the TF32 bound (the I/O binding
+writes into edged's own buffer); after one more call, reading it must be refused.
 
 Each prints a table and a verdict line last, writes DIR/gpu-checks-NAME.json, and exits
 non-zero on failure (3 where the device cannot run the check at all).
@@ -116,7 +123,7 @@ def write(out: Path, check: str, record: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=("stream", "memory", "green", "weights", "ipc"))
+    parser.add_argument("check", choices=("stream", "memory", "green", "weights", "ipc", "edges"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu-checks-CHECK.json")
     args = parser.parse_args(argv)
     needs_gpu(args.check)

@@ -22,7 +22,8 @@
 #    model's weights are on the device once, not once per session).
 # 2, 3: bench/gpu_bench.py, scenarios 1-4, then 5-8 (--duration 5 --repeats 2).
 # 4: bench/gpu_checks.py green, then scenario 9 (bulk in a green context) only if it passed;
-#    then ipc (a 25 MB frame in a client's device memory, through CUDA IPC, against frames).
+#    then ipc (a 25 MB frame in a client's device memory, through CUDA IPC, against frames);
+#    then edges (a pipeline's kept output is the runner's own buffer, equal to `run`'s).
 # Estimated, not measured: ~7 min for call 1 (weights ~1 min; should the call's budget run
 # out first, GPU_VERIFY_STEPS=weights bench/gpu_verify.sh 1 runs it alone), ~4 min each for
 # 2-4; with the machine's start and the wheels' calls, ~20-25 min of device time.
@@ -145,6 +146,7 @@ if session.get_providers()[0] != 'CUDAExecutionProvider': raise SystemExit('the 
     step green 120 "$py" bench/gpu_checks.py green --out "$work" &&
       step bench-9 420 bench --scenarios 9
     step ipc 90 "$py" bench/gpu_checks.py ipc --out "$work"
+    step edges 60 "$py" bench/gpu_checks.py edges --out "$work"
     ;;
   *) echo "CALL is 1, 2, 3 or 4, not $call" >&2; exit 2 ;;
 esac

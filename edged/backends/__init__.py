@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -110,6 +110,26 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class KeepsOnDevice(Protocol):
+    """A GPU runner that can leave outputs on the device (optional): a pipeline's
+    model-to-model edge then costs one device-to-device copy into the next runner's
+    input buffer, not a download and an upload (edged.serve.lanes.steps)."""
+
+    def run_keeping(
+        self,
+        inputs: dict[str, np.ndarray | DeviceTensor],
+        output_names: Sequence[str],
+        keep: Collection[str],
+        stop: CallStop | None = None,
+    ) -> list[np.ndarray | DeviceTensor]:
+        """As `run`, but each output named in `keep` comes back as a DeviceTensor over this
+        runner's own output buffer, valid until its next call or `close` (reading it later
+        raises); the stream is synchronized first, so its bytes are there. The others are
+        downloaded as `run` does."""
+        ...
 
 
 class Backend(Protocol):

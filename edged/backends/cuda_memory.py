@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -133,6 +133,47 @@ class Staged:
         self.pinned.close()
 
 
+class Lender:
+    """A runner's count of its runs: a buffer it lent out (`Lent`) may be read until the
+    next run, which overwrites it, or until the runner closes (`ran` at both)."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def ran(self) -> None:
+        self.runs += 1
+
+    def lend(self, staged: Staged, shape: tuple[int, ...]) -> DeviceTensor:
+        """`shape`'s first bytes of `staged`'s device buffer, as an input for another runner."""
+        from edged.backends import DeviceTensor
+
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(staged.dtype).itemsize
+        return DeviceTensor(Lent(staged.device, self), 0, nbytes, np.dtype(staged.dtype), shape)
+
+
+class Lent:
+    """A runner's own device buffer as a DeviceTensor's memory (edged.backends.DeviceMemory):
+    its pointer is refused once the runner has run again or closed, since the bytes it
+    lent are gone then; a stale read raises instead of reading another call's output."""
+
+    __slots__ = ("_buffer", "_lender", "_run", "nbytes")
+
+    def __init__(self, buffer: DeviceBuffer, lender: Lender) -> None:
+        self._buffer, self._lender, self._run = buffer, lender, lender.runs
+        self.nbytes = buffer.nbytes
+
+    @property
+    def pointer(self) -> int:
+        if self._lender.runs != self._run or not self._buffer.pointer:
+            raise CudaError(
+                "a runner's kept output was read after that runner ran again or closed: its buffer no longer "
+                "holds it (edged.serve.lanes.steps keeps an edge only where its model does not run in between)"
+            )
+        return self._buffer.pointer
+
+
 def copy_run_sync(
     stream: Stream,
     inputs: list[tuple[Staged, np.ndarray | DeviceTensor]],
@@ -142,20 +183,40 @@ def copy_run_sync(
     """One call on `stream`: stage the inputs to the device (a host array through its
     pinned buffer, a DeviceTensor device to device), enqueue the run, stage the outputs
     (`outputs()` gives their shapes once the run is enqueued) back, and wait."""
+    made = copy_run_keeping(stream, inputs, enqueue, lambda: [(s, shape, None) for s, shape in outputs()])
+    return cast("list[np.ndarray]", made)  # nothing lent: every output downloaded
+
+
+def copy_run_keeping(
+    stream: Stream,
+    inputs: list[tuple[Staged, np.ndarray | DeviceTensor]],
+    enqueue: Callable[[], None],
+    outputs: Callable[[], list[tuple[Staged, tuple[int, ...], Lender | None]]],
+) -> list[np.ndarray | DeviceTensor]:
+    """`copy_run_sync`, except that an output given with a Lender stays in its device
+    buffer and comes back as a DeviceTensor over it (lent until the lender runs again)."""
     try:
         for staged, value in inputs:
             if isinstance(value, np.ndarray):
                 staged.upload(stream, value)
+            elif isinstance(value.memory, Lent) and value.dtype != staged.dtype:
+                # Another runner's output, of another dtype than this input (an engine whose I/O types
+                # are not its manifest's): through the host, converted, as it went before it was kept.
+                staged.upload(stream, download_now(value))
             else:
                 staged.copy_from_device(stream, value)
         enqueue()
-        views = [staged.download(stream, shape) for staged, shape in outputs()]
+        made = [
+            staged.download(stream, shape) if lender is None else lender.lend(staged, shape)
+            for staged, shape, lender in outputs()
+        ]
     except BaseException:
         # A copy already enqueued may still read a client's device memory, which closes
         # once the call lets go of it: wait for it (a failed stream may fail this too).
         with contextlib.suppress(CudaError):
             stream.synchronize()
         raise
+    # A kept output's bytes are there once this returns, whichever stream reads them next.
     stream.synchronize()
     # Copies: the pinned buffers are reused by the next call while the reply may still be queued.
-    return [view.copy() for view in views]
+    return [value.copy() if isinstance(value, np.ndarray) else value for value in made]

@@ -30,13 +30,13 @@ Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from edged.backends import BackendError, CallStop, cuda, green
+from edged.backends import BackendError, CallStop, DeviceTensor, cuda, green
 from edged.backends.capture_gate import CAPTURE_GATE
 from edged.backends.device_weights import DEVICE_WEIGHTS, load_device_weights, weights_key
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, io_bytes, reserve_lanes
@@ -79,6 +79,7 @@ class OnnxRuntimeCudaRunner:
         self.cpu_nodes = False  # some nodes run on the CPU (onnxruntime_gpu.create_session)
         self._owns_stream = stream is None
         self.stream = stream
+        self._lender = cuda.Lender()  # what `run_keeping` lent is read until the next run
         try:
             with CAPTURE_GATE.shared():
                 if self.stream is None:
@@ -125,16 +126,31 @@ class OnnxRuntimeCudaRunner:
     def run(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
     ) -> list[np.ndarray]:
+        return cast("list[np.ndarray]", self.run_keeping(inputs, output_names, (), stop))  # nothing kept
+
+    def run_keeping(
+        self,
+        inputs: dict[str, np.ndarray | DeviceTensor],
+        output_names: Sequence[str],
+        keep: Collection[str],
+        stop: CallStop | None = None,
+    ) -> list[np.ndarray | DeviceTensor]:
+        """edged.backends.KeepsOnDevice: a kept output is lent from its own buffer, the
+        address its I/O binding binds the output to."""
         CAPTURE_GATE.enter()
         try:
-            return self._run(inputs, output_names, stop)
+            return self._run(inputs, output_names, stop, keep)
         finally:
             CAPTURE_GATE.leave()
 
     def _run(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None
-    ) -> list[np.ndarray]:
-        rows = self._signature.rows(inputs)
+        self,
+        inputs: dict[str, np.ndarray | DeviceTensor],
+        output_names: Sequence[str],
+        stop: CallStop | None,
+        keep: Collection[str] = (),
+    ) -> list[np.ndarray | DeviceTensor]:
+        rows = self._signature.rows(inputs)  # a DeviceTensor has a shape too
         if rows > self._max_rows:
             raise BackendError(f"{rows} rows exceed the {self._max_rows} this lane's buffers hold")
         if rows != self._bound_rows:
@@ -144,13 +160,21 @@ class OnnxRuntimeCudaRunner:
         if stop is not None:
             # Read between nodes: kernels already queued on the stream still run.
             stop.bind(lambda: setattr(options, "terminate", True))
-        return cuda.copy_run_sync(
+        return cuda.copy_run_keeping(
             self.stream,
             [(self._staged[name], array) for name, array in inputs.items()],
             # Enqueued on the lane's stream behind the copies; ONNX Runtime waits for it at the end.
-            lambda: self._session.run_with_iobinding(self._binding, options),
-            lambda: [(self._staged[name], self._shape(name, rows)) for name in output_names],
+            lambda: self._enqueue(options),
+            lambda: [
+                (self._staged[name], self._shape(name, rows), self._lender if name in keep else None)
+                for name in output_names
+            ],
         )
+
+    def _enqueue(self, options: Any) -> None:
+        # After the inputs' copies, which may read what this runner lent last: the run overwrites it.
+        self._lender.ran()
+        self._session.run_with_iobinding(self._binding, options)
 
     def close(self) -> None:
         """Free in the reverse order of use: the session (and its CUDA graphs) launches work
@@ -159,6 +183,7 @@ class OnnxRuntimeCudaRunner:
             self._free()
 
     def _free(self) -> None:
+        self._lender.ran()  # what it lent is freed below
         if self._binding is not None:
             self._binding.clear_binding_inputs()
             self._binding.clear_binding_outputs()

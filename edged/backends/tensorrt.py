@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -207,6 +207,7 @@ class TensorRtRunner:
         self._staged: dict[str, cuda.Staged] = {}
         self._graphs: dict[tuple[tuple[int, ...], ...], cuda.Graph] = {}
         self._capture = lane.cuda_graph
+        self._lender = cuda.Lender()  # what `run_keeping` lent is read until the next enqueue
         self.stream = lane_stream(lane)
         try:
             self._set_up(trt, lane)
@@ -252,18 +253,35 @@ class TensorRtRunner:
     def run(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
     ) -> list[np.ndarray]:
+        return cast("list[np.ndarray]", self.run_keeping(inputs, output_names, (), stop))  # nothing kept
+
+    def run_keeping(
+        self,
+        inputs: dict[str, np.ndarray | DeviceTensor],
+        output_names: Sequence[str],
+        keep: Collection[str],
+        stop: CallStop | None = None,
+    ) -> list[np.ndarray | DeviceTensor]:
+        """edged.backends.KeepsOnDevice: a kept output is lent from its own buffer, the
+        address the context writes it to."""
         # An enqueued engine cannot be stopped: `stop` binds nothing and the call runs to its end.
         for name in self._inputs:
             self._set_shape(name, inputs[name].shape)
         key = tuple(inputs[name].shape for name in self._inputs)
-        return cuda.copy_run_sync(
+        lenders = [self._lender if name in keep else None for name in output_names]
+        return cuda.copy_run_keeping(
             self.stream,
             [(self._staged[name], inputs[name]) for name in self._inputs],
             lambda: self._enqueue(key),
-            lambda: [(self._staged[name], tuple(self._context.get_tensor_shape(name))) for name in output_names],
+            lambda: [
+                (self._staged[name], tuple(self._context.get_tensor_shape(name)), lender)
+                for name, lender in zip(output_names, lenders)
+            ],
         )
 
     def _enqueue(self, key: tuple[tuple[int, ...], ...]) -> None:
+        # After the inputs' copies, which may read what this runner lent last: the run overwrites it.
+        self._lender.ran()
         graph = self._graphs.get(key)
         if graph is not None:
             self.stream.launch(graph)
@@ -280,6 +298,7 @@ class TensorRtRunner:
     def close(self) -> None:
         """Wait for the stream, then free what uses the rest first: graphs, the context,
         its device memory, the buffers, the stream."""
+        self._lender.ran()  # what it lent is freed below
         self.stream.synchronize()
         for graph in self._graphs.values():
             graph.close()

@@ -39,13 +39,13 @@ def checks(*args: str) -> subprocess.CompletedProcess[str]:
 def test_gpu_checks_help_names_both_checks_and_what_they_prove() -> None:
     done = checks("--help")
     assert done.returncode == 0, done.stderr
-    assert "{stream,memory,green,weights,ipc}" in done.stdout and "--out" in done.stdout
+    assert "{stream,memory,green,weights,ipc,edges}" in done.stdout and "--out" in done.stdout
     assert "Cannot use user supplied initializer" in " ".join(done.stdout.split())
     assert "cuStreamWaitValue32" in done.stdout and "64 MiB" in done.stdout
 
 
 @pytest.mark.skipif(NO_CUDA is None, reason="this machine has a CUDA device")
-@pytest.mark.parametrize("check", ["stream", "memory", "green", "weights", "ipc"])
+@pytest.mark.parametrize("check", ["stream", "memory", "green", "weights", "ipc", "edges"])
 def test_gpu_checks_without_a_gpu_stops_with_one_sentence_and_the_reason(check: str, tmp_path: Path) -> None:
     done = checks(check, "--out", str(tmp_path))
     assert done.returncode == 1

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from edged.backends import cuda_memory
+
 PROVIDER = "CUDAExecutionProvider"
 
 
@@ -77,6 +79,7 @@ class FakeCuda(types.SimpleNamespace):
 
         self.Stream, self.Staged, self.Graph, self.DeviceBuffer = Stream, Staged, Graph, DeviceBuffer
         self.CudaError = RuntimeError
+        self.Lender = cuda_memory.Lender  # no CUDA call in it: the real one
         self.set_device = lambda device: None
         self.download_now = lambda tensor: (log.append("download_now"), np.ones(tensor.shape, tensor.dtype))[1]
         self.cuda_available = lambda: None
@@ -98,6 +101,21 @@ class FakeCuda(types.SimpleNamespace):
         self.copied.extend((stream, staged, value) for staged, value in inputs)
         enqueue()
         return [np.zeros(shape, staged.dtype) for staged, shape in outputs()]
+
+    def copy_run_keeping(
+        self,
+        stream: Any,
+        inputs: list[tuple[Any, Any]],
+        enqueue: Callable[[], None],
+        outputs: Callable[[], list[tuple[Any, tuple[int, ...], Any]]],
+    ) -> list[Any]:
+        """As copy_run_sync; an output given a lender comes back lent, as the real one does."""
+        self.copied.extend((stream, staged, value) for staged, value in inputs)
+        enqueue()
+        return [
+            np.zeros(shape, staged.dtype) if lender is None else lender.lend(staged, shape)
+            for staged, shape, lender in outputs()
+        ]
 
 
 class _Binding:

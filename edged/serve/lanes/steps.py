@@ -9,6 +9,11 @@ and on threads it started (inheriting its niceness and cores); steps of one mode
 one after another, since a runner is one worker's. Each step's time is learned under
 its own name (`pipeline/step`, by the request's size), for the next request's critical
 path (`Priced`).
+
+On the GPU backends (width 1: every step on the worker's thread, in `pipeline.steps`'
+order), a model step's output that only GPU runners read next stays on the device
+(`Stepper.kept`): its runner lends its own output buffer and the next runner copies it
+device to device, where it would otherwise be downloaded and uploaded again.
 """
 
 from __future__ import annotations
@@ -17,15 +22,18 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from edged.backends import Runner
+from edged.backends import DeviceTensor, KeepsOnDevice, Runner
 from edged.models.pipeline import Pipeline, PipelineError, Ref, Step
 from edged.models.repository import ModelEntry
 from edged.serve.pricing import ServiceTimes
 from edged.wire.tensors import DTYPES
+
+# A tensor between steps: a host array, or (on the GPU backends) a model's output it kept on the device.
+Value = np.ndarray | DeviceTensor
 
 
 class StepFailed(Exception):
@@ -86,6 +94,8 @@ class Stepper:
         self._runners = runners
         self._service = service
         self._branches = ThreadPoolExecutor(width - 1, thread_name_prefix="pipeline-branch") if width > 1 else None
+        # By pipeline name: the pipeline planned (a reload brings a new one) and its plan.
+        self._plans: dict[str, tuple[Pipeline, dict[str, tuple[str, ...]]]] = {}
 
     def run(
         self,
@@ -99,11 +109,12 @@ class Stepper:
         from are done, on this thread or, beside one already running, on a branch
         thread; `before_step(step, done)` runs first (and may raise to end the request).
         Raises StepFailed naming the step that failed, once the steps running are done."""
-        values: dict[Ref, np.ndarray] = {Ref(None, name): array for name, array in inputs.items()}
+        values: dict[Ref, Value] = {Ref(None, name): array for name, array in inputs.items()}
         todo, done = list(pipeline.steps), set[str]()
-        running: dict[Future[dict[str, np.ndarray]], Step] = {}
+        running: dict[Future[dict[str, Value]], Step] = {}
+        plan = self.kept(pipeline)
 
-        def record(step: Step, made: dict[str, np.ndarray]) -> None:
+        def record(step: Step, made: dict[str, Value]) -> None:
             values.update((Ref(step.name, name), array) for name, array in made.items())
             done.add(step.name)
 
@@ -115,15 +126,59 @@ class Stepper:
                     todo.remove(step)
                 for step in ready[1:]:
                     assert self._branches is not None
-                    running[self._branches.submit(self._step, step, values, rows, elements)] = step
+                    running[self._branches.submit(self._step, step, values, rows, elements, None)] = step
                 if ready:
-                    record(ready[0], self._step(ready[0], values, rows, elements))
+                    record(ready[0], self._step(ready[0], values, rows, elements, plan.get(ready[0].name)))
                 finished = [f for f in running if f.done()] if ready else wait(running, return_when=FIRST_COMPLETED)[0]
                 for future in finished:
                     record(running.pop(future), future.result())
         finally:
             wait(running)  # a failed request's branches end before the worker takes the next
-        return {name: values[ref] for name, ref in pipeline.outputs}
+        # A pipeline's outputs are never kept on the device (`kept`): host arrays all.
+        return {name: cast("np.ndarray", values[ref]) for name, ref in pipeline.outputs}
+
+    def kept(self, pipeline: Pipeline) -> dict[str, tuple[str, ...]]:
+        """By model step, the outputs it leaves on the device (none for most), for every
+        step that makes or takes one; planned once per pipeline. Empty unless the steps
+        run one at a time (the GPU backends' width 1) on runners that keep
+        (edged.backends.KeepsOnDevice): the CPU path runs as it always has."""
+        planned = self._plans.get(pipeline.name)
+        if planned is None or planned[0] is not pipeline:
+            planned = self._plans[pipeline.name] = (pipeline, self._plan(pipeline))
+        return planned[1]
+
+    def _plan(self, pipeline: Pipeline) -> dict[str, tuple[str, ...]]:
+        """An output stays on the device when it is not a pipeline output, every step that
+        takes it is a model step on a keeping runner, and its own runner does not run
+        again before the last of them (that run would overwrite the buffer it lends)."""
+        if self._branches is not None:
+            return {}  # branch threads: a lent buffer would be read on another thread's stream
+
+        def keeps(step: Step) -> bool:
+            return step.model is not None and isinstance(self._runners.get(step.model.name), KeepsOnDevice)
+
+        steps = pipeline.steps
+        order = {step.name: i for i, step in enumerate(steps)}
+        replied = {ref for _, ref in pipeline.outputs}
+        plan: dict[str, tuple[str, ...]] = {}
+        for i, step in enumerate(steps):
+            if not keeps(step):
+                continue
+            kept = []
+            for spec in step.outputs:
+                ref = Ref(step.name, spec.name)
+                takers = [c for c in pipeline.children[step.name] if any(r == ref for _, r in c.inputs)]
+                if ref in replied or not takers or not all(keeps(c) for c in takers):
+                    continue
+                last = max(order[c.name] for c in takers)
+                if any(other.runner == step.runner for other in steps[i + 1 : last]):
+                    continue
+                kept.append(spec.name)
+                for taker in takers:
+                    plan.setdefault(taker.name, ())
+            if kept:
+                plan[step.name] = tuple(kept)
+        return plan
 
     def timed(self, entry: ModelEntry, inputs: Mapping[str, np.ndarray]) -> None:
         """Run `entry`'s pipeline on a sample (a warm-up, a re-timing): its steps priced
@@ -164,11 +219,13 @@ class Stepper:
         if self._branches is not None:
             self._branches.shutdown(wait=False, cancel_futures=True)
 
-    def _step(self, step: Step, values: Mapping[Ref, np.ndarray], rows: int, elements: int) -> dict[str, np.ndarray]:
+    def _step(
+        self, step: Step, values: Mapping[Ref, Value], rows: int, elements: int, keep: tuple[str, ...] | None
+    ) -> dict[str, Value]:
         given = {param: values[ref] for param, ref in step.inputs}
         start = time.perf_counter_ns()
         try:
-            made = self._call(step, given)
+            made = self._call(step, given, keep)
         except StepFailed:
             raise
         except Exception as exc:
@@ -177,18 +234,30 @@ class Stepper:
         self._service.observe(step.key, elapsed, rows, elements)
         return made
 
-    def _call(self, step: Step, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _call(self, step: Step, given: dict[str, Value], keep: tuple[str, ...] | None) -> dict[str, Value]:
+        """`keep` None: the step runs as on the CPU, host arrays in and out; else (a step
+        of the plan, `kept`) it may take DeviceTensors and leaves `keep` on the device."""
         model = step.model
         if model is None:
             assert step.function is not None
-            return _checked(step, step.function(**given))
+            return _checked(step, step.function(**given))  # never given a kept output (`_plan`)
         signature = model.signature
+        # A kept output (a DeviceTensor) has a shape too: an empty one takes this shortcut as an array does.
         if signature.batchable and any(array.shape[0] == 0 for array in given.values()):
             # Nothing to run (a detector that found nothing): empty outputs, as the model would make.
             return {spec.name: np.zeros(_empty(spec.shape), DTYPES[spec.dtype]) for spec in step.outputs}
+        if keep is not None:
+            runner = cast(KeepsOnDevice, self._runners[model.name])
+            on_device = {spec.name: _contiguous(given[spec.name]) for spec in signature.inputs}
+            return dict(zip(signature.output_names, runner.run_keeping(on_device, signature.output_names, keep)))
         inputs = {spec.name: np.ascontiguousarray(given[spec.name]) for spec in signature.inputs}
         outputs = self._runners[model.name].run(inputs, signature.output_names)
         return dict(zip(signature.output_names, outputs))
+
+
+def _contiguous(value: Value) -> Value:
+    """A host array as a runner takes it; a kept output as it is (the runner copies it on the device)."""
+    return value if isinstance(value, DeviceTensor) else np.ascontiguousarray(value)
 
 
 def _empty(shape: tuple[int, ...]) -> tuple[int, ...]:
