@@ -224,6 +224,13 @@ class Dispatcher:
         model.signature.check(request)
         rows, elements = model.signature.measure(request)
         slots = self._regions_of(route, request, model) if request.shm_inputs or request.outputs_shm else {}
+        if model.pipeline is not None and request.device_inputs:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"pipeline {model.name!r} takes its inputs in frames or POSIX shared memory, not in device memory "
+                "(a CUDA IPC region): its steps start from host arrays",
+                request.id,
+            )
         if self.fixed_rows and rows > lane.klass.max_batch:
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,

@@ -10,6 +10,9 @@ import os
 import shutil
 import signal
 import sys
+import time
+from collections.abc import Iterator
+from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +20,7 @@ import pytest
 from support import ENGINES, REPO_ROOT, Reference, RunningDaemon, short_dir, start_daemon, wait_for
 
 from edged.client import Client
-from edged.client.errors import DeadlineExceeded, Internal, Overloaded
+from edged.client.errors import DeadlineExceeded, Internal, InvalidArgument, Overloaded
 
 DEMO = REPO_ROOT / "docs" / "examples" / "demo-ensemble"
 
@@ -298,25 +301,51 @@ def test_a_reload_picks_up_a_changed_step_and_a_new_pipeline(repository: Path, o
     np.testing.assert_allclose(too, after, rtol=1e-6)
 
 
-def test_on_a_gpu_backend_branches_run_in_turn_on_the_workers_thread_fake_gpu(repository: Path) -> None:
-    """A GPU runtime's per-thread state is made on the worker's thread: no branch thread
-    there. The backend is tests/support/fake_gpu.py (a reserving backend on the CPU)."""
+@pytest.fixture(scope="module")
+def fake_gpu(repository: Path) -> Iterator[RunningDaemon]:
+    """A daemon on tests/support/fake_gpu.py (a reserving backend on the CPU, whose
+    "device memory" for CUDA IPC is a POSIX object), serving two pipelines."""
     root = short_dir()
-    shutil.copytree(repository / "mlp-light", root / "mlp-light")
+    for name in ("mlp-light", "guarded"):
+        shutil.copytree(repository / name, root / name)
     pipeline(root, "who", PAIR.replace("steps:meet", "steps:who"))
     saved = dict(os.environ)
     os.environ.update(EDGED_FAKE_GPU_FREE_MB="65536")
     try:
         program = [sys.executable, str(REPO_ROOT / "tests" / "support" / "fake_gpu.py")]
-        config = f'[server]\nbackend = "fake-gpu"\nmodel_repository = "{root}"\n'
+        config = f'[server]\nbackend = "fake-gpu"\nmodel_repository = "{root}"\n[shm]\nenabled = true\n'
         running = start_daemon(config, program=program)
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    try:
-        with Client(running.ipc) as client:
-            threads = client.infer("who", {"x": np.zeros((1, 64), np.float32)}, klass="bulk")
-    finally:
-        running.close()
+    yield running
+    running.close()
+
+
+def test_on_a_gpu_backend_branches_run_in_turn_on_the_workers_thread_fake_gpu(fake_gpu: RunningDaemon) -> None:
+    """A GPU runtime's per-thread state is made on the worker's thread: no branch thread there."""
+    with Client(fake_gpu.ipc) as client:
+        threads = client.infer("who", {"x": np.zeros((1, 64), np.float32)}, klass="bulk")
     names = {bytes(threads[side]).decode() for side in ("left", "right")}
     assert len(names) == 1 and names.pop().startswith("lane-bulk-")
+
+
+def test_a_pipeline_refuses_an_input_in_device_memory_fake_gpu(fake_gpu: RunningDaemon) -> None:
+    x = np.ones((1, 64), np.float32)
+    memory = shared_memory.SharedMemory(name=f"edged-pipe-{os.getpid()}-{time.monotonic_ns()}", create=True, size=4096)
+    try:
+        np.frombuffer(memory.buf, np.float32, x.size)[:] = x.reshape(-1)
+        with Client(fake_gpu.ipc) as client:
+            region = client.register_cuda_ipc(memory.name.lstrip("/").encode().ljust(64, b"\0"), memory.size)
+            with pytest.raises(InvalidArgument) as refused:
+                client.infer("guarded", {"x": region.tensor(0, x.shape)})
+            # The same input as a frame is served, and a model takes the region as before.
+            assert client.infer("guarded", {"x": x})["scores"].shape == (1, 10)
+            assert client.infer("mlp-light", {"x": region.tensor(0, x.shape)})["scores"].shape == (1, 10)
+            client.unregister(region)
+    finally:
+        memory.unlink()
+        memory.close()
+    assert "pipeline 'guarded' takes its inputs in frames or POSIX shared memory, not in device memory" in str(
+        refused.value
+    )
