@@ -23,7 +23,6 @@ from edged.backends.cuda_memory import (
     PinnedBuffer,
     Staged,
     copy_run_keeping,
-    copy_run_sync,
     download_now,
     upload_at_load,
 )
@@ -44,7 +43,6 @@ __all__ = [
     "Staged",
     "Stream",
     "copy_run_keeping",
-    "copy_run_sync",
     "cuda_available",
     "device_count",
     "device_info",

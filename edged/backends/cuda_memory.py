@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -174,27 +174,17 @@ class Lent:
         return self._buffer.pointer
 
 
-def copy_run_sync(
-    stream: Stream,
-    inputs: list[tuple[Staged, np.ndarray | DeviceTensor]],
-    enqueue: Callable[[], None],
-    outputs: Callable[[], list[tuple[Staged, tuple[int, ...]]]],
-) -> list[np.ndarray]:
-    """One call on `stream`: stage the inputs to the device (a host array through its
-    pinned buffer, a DeviceTensor device to device), enqueue the run, stage the outputs
-    (`outputs()` gives their shapes once the run is enqueued) back, and wait."""
-    made = copy_run_keeping(stream, inputs, enqueue, lambda: [(s, shape, None) for s, shape in outputs()])
-    return cast("list[np.ndarray]", made)  # nothing lent: every output downloaded
-
-
 def copy_run_keeping(
     stream: Stream,
     inputs: list[tuple[Staged, np.ndarray | DeviceTensor]],
     enqueue: Callable[[], None],
     outputs: Callable[[], list[tuple[Staged, tuple[int, ...], Lender | None]]],
 ) -> list[np.ndarray | DeviceTensor]:
-    """`copy_run_sync`, except that an output given with a Lender stays in its device
-    buffer and comes back as a DeviceTensor over it (lent until the lender runs again)."""
+    """One call on `stream`: stage the inputs to the device (a host array through its
+    pinned buffer, a DeviceTensor device to device), enqueue the run, stage the outputs
+    (`outputs()` gives their shapes once the run is enqueued) back, and wait. An output
+    given with a Lender stays in its device buffer instead and comes back as a
+    DeviceTensor over it (lent until the lender runs again)."""
     try:
         for staged, value in inputs:
             if isinstance(value, np.ndarray):

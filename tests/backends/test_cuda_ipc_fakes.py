@@ -100,13 +100,13 @@ def test_fake_cuda_runtime_a_device_input_is_copied_device_to_device_on_the_lane
     staged = cuda_memory.Staged(np.dtype(np.float32), 1024)
     memory = SimpleNamespace(pointer=BASE, nbytes=SIZE)
     tensor = DeviceTensor(memory, 64, 512, np.dtype(np.float32), (2, 64))
-    cuda_memory.copy_run_sync(stream, [(staged, tensor)], lambda: log.append("enqueue"), list)
+    cuda_memory.copy_run_keeping(stream, [(staged, tensor)], lambda: log.append("enqueue"), list)
     assert log == [f"memcpy D2D 0x100 <- {BASE + 64:#x} 512 on 7", "enqueue", "synchronize 7"]
     assert not any("H2D" in line for line in log)
     wrong = DeviceTensor(memory, 0, 512, np.dtype(np.float16), (4, 64))
     del log[:]
     with pytest.raises(cuda_calls.CudaError, match="never converted"):
-        cuda_memory.copy_run_sync(stream, [(staged, wrong)], lambda: None, list)
+        cuda_memory.copy_run_keeping(stream, [(staged, wrong)], lambda: None, list)
     assert log == ["synchronize 7"]  # a failed call still waits for what it enqueued
 
 

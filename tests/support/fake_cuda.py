@@ -91,17 +91,6 @@ class FakeCuda(types.SimpleNamespace):
         self.log.append("upload")
         self.uploads.append(sum(array.nbytes for _, array in arrays))
 
-    def copy_run_sync(
-        self,
-        stream: Any,
-        inputs: list[tuple[Any, Any]],
-        enqueue: Callable[[], None],
-        outputs: Callable[[], list[tuple[Any, tuple[int, ...]]]],
-    ) -> list[np.ndarray]:
-        self.copied.extend((stream, staged, value) for staged, value in inputs)
-        enqueue()
-        return [np.zeros(shape, staged.dtype) for staged, shape in outputs()]
-
     def copy_run_keeping(
         self,
         stream: Any,
@@ -109,7 +98,7 @@ class FakeCuda(types.SimpleNamespace):
         enqueue: Callable[[], None],
         outputs: Callable[[], list[tuple[Any, tuple[int, ...], Any]]],
     ) -> list[Any]:
-        """As copy_run_sync; an output given a lender comes back lent, as the real one does."""
+        """Zeros for each downloaded output; one given a lender comes back lent, as the real one does."""
         self.copied.extend((stream, staged, value) for staged, value in inputs)
         enqueue()
         return [
