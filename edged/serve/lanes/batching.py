@@ -10,12 +10,15 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edged.models.repository import ModelEntry
 from edged.wire.codec import RequestId
+
+if TYPE_CHECKING:
+    from edged.serve.lanes.steps import Priced
 
 
 @dataclass(slots=True)
@@ -39,6 +42,8 @@ class Job:
     into: dict[str, Any] = field(default_factory=dict)
     # An input is in a client's device memory (edged.backends.DeviceTensor): never stacked.
     device: bool = False
+    # A pipeline's: its steps as admission priced them, which its worker checks the time left against.
+    priced: Priced | None = None
     answered: bool = False  # written by edged.serve.answers only, under its claim
 
     def fits_with(self, other: Job) -> bool:

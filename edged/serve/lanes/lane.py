@@ -199,6 +199,7 @@ class Lane:
             nbytes=nbytes,
             into=into or {},
             device=bool(request.device_inputs),
+            priced=priced,
         )
         if self.precedence.flying:
             slack_ns = left_ns - cost_ns - int(self.backlog.work_ns / self.backlog.pace)

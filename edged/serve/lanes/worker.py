@@ -31,7 +31,7 @@ from edged.models.warmup import load_failure, tiled, warmup_failure
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job, fill, stack, unstack
 from edged.serve.lanes.precedence import Precedence
-from edged.serve.lanes.steps import Priced, StepFailed, StepLate, Stepper, width
+from edged.serve.lanes.steps import StepFailed, StepLate, Stepper, width
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.pricing import ServiceTimes
 
@@ -218,11 +218,10 @@ class Worker:
         """A pipeline's steps (edged.serve.lanes.steps), watched as one backend call that
         starts afresh with each step. Before each step, a class that yields waits its turn,
         and the path from that step to the end must still fit the deadline by the steps'
-        prices, or the request ends DEADLINE_EXCEEDED, naming the step that would end late. Steps are not
-        cancelled mid-call."""
-        pipeline = job.model.pipeline
-        assert pipeline is not None and self.stepper is not None
-        priced = Priced.of(pipeline, self.service, job.rows, job.elements)
+        prices as admission took them, or the request ends DEADLINE_EXCEEDED, naming the
+        step that would end late. Steps are not cancelled mid-call."""
+        pipeline, priced = job.model.pipeline, job.priced
+        assert pipeline is not None and priced is not None and self.stepper is not None
 
         def before_step(step: Step, done: set[str]) -> None:
             if done and self.klass.yields:
