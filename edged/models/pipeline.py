@@ -51,7 +51,7 @@ class Step:
     @property
     def runner(self) -> str:
         """What runs it: its model's runner, or its own function."""
-        return self.model.name if self.model is not None else f"{self.key}"
+        return self.model.name if self.model is not None else self.key
 
     @property
     def runs(self) -> str:
