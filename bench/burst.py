@@ -1,6 +1,7 @@
 """A burst from many peers, with realtime beside it and the bare floor, in one run.
 
     python bench/burst.py [--runs 3] [--peers 500] [--per-peer 20] [--json FILE] [--baseline DIR]
+                          [--config FILE] [--shed-only]
 
 Each run, in turn:
 1. the floor: a bare ZeroMQ ROUTER, in a process of its own, that answers every
@@ -12,10 +13,15 @@ Each run, in turn:
    send mlp-light every 20 ms through the client library.
 Reported per run: requests lost or answered twice; admitted bulk that then expired;
 realtime OK and its round trip (with the daemon's own span beside it); the time to
-answer the whole burst against the floor's; the OVERLOADED round trip; the daemon's
-RSS before the burst and 1 s after its last reply. With --baseline DIR, each run also
-gives the same burst to another checkout's daemon (a worktree of an earlier commit),
-the two in an order swapped from run to run: before and after, interleaved.
+answer the whole burst against the floor's; the OVERLOADED round trip; bulk's calls
+cancelled for realtime (preempted); the daemon's RSS before the burst and 1 s after
+its last reply. With --baseline DIR, each run also gives the same burst to another
+checkout's daemon (a worktree of an earlier commit), the two in an order swapped from
+run to run: before and after, interleaved. With --config FILE, this checkout's daemon
+runs with that configuration. With --shed-only, each run also gives this checkout's
+daemon the burst with a deadline shorter than cnn-heavy's own run, so that every bulk
+request is shed and none computes: the time edged's ingest alone takes, apart from the
+compute of what it admits.
 """
 
 from __future__ import annotations
@@ -28,16 +34,19 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import zmq
 
+from edged.client import Client
 from edged.loadgen.burst import realtime_beside, stampede
 from edged.loadgen.launch import DaemonProcess, checkout_program, resident_kib, thread_cpu_seconds
 
 REALTIME_PEERS = 10
 REALTIME_PERIOD_MS = 20.0
+BULK_DEADLINE_MS = 3000.0
+SHED_ONLY_DEADLINE_MS = 1.0  # under cnn-heavy's 2 ms run: admission sheds every request
 
 
 def floor_server(endpoint: str, ready: Any, stop: Any) -> None:
@@ -69,7 +78,7 @@ def floor_run(folder: str, peers: int, per_peer: int) -> dict[str, Any]:
     server.start()
     try:
         ready.wait(30)
-        burst, beside, _ = beside_burst(endpoint, peers, per_peer, None)
+        burst, beside, _ = beside_burst(endpoint, peers, per_peer, BULK_DEADLINE_MS, None)
         return {"burst": burst, "realtime": beside}
     finally:
         stop.set()
@@ -77,7 +86,7 @@ def floor_run(folder: str, peers: int, per_peer: int) -> dict[str, Any]:
 
 
 def beside_burst(
-    endpoint: str, peers: int, per_peer: int, pid: int | None
+    endpoint: str, peers: int, per_peer: int, deadline_ms: float, pid: int | None
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
     """The burst, with realtime's peers beside it from a process of their own; and, given
     the server's `pid`, the CPU seconds each of its threads took during the burst."""
@@ -87,26 +96,38 @@ def beside_burst(
         realtime = other.submit(realtime_beside, endpoint, REALTIME_PEERS, REALTIME_PERIOD_MS, 8.0)
         time.sleep(1.0)
         cpu_before = thread_cpu_seconds(pid) if pid else {}
-        burst = stampede(endpoint, peers, per_peer).summary()
+        burst = stampede(endpoint, peers, per_peer, deadline_ms).summary()
         cpu_after = thread_cpu_seconds(pid) if pid else {}
         beside = realtime.result()
     cpu = {name: round(cpu_after[name] - cpu_before.get(name, 0.0), 2) for name in cpu_after}
     return burst, beside, {name: seconds for name, seconds in cpu.items() if seconds}
 
 
-def edged_run(folder: str, peers: int, per_peer: int, program: list[str] | None) -> dict[str, Any]:
+class Daemon(NamedTuple):
+    """One daemon a run gives the burst to: its program (None: this checkout's), its
+    configuration (None: the built-in one) and the bulk requests' deadline."""
+
+    program: list[str] | None = None
+    config: Path | None = None
+    deadline_ms: float = BULK_DEADLINE_MS
+
+
+def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon) -> dict[str, Any]:
     endpoint = f"ipc://{folder}/edged.sock"
-    with DaemonProcess([endpoint], log_path=Path(folder) / "daemon.log", program=program) as daemon:
-        daemon.wait_serving()
-        rss_before = resident_kib(daemon.process.pid)
-        burst, beside, cpu = beside_burst(endpoint, peers, per_peer, daemon.process.pid)
+    with DaemonProcess([endpoint], daemon.config, Path(folder) / "daemon.log", program=daemon.program) as process:
+        process.wait_serving()
+        rss_before = resident_kib(process.process.pid)
+        burst, beside, cpu = beside_burst(endpoint, peers, per_peer, daemon.deadline_ms, process.process.pid)
+        with Client(endpoint) as client:
+            preempted = client.stats()["classes"]["bulk"]["preempted"]
         time.sleep(1.0)
-        rss_after = resident_kib(daemon.process.pid)
+        rss_after = resident_kib(process.process.pid)
     return {
         "burst": burst,
         "realtime": beside,
         "rss_kib": {"before": rss_before, "after_1s": rss_after},
         "daemon_cpu_s": cpu,
+        "bulk_preempted": preempted,
     }
 
 
@@ -130,6 +151,8 @@ def report(run: str, floor: dict[str, Any], edged: dict[str, Any]) -> str:
             f"its sheds in {shed_took:.2f} s ({shed_took / floor_took:.2f}x), "
             f"the rest being the {burst['admitted']} admitted requests' compute",
             f"  OVERLOADED round trip p50: {burst['overloaded_round_trip_p50_ms'] or 0:.1f} ms",
+            f"  bulk's calls cancelled for realtime: {edged['bulk_preempted']['calls']}, "
+            f"{edged['bulk_preempted']['work_us'] / 1000:.0f} ms of compute thrown away",
             f"  the daemon's CPU seconds during the burst, by thread: {edged['daemon_cpu_s']}",
             f"  RSS {rss['before'] / 1024:.0f} MiB before, {rss['after_1s'] / 1024:.0f} MiB 1 s after "
             f"({rss['after_1s'] / rss['before']:.2f}x)",
@@ -144,10 +167,14 @@ def main() -> int:
     parser.add_argument("--per-peer", type=int, default=20)
     parser.add_argument("--json", type=Path, help="write every run's figures here")
     parser.add_argument("--baseline", help="also run another checkout's daemon, interleaved with this one's")
+    parser.add_argument("--config", type=Path, help="this checkout's daemon's configuration file")
+    parser.add_argument("--shed-only", action="store_true", help="also run the burst with every request shed")
     args = parser.parse_args()
-    daemons: dict[str, list[str] | None] = {"this checkout": None}
+    daemons = {"this checkout": Daemon(config=args.config)}
     if args.baseline:
-        daemons["baseline"] = checkout_program(args.baseline)
+        daemons["baseline"] = Daemon(checkout_program(args.baseline))
+    if args.shed_only:
+        daemons["shed only"] = Daemon(config=args.config, deadline_ms=SHED_ONLY_DEADLINE_MS)
     runs = []
     for run in range(1, args.runs + 1):
         order = list(daemons) if run % 2 else list(reversed(daemons))

@@ -206,6 +206,15 @@ def fixed_rows(backend: Backend) -> bool:
     return bool(getattr(backend, "fixed_rows", False))
 
 
+def computes_on_caller(runner: Runner) -> bool:
+    """Whether `runner`'s calls compute on the calling thread alone (the CPU backend's, in
+    a lane of one thread): then that thread's CPU time is what a call costs, and the time
+    it waited for a core is the box's contention, not the model's price. A runner says so
+    with an attribute `computes_on_caller = True`; a GPU's, whose thread waits on the
+    device, has none, and its calls are priced by the clock on the wall."""
+    return bool(getattr(runner, "computes_on_caller", False))
+
+
 def backend_named(name: str, fallback: str | None = None) -> Backend:
     """Import and build the backend registered as `name`; `fallback` (server.fallback,
     checked in config to go with "tensorrt" only) names where models it cannot run go."""

@@ -86,6 +86,8 @@ class OnnxRuntimeCpuRunner:
     def __init__(self, model: ModelEntry, lane: ClassConfig, fused: bool = True) -> None:
         self._key: Key | None = session_key(model, lane, fused)
         self._session = SESSIONS.take(self._key, lambda: lane_session(model, lane, fused))
+        # With one intra-op thread the graph runs on the caller's thread (see cpu_session).
+        self.computes_on_caller = lane.threads == 1
 
     def run(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None

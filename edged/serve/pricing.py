@@ -1,13 +1,18 @@
-"""Prices: how long a backend call of each model takes on one lane, learned live,
-for admission (edged.serve.admission) to weigh a request against its deadline."""
+"""Prices: what a backend call of each model costs on one lane with its core (or its
+device) to itself, learned live, for admission (edged.serve.admission) to weigh a
+request against its deadline, at the lane's measured pace."""
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from edged.backends import Runner, computes_on_caller
 
 # Weight of the newest observation in the service-time average, once it holds
 # 1/EWMA_WEIGHT of them: heavy enough to follow a change of load within a few dozen
@@ -21,8 +26,21 @@ SIZES_KEPT = 8
 Key = TypeVar("Key", str, int)
 
 
+def price_clock(runner: Runner) -> Callable[[], int]:
+    """The clock a call of `runner` is priced by, in ns: the calling thread's CPU time
+    where the call computes on that thread alone, else the wall's.
+
+    A price is what a call costs with a core to itself; how much of a core the lane gets
+    is its pace (edged.serve.admission.Backlog), measured apart. Priced by the wall, a
+    niced lane's calls starved through a burst (2 ms of compute over 25-37 ms) raised
+    its prices tenfold: admission then counted the starvation twice, and preemption,
+    predicting each call's end from that price, cancelled calls that were nearly done,
+    hundreds a burst (docs/benchmarks.md, "Bursts: prices by the CPU")."""
+    return time.thread_time_ns if computes_on_caller(runner) else time.perf_counter_ns
+
+
 class ServiceTimes:
-    """How long a backend call of each model takes on one lane, learned live.
+    """What a backend call of each model costs on one lane (by `price_clock`), learned live.
 
     A call costs a first row plus each further row: priced per request, a few
     large batches would make every small request look expensive. A model whose cost

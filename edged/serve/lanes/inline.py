@@ -25,6 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from edged.backends import computes_on_caller
 from edged.config.classes import ClassConfig
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.worker import WARMUP_RUNS, Worker
@@ -109,7 +110,8 @@ class InlinePath:
         cpu_ns = time.thread_time_ns() - cpu_ns
         worker.answers.result(job, start_ns, end_ns - start_ns, outputs=outputs, error=error)
         if error is None:
-            worker.service.observe(name, end_ns - start_ns, rows, job.elements)
+            price_ns = cpu_ns if computes_on_caller(worker.runners[name]) else end_ns - start_ns
+            worker.service.observe(name, price_ns, rows, job.elements)
         standing = self._standing[name]
         standing.runs += 1
         if cpu_ns > OVERSHOOT * self._limit_ns:

@@ -33,7 +33,7 @@ from edged.serve.lanes.batching import Job, fill, stack, unstack
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.steps import StepFailed, StepLate, Stepper, width
 from edged.serve.lanes.watchdog import OpenCalls
-from edged.serve.pricing import ServiceTimes
+from edged.serve.pricing import ServiceTimes, price_clock
 
 log = logging.getLogger("edged.lanes")
 
@@ -178,7 +178,8 @@ class Worker:
         self.answers.stats.call(rows)
         runner = self.runners[live[0].model.name]
         stop = CallStop() if self.klass.preemptible else None
-        start = time.perf_counter_ns()
+        clock = price_clock(runner)
+        start, priced_from = time.perf_counter_ns(), clock()
         self.calls.begin(live, time.monotonic_ns(), self.on_worker)
         if stop is not None:
             model = live[0].model
@@ -209,7 +210,7 @@ class Worker:
         if stop is not None:
             self.precedence.land(stop)
         compute_ns = time.perf_counter_ns() - start
-        self.service.observe(live[0].model.name, compute_ns, rows, sum(job.elements for job in live))
+        self.service.observe(live[0].model.name, clock() - priced_from, rows, sum(job.elements for job in live))
         for job, result in zip(live, unstack(live, names, outputs)):
             self.answers.result(job, taken_ns, compute_ns, outputs=result)
         return False
@@ -271,11 +272,11 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
 
 
 def _time_calls(runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int) -> int:
-    """The median time of `runs` calls on `inputs`: a single call would carry any hiccup
-    of the box into the price."""
-    times = []
+    """The median time of `runs` calls on `inputs`, by the runner's price clock: a single
+    call would carry any hiccup of the box into the price."""
+    clock, times = price_clock(runner), []
     for _ in range(runs):
-        start = time.perf_counter_ns()
+        start = clock()
         runner.run(inputs, model.signature.output_names)
-        times.append(time.perf_counter_ns() - start)
+        times.append(clock() - start)
     return sorted(times)[len(times) // 2]
