@@ -29,7 +29,7 @@ import numpy as np
 from edged.backends import DeviceTensor, KeepsOnDevice, Runner
 from edged.models.pipeline import Pipeline, PipelineError, Ref, Step
 from edged.models.repository import ModelEntry
-from edged.serve.pricing import ServiceTimes
+from edged.serve.pricing import ServiceTimes, price_clock
 from edged.wire.tensors import DTYPES
 
 # A tensor between steps: a host array, or (on the GPU backends) a model's output it kept on the device.
@@ -223,15 +223,16 @@ class Stepper:
         self, step: Step, values: Mapping[Ref, Value], rows: int, elements: int, keep: tuple[str, ...] | None
     ) -> dict[str, Value]:
         given = {param: values[ref] for param, ref in step.inputs}
-        start = time.perf_counter_ns()
+        # A Python step may compute on threads of its own: priced by the wall.
+        clock = price_clock(self._runners[step.model.name]) if step.model is not None else time.perf_counter_ns
+        start = clock()
         try:
             made = self._call(step, given, keep)
         except StepFailed:
             raise
         except Exception as exc:
             raise StepFailed(f"step {step.name!r} ({step.runs}) failed: {type(exc).__name__}: {exc}") from exc
-        elapsed = time.perf_counter_ns() - start
-        self._service.observe(step.key, elapsed, rows, elements)
+        self._service.observe(step.key, clock() - start, rows, elements)
         return made
 
     def _call(self, step: Step, given: dict[str, Value], keep: tuple[str, ...] | None) -> dict[str, Value]:
