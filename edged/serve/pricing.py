@@ -35,7 +35,7 @@ def price_clock(runner: Runner) -> Callable[[], int]:
     niced lane's calls starved through a burst (2 ms of compute over 25-37 ms) raised
     its prices tenfold: admission then counted the starvation twice, and preemption,
     predicting each call's end from that price, cancelled calls that were nearly done,
-    hundreds a burst (docs/benchmarks.md, "Bursts: prices by the CPU")."""
+    up to 169 a burst (docs/benchmarks.md, "Bursts: prices by the CPU")."""
     return time.thread_time_ns if computes_on_caller(runner) else time.perf_counter_ns
 
 
