@@ -1,14 +1,12 @@
 """Lanes: one per priority class, reserved at start-up, each with its own queue,
-worker threads and backend runners, and its own admission state. `offer` prices a
-request, lets admission decide (edged.serve.admission), and sheds it at once or places
-the job on one of its routes (edged.serve.lanes.routes): on the socket loop's thread
-when the lane is idle, else on a worker. Replies go through the lane's Transport."""
+worker threads and backend runners (its crew: edged.serve.lanes.crew), and its own
+admission state. `offer` prices a request, lets admission decide
+(edged.serve.admission), and sheds it at once or places the job on one of its routes
+(edged.serve.lanes.routes): on the socket loop's thread when the lane is idle, else on
+a worker. Replies go through the lane's Transport."""
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -19,19 +17,17 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, Shed, admit
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job
+from edged.serve.lanes.crew import Crew
 from edged.serve.lanes.inline import InlinePath
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.routes import Aside, Inline, Queued, Route
 from edged.serve.lanes.steps import Priced
-from edged.serve.lanes.watchdog import OpenCalls
-from edged.serve.lanes.worker import STOP, Remeasure, Worker
+from edged.serve.lanes.worker import Remeasure
 from edged.serve.pending import PendingBytes
 from edged.serve.pricing import ServiceTimes
 from edged.serve.stats import ClassStats
 from edged.serve.transport import Transport
-from edged.wire.codec import Request, Status, tensor_views
-
-log = logging.getLogger("edged.lanes")
+from edged.wire.codec import Request, tensor_views
 
 REMEASURE_EVERY_NS = 1_000_000_000
 PRICED_PAST_MEASURED = (
@@ -43,9 +39,9 @@ PRICED_PAST_MEASURED = (
 class Lane:
     """One class's lane. Its own state is written on one thread at a time: by the
     loader while it builds and starts the lane, then by the socket loop (`offer`:
-    admission and arrivals; `check_stuck`: workers and health). Its workers write
-    nothing of the lane's own: they time calls into `service`, and count and answer
-    through its Answers, which takes finished work off `backlog`."""
+    admission and arrivals; `check_stuck`: workers and health, through its crew). Its
+    workers write nothing of the lane's own: they time calls into `service`, and count
+    and answer through its Answers, which takes finished work off `backlog`."""
 
     def __init__(
         self,
@@ -59,41 +55,30 @@ class Lane:
         pipelines: list[ModelEntry] | None = None,
     ) -> None:
         self.klass = klass
-        self.models = models
-        self.pipelines = pipelines or []  # their steps run on the workers (edged.serve.lanes.steps)
         self.stats = stats or ClassStats()
         self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
         self.backlog = Backlog(klass.workers, self.precedence.idle, klass.gives_way)
         self.precedence.join(klass.order, self.backlog)
         self.service = ServiceTimes()
-        self._backend = backend
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._ready = threading.Barrier(klass.workers + 1)
         self._transport = transport
+        self._pending = pending or PendingBytes()  # daemon-wide, kept across reloads
+        answers = Answers(transport, self.stats, self.backlog, self._pending)
+        # A pipeline's steps run on the workers (edged.serve.lanes.steps).
+        self._crew = Crew(klass, models, pipelines or [], backend, answers, self.service, self.precedence)
         self._inline: InlinePath | None = None
-        self._queued = Queued(self._queue)
+        self._queued = Queued(self._crew.jobs)
         self._idle_routes: tuple[Route, ...] = (self._queued,)  # where a job goes when nothing is ahead of it
         self._last_remeasure_ns = 0
-        self._calls = OpenCalls()
-        self._pending = pending or PendingBytes()  # daemon-wide, kept across reloads
-        self._answers = Answers(transport, self.stats, self.backlog, self._pending)
-        self._recovery: tuple[str, Worker] | None = None  # why the lane is not ok, and the worker it waits for
 
     # --- life cycle --------------------------------------------------------
 
     def start(self) -> None:
         """Start the workers; returns once each has loaded and warmed every model."""
-        workers = [self._start_worker(self._ready) for _ in range(self.klass.workers)]
-        self._ready.wait()
-        errors = [worker.error for worker in workers if worker.error is not None]
-        if errors:
-            self.stop(timeout_s=1.0)
-            raise errors[0]
+        self._crew.start()
         if self.klass.inline_max_us:
             # Never a CUDA graph on the loop: ONNX Runtime captures in global mode, which
             # a capture on the loop, while other lanes serve, would break.
-            loop_worker = self._new_worker(replace(self.klass, cuda_graph=False), on_worker=False)
+            loop_worker = self._crew.new_worker(replace(self.klass, cuda_graph=False), on_worker=False)
             loop_worker.load(pin=False)  # the loop's own thread keeps its settings
             self._inline = InlinePath(self.klass, loop_worker)
             loop_routes: list[Route] = [Inline(self._inline, self.stats)]
@@ -111,30 +96,16 @@ class Lane:
     @property
     def health(self) -> str:
         """ "ok", or why not: shown by the health op."""
-        if self._recovery is None or self._recovery[1].loaded.is_set():
-            return "ok"
-        return self._recovery[0]
+        return self._crew.health
 
     def reject_queued(self, message: str) -> int:
         """Answer every job still queued UNAVAILABLE, without running it."""
-        count = 0
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return count
-            if job is STOP:
-                self._queue.put(job)
-                return count
-            if isinstance(job, Job):
-                self._answers.unrun(job, Status.UNAVAILABLE, message)
-            count += 1
+        return self._crew.reject_queued(message)
 
     def retire(self) -> None:
         """Let the workers finish every job already queued, then end (socket loop, or
         the loader for a lane it never opened: the inline path is not called after)."""
-        for _ in self._workers():
-            self._queue.put(STOP)
+        self._crew.retire()
         if self._inline is not None:
             self._idle_routes = (self._queued,)
             self._inline.close()
@@ -142,14 +113,12 @@ class Lane:
 
     @property
     def alive(self) -> bool:
-        return any(thread.is_alive() for thread in self._workers())
+        return self._crew.alive
 
     def stop(self, timeout_s: float) -> None:
         """Retire, and wait up to `timeout_s` for the workers to end."""
         self.retire()
-        end = time.monotonic() + timeout_s
-        for thread in self._workers():
-            thread.join(max(end - time.monotonic(), 0.0))
+        self._crew.join(timeout_s)
 
     # --- admission (socket loop only) --------------------------------------
 
@@ -174,7 +143,7 @@ class Lane:
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
-        outlook = self.backlog.outlook(now_ns, self._calls.progress(now_ns), self.klass.gives_way and not above_ns)
+        outlook = self.backlog.outlook(now_ns, self._crew.calls.progress(now_ns), self.klass.gives_way and not above_ns)
         shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, outlook)
         if shed is None:  # its bytes are held only once admission admits it
             peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
@@ -240,74 +209,16 @@ class Lane:
         """
         if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
             self._last_remeasure_ns = now_ns
-            self._queue.put(Remeasure(model))
+            self._crew.jobs.put(Remeasure(model))
 
     # --- the watchdog (socket loop's tick, and the shutdown) ---------------
 
     def check_stuck(self, now_ns: int) -> None:
         """Answer the requests of a backend call open past `stuck_after_ms`, and replace
-        the worker inside it (not the loop's thread, which runs aside calls: no worker)."""
-        limit_ms = self.klass.stuck_after_ms
-        stuck = self._calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
-        if stuck is None or not stuck.jobs:
-            return
-        late = f"has not returned after {limit_ms} ms"
-        why = f"a backend call of {stuck.jobs[0].model.name} {late}"
-        if not stuck.workers_lost:
-            self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}")
-            log.error("class %s: %s on the socket loop's thread: answered", self.klass.name, why)
-            return
-        self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
-        log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
-        for _ in range(stuck.workers_lost):
-            self._recovery = (f"recovering: {why}", self._start_worker(None))
+        the worker inside it (edged.serve.lanes.crew)."""
+        self._crew.check_stuck(now_ns)
 
     def answer_open_calls(self, message: str) -> int:
         """Answer INTERNAL every request still inside a backend call: the last act of a
         shutdown whose grace ran out, so that nothing admitted goes unanswered."""
-        now_ns = time.monotonic_ns()
-        return self._answers.failures(self._calls.overdue(now_ns, -1).jobs, now_ns, message)
-
-    # --- workers -----------------------------------------------------------
-
-    def _workers(self) -> list[threading.Thread]:
-        return [thread for thread in self._threads if not self._calls.abandoned(thread)]
-
-    def _new_worker(self, klass: ClassConfig | None = None, on_worker: bool = True) -> Worker:
-        return Worker(
-            klass or self.klass,
-            self.models,
-            self._backend,
-            self._queue,
-            self._calls,
-            self._answers,
-            self.service,
-            self.precedence,
-            on_worker=on_worker,
-            pipelines=self.pipelines if on_worker else [],
-        )
-
-    def _start_worker(self, ready: threading.Barrier | None) -> Worker:
-        worker = self._new_worker()
-        name = f"lane-{self.klass.name}-{len(self._threads)}"
-        thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-        return worker
-
-    def _work(self, worker: Worker, ready: threading.Barrier | None) -> None:
-        """A worker's life; `ready` is start-up's barrier, None for a replacement."""
-        try:
-            worker.load()
-        except BaseException as exc:
-            worker.error = exc  # reported by start(), on the caller's thread
-            if ready is None:
-                log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)
-            else:
-                ready.wait()
-            return
-        if ready is None:
-            log.info("class %s: a new worker serves", self.klass.name)
-        else:
-            ready.wait()
-        worker.serve()
+        return self._crew.answer_open_calls(message)

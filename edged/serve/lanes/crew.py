@@ -1,0 +1,173 @@
+"""A lane's workers: their threads, the queue they take jobs from, and the backend calls
+they have open, which the watchdog reads (edged.serve.lanes.watchdog). A worker the
+watchdog gives up on is answered for and replaced here; the rest of the lane (admission,
+routes) is edged.serve.lanes.lane."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from edged.backends import Backend
+from edged.config.classes import ClassConfig
+from edged.models.repository import ModelEntry
+from edged.serve.answers import Answers
+from edged.serve.lanes.batching import Job
+from edged.serve.lanes.precedence import Precedence
+from edged.serve.lanes.watchdog import OpenCalls
+from edged.serve.lanes.worker import STOP, Worker
+from edged.serve.pricing import ServiceTimes
+from edged.wire.codec import Status
+
+log = logging.getLogger("edged.lanes")
+
+
+class Crew:
+    """One lane's workers. Written on one thread at a time, as its lane is: by the loader
+    while it starts them, then by the socket loop (`check_stuck`, `retire`). The workers
+    take jobs off `jobs` and keep their open calls in `calls`; they write nothing here."""
+
+    def __init__(
+        self,
+        klass: ClassConfig,
+        models: list[ModelEntry],
+        pipelines: list[ModelEntry],
+        backend: Backend,
+        answers: Answers,
+        service: ServiceTimes,
+        precedence: Precedence,
+    ) -> None:
+        self.klass = klass
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.calls = OpenCalls()
+        self._models = models
+        self._pipelines = pipelines  # their steps run on the workers (edged.serve.lanes.steps)
+        self._backend = backend
+        self._answers = answers
+        self._service = service
+        self._precedence = precedence
+        self._threads: list[threading.Thread] = []
+        self._recovery: tuple[str, Worker] | None = None  # why the lane is not ok, and the worker it waits for
+
+    def start(self) -> None:
+        """Start the workers; returns once each has loaded and warmed every model."""
+        ready = threading.Barrier(self.klass.workers + 1)
+        workers = [self._start_worker(ready) for _ in range(self.klass.workers)]
+        ready.wait()
+        errors = [worker.error for worker in workers if worker.error is not None]
+        if errors:
+            self.retire()
+            self.join(1.0)
+            raise errors[0]
+
+    def new_worker(self, klass: ClassConfig | None = None, on_worker: bool = True) -> Worker:
+        """A worker of this lane, not started: `on_worker` False for the inline path's,
+        whose calls run on the socket loop's thread and never run a pipeline."""
+        return Worker(
+            klass or self.klass,
+            self._models,
+            self._backend,
+            self.jobs,
+            self.calls,
+            self._answers,
+            self._service,
+            self._precedence,
+            on_worker=on_worker,
+            pipelines=self._pipelines if on_worker else [],
+        )
+
+    @property
+    def health(self) -> str:
+        """ "ok", or why not: shown by the health op."""
+        if self._recovery is None or self._recovery[1].loaded.is_set():
+            return "ok"
+        return self._recovery[0]
+
+    def reject_queued(self, message: str) -> int:
+        """Answer every job still queued UNAVAILABLE, without running it."""
+        count = 0
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return count
+            if job is STOP:
+                self.jobs.put(job)
+                return count
+            if isinstance(job, Job):
+                self._answers.unrun(job, Status.UNAVAILABLE, message)
+            count += 1
+
+    def retire(self) -> None:
+        """Let the workers finish every job already queued, then end."""
+        for _ in self._workers():
+            self.jobs.put(STOP)
+
+    @property
+    def alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._workers())
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the workers to end."""
+        end = time.monotonic() + timeout_s
+        for thread in self._workers():
+            thread.join(max(end - time.monotonic(), 0.0))
+
+    # --- the watchdog (socket loop's tick, and the shutdown) ---------------
+
+    def check_stuck(self, now_ns: int) -> None:
+        """Answer the requests of a backend call open past `stuck_after_ms`, and replace
+        the worker inside it (not the loop's thread, which runs aside calls: no worker)."""
+        limit_ms = self.klass.stuck_after_ms
+        stuck = self.calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
+        if stuck is None or not stuck.jobs:
+            return
+        late = f"has not returned after {limit_ms} ms"
+        why = f"a backend call of {stuck.jobs[0].model.name} {late}"
+        if not stuck.workers_lost:
+            self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}")
+            log.error("class %s: %s on the socket loop's thread: answered", self.klass.name, why)
+            return
+        self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
+        log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
+        for _ in range(stuck.workers_lost):
+            self._recovery = (f"recovering: {why}", self._start_worker(None))
+
+    def answer_open_calls(self, message: str) -> int:
+        """Answer INTERNAL every request still inside a backend call: the last act of a
+        shutdown whose grace ran out, so that nothing admitted goes unanswered."""
+        now_ns = time.monotonic_ns()
+        return self._answers.failures(self.calls.overdue(now_ns, -1).jobs, now_ns, message)
+
+    # --- the threads -------------------------------------------------------
+
+    def _workers(self) -> list[threading.Thread]:
+        return [thread for thread in self._threads if not self.calls.abandoned(thread)]
+
+    def _start_worker(self, ready: threading.Barrier | None) -> Worker:
+        worker = self.new_worker()
+        name = f"lane-{self.klass.name}-{len(self._threads)}"
+        thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return worker
+
+    def _work(self, worker: Worker, ready: threading.Barrier | None) -> None:
+        """A worker's life; `ready` is start-up's barrier, None for a replacement."""
+        try:
+            worker.load()
+        except BaseException as exc:
+            worker.error = exc  # reported by start(), on the caller's thread
+            if ready is None:
+                log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)
+            else:
+                ready.wait()
+            return
+        if ready is None:
+            log.info("class %s: a new worker serves", self.klass.name)
+        else:
+            ready.wait()
+        worker.serve()
