@@ -13,9 +13,9 @@ Each run, in turn:
    send mlp-light every 20 ms through the client library.
 Reported per run: requests lost or answered twice; admitted bulk that then expired;
 realtime OK and its round trip (with the daemon's own span beside it); the time to
-answer the whole burst against the floor's; the OVERLOADED round trip; bulk's calls
-cancelled for realtime (preempted); the daemon's RSS before the burst and 1 s after
-its last reply. With --baseline DIR, each run also gives the same burst to another
+answer the whole burst against the floor's; the OVERLOADED round trip; the daemon's
+CPU seconds by thread during the burst; its RSS before the burst and 1 s after its
+last reply. With --baseline DIR, each run also gives the same burst to another
 checkout's daemon (a worktree of an earlier commit), the two in an order swapped from
 run to run: before and after, interleaved. With --config FILE, this checkout's daemon
 runs with that configuration. With --shed-only, each run also gives this checkout's
@@ -39,7 +39,6 @@ from typing import Any, NamedTuple
 import msgpack
 import zmq
 
-from edged.client import Client
 from edged.loadgen.burst import realtime_beside, stampede
 from edged.loadgen.launch import DaemonProcess, checkout_program, resident_kib, thread_cpu_seconds
 
@@ -118,8 +117,6 @@ def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon) -> dict[st
         process.wait_serving()
         rss_before = resident_kib(process.process.pid)
         burst, beside, cpu = beside_burst(endpoint, peers, per_peer, daemon.deadline_ms, process.process.pid)
-        with Client(endpoint) as client:
-            preempted = client.stats()["classes"]["bulk"]["preempted"]
         time.sleep(1.0)
         rss_after = resident_kib(process.process.pid)
     return {
@@ -127,7 +124,6 @@ def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon) -> dict[st
         "realtime": beside,
         "rss_kib": {"before": rss_before, "after_1s": rss_after},
         "daemon_cpu_s": cpu,
-        "bulk_preempted": preempted,
     }
 
 
@@ -151,8 +147,6 @@ def report(run: str, floor: dict[str, Any], edged: dict[str, Any]) -> str:
             f"its sheds in {shed_took:.2f} s ({shed_took / floor_took:.2f}x), "
             f"the rest being the {burst['admitted']} admitted requests' compute",
             f"  OVERLOADED round trip p50: {burst['overloaded_round_trip_p50_ms'] or 0:.1f} ms",
-            f"  bulk's calls cancelled for realtime: {edged['bulk_preempted']['calls']}, "
-            f"{edged['bulk_preempted']['work_us'] / 1000:.0f} ms of compute thrown away",
             f"  the daemon's CPU seconds during the burst, by thread: {edged['daemon_cpu_s']}",
             f"  RSS {rss['before'] / 1024:.0f} MiB before, {rss['after_1s'] / 1024:.0f} MiB 1 s after "
             f"({rss['after_1s'] / rss['before']:.2f}x)",

@@ -13,8 +13,6 @@ server and the client in bench/paths.py):
                 Its ratios to the first are what two identical servers differ by in this
                 run, on this box; a ratio of edged's inside that band is not a difference
   edged         the daemon, same requests, same raw DEALER client, default configuration
-                (realtime's loop spin on: classes.realtime.spin_us = 250)
-  edged_no_spin the same with classes.realtime.spin_us = 0: what the spin buys
   edged_baseline given --baseline DIR: the daemon of another checkout (a worktree of an
                 earlier commit, say), default configuration: before and after, one run
   pytriton      a Triton server through PyTriton, given --triton-python: an interpreter
@@ -40,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,10 +47,9 @@ from edged.loadgen.launch import DaemonProcess, checkout_program, cpu_seconds
 from edged.loadgen.sweep import Stream, format_table, progress_to_stderr, run_load
 from edged.wire.codec import encode_request
 
-PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged", "edged_no_spin")
+PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged")
 # Each set beside the naive server, round by round and pooled; naive_again is the control.
-COMPARED = ("edged", "edged_no_spin", "naive_again")
-NO_SPIN_CONFIG = "[classes.realtime]\nspin_us = 0\n[classes.standard]\n[classes.bulk]\n"
+COMPARED = ("edged", "naive_again")
 WARMUP_BETWEEN = 20  # before each later round's: a path idles while the others run
 
 
@@ -91,36 +87,6 @@ def idle_cpu_percent(pid: int, seconds: float = 10.0) -> float:
     before, start = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
     return round(100 * (cpu_seconds(pid) - before) / (time.monotonic() - start), 2)
-
-
-# Light requests at this rate, Poisson: most gaps longer than the 250 us spin, a fifth shorter.
-PACED_RPS = 1000.0
-SPIN_COST_RUNS = 2000  # closed-loop light round trips per daemon for the spin's cost
-
-
-def spin_cost(daemons: dict[str, tuple[str, int]], clients: dict[str, RoundTrips], runs: int, seconds: float) -> Any:
-    """What the loop's spin costs in CPU: each daemon's share of one core, and its CPU per
-    request, under closed-loop light requests and under PACED_RPS Poisson ones, the paths
-    in turn (the spin only runs while realtime's requests come within it of each other)."""
-    figures: dict[str, Any] = {}
-    for path, (endpoint, pid) in daemons.items():
-        for load in ("closed_loop", "paced"):
-            before, start = cpu_seconds(pid), time.monotonic()
-            if load == "closed_loop":
-                count = len(clients[path]("mlp-light", runs, WARMUP)) + WARMUP
-            else:
-                (summary,) = run_load(
-                    endpoint, [Stream("realtime", "mlp-light", PACED_RPS, None)], MODEL_INPUTS, seconds
-                )
-                count = summary["sent"]
-            used, wall = cpu_seconds(pid) - before, time.monotonic() - start
-            figures.setdefault(path, {})[load] = {
-                "cpu_percent": round(100 * used / wall, 1),
-                "cpu_us_per_request": round(1e6 * used / count, 1),
-                "requests": count,
-            }
-            sys.stderr.write(f"spin cost, {path}, {load}: {figures[path][load]}\n")
-    return figures
 
 
 def saturation_rps(endpoint: str, model: str, seconds: float = 3.0, window: int = 8) -> float:
@@ -223,14 +189,11 @@ def main() -> None:
     results["compared"] = compared
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder, contextlib.ExitStack() as stack:
         endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in names[1:]}
-        no_spin_config = Path(folder) / "no-spin.toml"
-        no_spin_config.write_text(NO_SPIN_CONFIG)
         helpers = [helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server", "naive_again")]
         clients: list[RoundTrips] = []
         try:
             daemon = stack.enter_context(DaemonProcess([endpoints["edged"]]))
-            sleeping = stack.enter_context(DaemonProcess([endpoints["edged_no_spin"]], config=no_spin_config))
-            started = [daemon, sleeping]
+            started = [daemon]
             if args.baseline:
                 baseline = checkout_program(args.baseline)
                 started.append(stack.enter_context(DaemonProcess([endpoints["edged_baseline"]], program=baseline)))
@@ -238,19 +201,9 @@ def main() -> None:
                 each.wait_serving()
             idle_s = 3.0 if args.quick else 10.0
             results["edged_idle_cpu_percent"] = idle_cpu_percent(daemon.process.pid, idle_s)
-            results["edged_no_spin_idle_cpu_percent"] = idle_cpu_percent(sleeping.process.pid, idle_s)
             clients = [RoundTrips(endpoints[path]) for path in names[1:]]
             paths = {"in_process": InProcess(), **dict(zip(names[1:], clients))}
             results["unloaded"] = interleaved(paths, runs, args.rounds, compared)
-            results["spin_cost"] = spin_cost(
-                {
-                    "edged": (endpoints["edged"], daemon.process.pid),
-                    "edged_no_spin": (endpoints["edged_no_spin"], sleeping.process.pid),
-                },
-                dict(zip(names[1:], clients)),
-                SPIN_COST_RUNS // (10 if args.quick else 1),
-                duration / 4,
-            )
             results["at_naive_capacity"] = at_naive_capacity(endpoints, duration / 2, 2)
             if not args.skip_overload:
                 heavy_ms = results["unloaded"]["cnn-heavy"]["pooled"]["in_process"]["p50"] / 1000
@@ -265,8 +218,7 @@ def main() -> None:
         for model, figures in results["triton"]["latency_us"].items():
             results["unloaded"][model]["pooled"]["pytriton"] = figures
     print(_unloaded_table(results["unloaded"]))
-    print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core, without the spin: ", end="")
-    print(f"{results['edged_no_spin_idle_cpu_percent']}%")
+    print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core")
     print(json.dumps(_verdicts(results), indent=2))
     if args.write_docs:
         results["verdicts"] = _verdicts(results)

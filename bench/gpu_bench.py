@@ -7,8 +7,9 @@ each against a fresh daemon, run in turn and repeated `--repeats` times, interle
 (A B C D, A B C D, ...), so a drift of the machine falls on every scenario alike:
 1. realtime alone (its lane on a stream of priority -1);
 2. realtime beside a saturating bulk load, each class on its own priority stream, bulk
-   yielding and preemptible (its built-in settings);
-3. the same with bulk's preemption off (classes.bulk yields = false, preemptible = false);
+   yielding, its calls capped by max_call_ms (its built-in settings);
+3. the same with bulk's yield off (classes.bulk yields = false, which leaves its calls
+   uncapped too): what yielding buys realtime, 2 against 3;
 4. the same as 2 with realtime's CUDA graphs on (classes.realtime.cuda_graph = true);
 5. the same as 2 with each lane on its own stream, all at priority 0;
 6. the same with every lane on ONE shared stream (bench/one_stream.py): the ablation;
@@ -17,11 +18,6 @@ each against a fresh daemon, run in turn and repeated `--repeats` times, interle
 9. priority streams, with bulk's lane in a green context of BULK_SMS SMs
    (classes.bulk.sm_count, edged.backends.green), realtime on the whole device: last,
    and in a call of its own after `bench/gpu_checks.py green` passed.
-Preemption on a GPU is expected to buy close to nothing: RunOptions.terminate is read
-between node launches, while a GPU call spends its time in the final wait on its
-stream, so a cancelled call returns about when it would have finished. Each class's
-`preempted` figures from the daemon's stats (calls, and the time each ran until it
-stopped beside the class's call p50) measure it, with 2 against 3.
 Bulk load comes from a process and a socket of its own, so a saturated bulk generator
 never delays realtime's sends. During each scenario's load, nvidia-smi samples GPU
 utilisation every 100 ms (its median per scenario; none without nvidia-smi). Then the

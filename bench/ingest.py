@@ -1,6 +1,5 @@
-"""Where the socket loop's time goes per message in a burst: one bulk cnn-heavy
-request (48 KiB) handled by the real dispatcher and lanes, in this process, with no
-socket.
+"""Where a loop's time goes per message in a burst: one bulk cnn-heavy request
+(48 KiB) handled by the real dispatcher and lanes, in this process, with no socket.
 
     python bench/ingest.py [--messages 5000]
 
@@ -20,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -28,9 +28,12 @@ from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.backends.shared import MemoryPlan
 from edged.config import load_config
 from edged.daemon.lifecycle import Lifecycle, State
+from edged.daemon.loading import Loaded
 from edged.models.repository import discover
-from edged.serve.dispatch import Dispatcher
+from edged.serve.dispatch import Dispatcher, Serving
 from edged.serve.lanes.lane import Lane
+from edged.serve.pending import PendingBytes
+from edged.serve.regions import Regions
 from edged.wire import fast
 from edged.wire.codec import encode_request
 
@@ -50,9 +53,9 @@ class Held:
         gate = self.gate
 
         class Runner:
-            def run(self, inputs: Any, output_names: Any, stop: Any = None) -> Any:
+            def run(self, inputs: Any, output_names: Any) -> Any:
                 gate.wait()
-                return runner.run(inputs, output_names, stop)
+                return runner.run(inputs, output_names)
 
             def close(self) -> None:
                 runner.close()
@@ -61,28 +64,15 @@ class Held:
 
 
 class Sink:
-    """A Transport with no sockets: replies are counted and dropped."""
-
-    unroutable = 0
+    """Stands in for the loop that owns bulk's socket: replies are counted and dropped."""
 
     def __init__(self) -> None:
         self.replies = 0
-        self.ingress: dict[str, list[str]] = {}
+        self.bound = [SimpleNamespace(klass="bulk", local=True)]
+        self.handoff_ns = 0.0  # nothing runs inline: bulk waits to fill batches anyway
 
-    def reply(self, route: Any, frames: Any) -> None:
+    def send(self, route: Any, frames: Any) -> None:
         self.replies += 1
-
-    def peer(self, route: Any) -> bytes:
-        return b"bench"
-
-    def wake(self) -> None:
-        """Nothing to wake."""
-
-    def ask(self, question: Callable[[], Any], timeout_s: float) -> Any:
-        return question()
-
-    def run_aside(self, call: Callable[[], None]) -> bool:
-        return False
 
 
 def per_call_us(work: Callable[[int], None], count: int) -> float:
@@ -100,13 +90,17 @@ def main() -> int:
     models = [m for m in discover(config.model_repository, "onnxruntime") if m.name == "cnn-heavy"]
     backend, sink = Held(), Sink()
     lifecycle = Lifecycle()
-    dispatcher = Dispatcher(config, sink, lifecycle)
-    lanes = {c.name: Lane(c, models, backend, sink) for c in config.classes}
+    serving = Serving(config, lifecycle, Regions(config.shm), PendingBytes(config.limits), {}, lambda: None)
+    dispatcher = Dispatcher("bulk", serving)
+    serving.dispatchers["bulk"] = dispatcher
+    dispatcher.loop = sink  # type: ignore[assignment]
+    lanes = {c.name: Lane(c, models, backend) for c in config.classes}
     for lane in lanes.values():
         lane.start()
-    dispatcher.serve(config, models, lanes, {}, MemoryPlan(), False, {})
+    dispatcher.take_up(Loaded(config, models, lanes, {}, MemoryPlan(), False, 0.0, {}), 1)
     lifecycle.move(State.SERVING)
     limits = config.limits
+    route = (sink, 0, [SimpleNamespace(bytes=b"bench")])
 
     def frames(deadline_ms: float) -> list[bytes]:
         request = encode_request(1, model="cnn-heavy", klass="bulk", deadline_ms=deadline_ms, inputs={"image": IMAGE})
@@ -123,15 +117,15 @@ def main() -> int:
         # Admitted and queued, up to the queue's capacity (measured on the first ones).
         queued = min(args.messages, bulk.klass.queue_capacity - 1)
         figures["admitted and queued"] = per_call_us(
-            lambda i: dispatcher.handle(None, fits, time.monotonic_ns(), None), queued
+            lambda i: dispatcher.handle(route, fits, time.monotonic_ns()), queued
         )
         while bulk.backlog.depth < bulk.klass.queue_capacity:
-            dispatcher.handle(None, fits, time.monotonic_ns(), None)
+            dispatcher.handle(route, fits, time.monotonic_ns())
         figures["shed: queue full"] = per_call_us(
-            lambda i: dispatcher.handle(None, fits, time.monotonic_ns(), None), args.messages
+            lambda i: dispatcher.handle(route, fits, time.monotonic_ns()), args.messages
         )
         figures["shed: deadline"] = per_call_us(
-            lambda i: dispatcher.handle(None, too_short, time.monotonic_ns(), None), args.messages
+            lambda i: dispatcher.handle(route, too_short, time.monotonic_ns()), args.messages
         )
         model = models[0]
         request = fast.decode_request(fits, limits)
@@ -141,7 +135,7 @@ def main() -> int:
             lambda i: model.signature.check(request), args.messages
         )
         figures["  step: the lane's offer (a shed)"] = per_call_us(
-            lambda i: bulk.offer(None, request, model, 1, 0, time.monotonic_ns()), args.messages
+            lambda i: bulk.offer(route, request, model, 1, 0, time.monotonic_ns()), args.messages
         )
         message = "class 'bulk' has 512 requests waiting or running, its capacity; retry after about 1500.0 ms"
         figures["  step: encode the OVERLOADED reply"] = per_call_us(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -45,32 +45,6 @@ NO_RUNTIME = (
 )
 
 
-class CallStop:
-    """A handle on one backend call that another thread may cancel.
-
-    The runner binds how to stop its call before starting it (ONNX Runtime:
-    `RunOptions.terminate`, checked between nodes), and a call so stopped raises. A
-    runtime that cannot stop a call once started binds nothing: the call runs to its
-    end and its result stands. A cancel that comes before the bind acts at the bind.
-    """
-
-    __slots__ = ("_stop", "cancelled")
-
-    def __init__(self) -> None:
-        self._stop: Callable[[], None] | None = None
-        self.cancelled = False
-
-    def bind(self, stop: Callable[[], None]) -> None:
-        self._stop = stop
-        if self.cancelled:
-            stop()
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self._stop is not None:
-            self._stop()
-
-
 class DeviceMemory(Protocol):
     """Device memory a client shared with the daemon (a CUDA IPC region), opened by a
     backend that is `OpeningIpc`; it closes itself once nothing references it."""
@@ -101,12 +75,9 @@ class DeviceTensor:
 
 
 class Runner(Protocol):
-    def run(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
-    ) -> list[np.ndarray]:
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """Run one (possibly batched) call; inputs were checked against the signature. An
-        input may be a DeviceTensor on a backend that is `OpeningIpc`, never on another.
-        With `stop`, the call may be cancelled from another thread (see CallStop)."""
+        input may be a DeviceTensor on a backend that is `OpeningIpc`, never on another."""
         ...
 
     def close(self) -> None: ...
@@ -123,7 +94,6 @@ class KeepsOnDevice(Protocol):
         inputs: dict[str, np.ndarray | DeviceTensor],
         output_names: Sequence[str],
         keep: Collection[str],
-        stop: CallStop | None = None,
     ) -> list[np.ndarray | DeviceTensor]:
         """As `run`, but each output named in `keep` comes back as a DeviceTensor over this
         runner's own output buffer, valid until its next call or `close` (reading it later

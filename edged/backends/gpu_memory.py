@@ -133,8 +133,8 @@ def io_bytes(model: ModelEntry, rows: int) -> int:
 
 def lane_reservation(klass: ClassConfig, models: Sequence[ModelEntry]) -> LaneReservation:
     """What the lane of `klass` reserves for `models`, beyond their weights."""
-    # The inline path (inline_max_us) loads sessions of its own, for the socket loop.
-    per_model = klass.workers + (1 if klass.inline_max_us else 0)
+    # The inline path (inline_max_us) loads sessions of its own, for the class's loop.
+    per_model = klass.workers + (1 if klass.runs_inline else 0)
     sessions = per_model * len(models)
     arena = klass.arena_cap_mb * MIB // sessions if klass.arena_cap_mb else 0
     return LaneReservation(

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from edged.backends import CallStop
 from edged.backends.host_memory import trim
 from edged.backends.int8_kernels import KernelCheck, check_int8_kernels
 from edged.backends.shared import Key, Shared, Weights, WeightsHold, file_key
@@ -89,15 +88,8 @@ class OnnxRuntimeCpuRunner:
         # With one intra-op thread the graph runs on the caller's thread (see cpu_session).
         self.computes_on_caller = lane.threads == 1
 
-    def run(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
-    ) -> list[np.ndarray]:
-        if stop is None:
-            return self._session.run(list(output_names), inputs)
-        options = ort.RunOptions()
-        # ONNX Runtime reads the flag between nodes: the call raises within one node's time.
-        stop.bind(lambda: setattr(options, "terminate", True))
-        return self._session.run(list(output_names), inputs, options)
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        return self._session.run(list(output_names), inputs)
 
     def close(self) -> None:
         """Give the session back, once (a second close is a no-op)."""

@@ -36,7 +36,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from edged.backends import BackendError, CallStop, DeviceTensor, cuda, green
+from edged.backends import BackendError, DeviceTensor, cuda, green
 from edged.backends.capture_gate import CAPTURE_GATE
 from edged.backends.device_weights import DEVICE_WEIGHTS, load_device_weights, weights_key
 from edged.backends.gpu_memory import LaneReservation, ModelReservation, fixed_shape, io_bytes, reserve_lanes
@@ -92,7 +92,7 @@ class OnnxRuntimeCudaRunner:
                 if lane.cuda_graph:
                     with CAPTURE_GATE.exclusive():  # one size at a time: other lanes serve in between
                         for _ in range(CAPTURE_RUNS):
-                            self._run(self._signature.zeros(rows), self._outputs, None)
+                            self._run(self._signature.zeros(rows), self._outputs)
                 else:
                     self.run(self._signature.zeros(rows), self._outputs)
         except BaseException:
@@ -123,23 +123,20 @@ class OnnxRuntimeCudaRunner:
     def providers(self) -> list[str]:
         return self._session.get_providers()
 
-    def run(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
-    ) -> list[np.ndarray]:
-        return cast("list[np.ndarray]", self.run_keeping(inputs, output_names, (), stop))  # nothing kept
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        return cast("list[np.ndarray]", self.run_keeping(inputs, output_names, ()))  # nothing kept
 
     def run_keeping(
         self,
         inputs: dict[str, np.ndarray | DeviceTensor],
         output_names: Sequence[str],
         keep: Collection[str],
-        stop: CallStop | None = None,
     ) -> list[np.ndarray | DeviceTensor]:
         """edged.backends.KeepsOnDevice: a kept output is lent from its own buffer, the
         address its I/O binding binds the output to."""
         CAPTURE_GATE.enter()
         try:
-            return self._run(inputs, output_names, stop, keep)
+            return self._run(inputs, output_names, keep)
         finally:
             CAPTURE_GATE.leave()
 
@@ -147,7 +144,6 @@ class OnnxRuntimeCudaRunner:
         self,
         inputs: dict[str, np.ndarray | DeviceTensor],
         output_names: Sequence[str],
-        stop: CallStop | None,
         keep: Collection[str] = (),
     ) -> list[np.ndarray | DeviceTensor]:
         rows = self._signature.rows(inputs)  # a DeviceTensor has a shape too
@@ -156,10 +152,6 @@ class OnnxRuntimeCudaRunner:
         if rows != self._bound_rows:
             self._bind(rows)
         options = self._run_options[rows]
-        options.terminate = False  # these options are reused: a past cancel must not stop this call
-        if stop is not None:
-            # Read between nodes: kernels already queued on the stream still run.
-            stop.bind(lambda: setattr(options, "terminate", True))
         return cuda.copy_run_keeping(
             self.stream,
             [(self._staged[name], array) for name, array in inputs.items()],

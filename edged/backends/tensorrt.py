@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from edged.backends import BackendError, CallStop, DeviceMemory, DeviceTensor, Runner, cuda
+from edged.backends import BackendError, DeviceMemory, DeviceTensor, Runner, cuda
 from edged.backends.onnxruntime_cuda import lane_stream, open_ipc
 from edged.backends.shared import Weights, WeightsHold, file_key
 from edged.backends.tensorrt_engines import ENGINES, Chosen, deserialize
@@ -171,14 +171,12 @@ class HostInputs:
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
 
-    def run(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
-    ) -> list[np.ndarray]:
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         on_host = {
             name: cuda.download_now(value) if isinstance(value, DeviceTensor) else value
             for name, value in inputs.items()
         }
-        return self._runner.run(on_host, output_names, stop)
+        return self._runner.run(on_host, output_names)
 
     def close(self) -> None:
         self._runner.close()
@@ -250,21 +248,17 @@ class TensorRtRunner:
         if not self._context.set_input_shape(name, shape):
             raise BackendError(f"TensorRT refused shape {list(shape)} for {name} (outside the engine's profile?)")
 
-    def run(
-        self, inputs: dict[str, np.ndarray], output_names: Sequence[str], stop: CallStop | None = None
-    ) -> list[np.ndarray]:
-        return cast("list[np.ndarray]", self.run_keeping(inputs, output_names, (), stop))  # nothing kept
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        return cast("list[np.ndarray]", self.run_keeping(inputs, output_names, ()))  # nothing kept
 
     def run_keeping(
         self,
         inputs: dict[str, np.ndarray | DeviceTensor],
         output_names: Sequence[str],
         keep: Collection[str],
-        stop: CallStop | None = None,
     ) -> list[np.ndarray | DeviceTensor]:
         """edged.backends.KeepsOnDevice: a kept output is lent from its own buffer, the
         address the context writes it to."""
-        # An enqueued engine cannot be stopped: `stop` binds nothing and the call runs to its end.
         for name in self._inputs:
             self._set_shape(name, inputs[name].shape)
         key = tuple(inputs[name].shape for name in self._inputs)

@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from edged.config import machine
 from edged.config.settings import ConfigError, expect, no_unknown, read_int
 
 
@@ -25,18 +24,10 @@ class ClassConfig:
     workers: int = 1
     max_batch: int = 1  # the most rows one backend call may carry (requests are not split)
     batch_wait_us: int = 0  # how long a worker may wait to fill a batch; 0 for latency classes
-    # Run a job estimated this cheap on the socket loop when the lane is idle (0: never).
-    # It delays every class's next request by about as long: meant for the most urgent
-    # class. None: derived from this machine (see resolve_loop_work).
-    inline_max_us: int | None = 0
-    # With an inline path: a dearer job on an idle lane runs on the loop's thread as well,
-    # while a stand-in thread serves the sockets (edged.serve.lanes.inline); false: on a worker.
-    stand_in: bool = True
-    # Once done with a request of this class that came within spin_us of it being done with
-    # the class's previous one, the socket loop keeps polling (not sleeping) this long while
-    # every lane is idle, so that the next request finds the loop, its core and its
-    # caches awake. None: derived (see resolve_loop_work).
-    spin_us: int | None = None
+    # Run a job priced this cheap on the class's loop, now, when its lane is idle (0:
+    # never): a hand-off to a worker and back would cost it more. The loop reads no request
+    # meanwhile. None: derived as it serves (edged.serve.lanes.lane.Lane.inline_limit_ns).
+    inline_max_us: int | None = None
     threads: int = 1  # ONNX Runtime intra-op threads of this lane's sessions
     cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
@@ -49,12 +40,15 @@ class ClassConfig:
     stuck_after_ms: int = 10_000  # a backend call open this long is answered INTERNAL and its worker replaced; 0: never
     # Precedence (edged.serve.lanes.precedence). A class that yields starts no backend call
     # while a higher class has work queued or running; its calls are sized to finish
-    # within max_call_ms (None: a quarter of the highest class's deadline; 0: no cap);
-    # a preemptible class's call in flight is cancelled when a higher request would
-    # miss its deadline behind it, and its jobs run again.
+    # within max_call_ms (None: a quarter of the highest class's deadline; 0: no cap).
     yields: bool = False
     max_call_ms: float | None = None
-    preemptible: bool = False
+
+    @property
+    def runs_inline(self) -> bool:
+        """Whether its loop may run jobs itself (edged.serve.lanes.lane): inline_max_us set
+        above 0, or left out on a class that does not wait to fill batches."""
+        return bool(self.inline_max_us) if self.inline_max_us is not None else not self.batch_wait_us
 
     @property
     def gives_way(self) -> bool:
@@ -62,6 +56,14 @@ class ClassConfig:
         by the socket loop starves first, whose pace admission watches as it goes and
         trusts only as far as it has seen it (edged.serve.admission.Backlog.outlook)."""
         return self.yields or self.nice > 0
+
+
+# Settings of earlier versions, refused by name with what replaced them.
+REMOVED = {
+    "spin_us": "a loop sleeps in poll until a request comes, and never busy-polls",
+    "stand_in": "a job too dear for the inline path runs on a worker of its class",
+    "preemptible": "a lower class's call is never cancelled; it yields, and its calls are capped by max_call_ms",
+}
 
 
 # As written, before caps are derived (see resolve_caps): the bases a config file's
@@ -73,7 +75,6 @@ _BUILT_IN = (
         queue_capacity=32,
         deadline_ms=20.0,
         max_batch=4,
-        inline_max_us=None,
         stream_priority=-1,
         stuck_after_ms=1_000,
     ),
@@ -88,7 +89,6 @@ _BUILT_IN = (
         nice=10,
         stuck_after_ms=30_000,
         yields=True,
-        preemptible=True,
     ),
 )
 # The cap a yielding class gets by default: a quarter of the highest class's deadline,
@@ -128,65 +128,9 @@ def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-# The loop's own work is sized in thread hand-offs measured on this machine
-# (edged.config.machine.handoff_us), so that a slower CPU, whose hand-offs and client
-# turn-arounds are slower too, gets a longer inline cap and spin, not the figures tuned
-# on the 2-core VM where its hand-off is 11-15 us (docs/benchmarks.md):
-# - inline: a job of up to 25 hand-offs runs on the loop, where the hand-off it saves is
-#   4% or more of its time (300 us on that VM, where 300 was tuned);
-# - spin: the loop polls for 20 hand-offs after a request, long enough to span a
-#   closed-loop client's turn-around through ZeroMQ's I/O threads on both sides, a
-#   few wake-ups and the client's own work (250 us on that VM, where 250 was tuned).
-INLINE_HANDOFFS = 25
-SPIN_HANDOFFS = 20
-# Bounds on both, whatever the probe measured: a loop busy inline delays every class's
-# next request, so never more than 1/INLINE_DEADLINE_SHARE of the highest class's deadline.
-LOOP_WORK_MIN_US = 50
-LOOP_WORK_MAX_US = 1_000
-INLINE_DEADLINE_SHARE = 20
-
-
-def resolve_loop_work(classes: tuple[ClassConfig, ...], handoff_us: float) -> tuple[ClassConfig, ...]:
-    """Each inline_max_us and spin_us left out made a number, from this machine's
-    measured hand-off: inline (a number of hand-offs, within LOOP_WORK_MIN_US..MAX_US
-    and a share of the highest class's deadline) for a class whose inline_max_us is left
-    out, the highest class by default; a spin of SPIN_HANDOFFS hand-offs for the highest
-    class when it has an inline path, else 0. The loop spins only while that class's
-    requests come within spin_us of its last answer (edged.serve.dispatch), that is while
-    it would be woken that often anyway, and never while a lane has work."""
-
-    def bounded(us: float) -> int:
-        return int(min(max(us, LOOP_WORK_MIN_US), LOOP_WORK_MAX_US))
-
-    top_share_us = classes[0].deadline_ms * 1000 / INLINE_DEADLINE_SHARE
-    inline_us = int(min(bounded(INLINE_HANDOFFS * handoff_us), top_share_us))
-    with_inline = tuple(replace(c, inline_max_us=inline_us) if c.inline_max_us is None else c for c in classes)
-    return tuple(
-        replace(c, spin_us=bounded(SPIN_HANDOFFS * handoff_us) if i == 0 and c.inline_max_us else 0)
-        if c.spin_us is None
-        else c
-        for i, c in enumerate(with_inline)
-    )
-
-
-def loop_work_lines(classes: tuple[ClassConfig, ...]) -> list[str]:
-    """What the socket loop runs itself and how long it spins, a line per class that
-    has either, with the hand-off the figures left out were derived from."""
-    return [
-        f"classes.{c.name}: inline_max_us = {c.inline_max_us or 0}, spin_us = {c.spin_us or 0} (left out: "
-        f"{INLINE_HANDOFFS} and {SPIN_HANDOFFS} thread hand-offs of {machine.handoff_us():.1f} us on this machine)"
-        for c in classes
-        if c.inline_max_us or c.spin_us
-    ]
-
-
 def resolved(classes: list[ClassConfig]) -> tuple[ClassConfig, ...]:
-    """The classes in order, with every derived setting made a number for this machine
-    (measuring its hand-off, once per process, only if a setting needs it)."""
-    classes_ = resolve_cores(resolve_caps(classes), usable_cores())
-    if all(c.inline_max_us is not None and c.spin_us is not None for c in classes_):
-        return classes_
-    return resolve_loop_work(classes_, machine.handoff_us())
+    """The classes in order, with every derived setting made a number for this machine."""
+    return resolve_cores(resolve_caps(classes), usable_cores())
 
 
 @functools.cache
@@ -211,6 +155,9 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
                 "which grows as it needs, and reserves nothing (what each lane takes is measured at start-up "
                 "and shown by stats); rename the key"
             )
+        for key, why in REMOVED.items():
+            if key in settings:
+                raise ConfigError(f"{prefix}{key} was removed: {why}; delete the key")
         no_unknown(settings, known, prefix)
         values: dict[str, Any] = {}
         for key in ("order", "workers", "max_batch", "queue_capacity"):
@@ -218,12 +165,12 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             values[key] = read_int(settings, key, getattr(base, key), prefix, minimum)
         for key in ("batch_wait_us", "threads", "arena_cap_mb", "stuck_after_ms", "sm_count"):
             values[key] = read_int(settings, key, getattr(base, key), prefix, 0)
-        # Left out, realtime's is derived (resolve_loop_work); another class's is 0.
+        # Left out, it is derived as the daemon serves (edged.serve.lanes.lane).
         if "inline_max_us" in settings:
             values["inline_max_us"] = read_int(settings, "inline_max_us", 0, prefix, 0)
         values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
-        for key in ("cuda_graph", "yields", "preemptible", "stand_in"):
+        for key in ("cuda_graph", "yields"):
             flag = settings.get(key, getattr(base, key))
             expect(isinstance(flag, bool), prefix + key, flag, "true or false")
             values[key] = flag
@@ -235,15 +182,6 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             "a number of milliseconds, 0 for no cap (leave it out: a quarter of the highest class's deadline)",
         )
         values["max_call_ms"] = None if cap is None else float(cap)
-        spin = settings.get("spin_us", base.spin_us)
-        expect(
-            spin is None or (isinstance(spin, int) and not isinstance(spin, bool) and 0 <= spin <= 10_000),
-            prefix + "spin_us",
-            spin,
-            "microseconds from 0 (never) to 10000 (leave it out: derived from this machine for the highest "
-            "class when it has an inline path, else 0)",
-        )
-        values["spin_us"] = spin
         deadline = settings.get("deadline_ms", base.deadline_ms)
         expect(
             isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and 0 < deadline <= 3_600_000,

@@ -1,9 +1,17 @@
 """The daemon's life: bind, load and warm every lane, serve, reload, drain, stop.
 
+Its threads, each with one job:
+- the steering thread (the main thread, here): signals, loading and reloads, the drain
+  and the stop, the systemd watchdog, stuck workers. It never runs a backend call and
+  never touches a socket, so a signal is acted on at once, whatever a call is doing.
+- a loop per class (edged.serve.transport.loop): its sockets, its admission, its
+  inline calls and its replies; the default class's loop also owns the shared endpoints.
+- each lane's workers, and the loader while it builds lanes.
+
 Sockets are bound first, so that a client asking during start-up hears `starting`
-rather than nothing; inference opens only once every lane is warm, and only then
-is systemd told READY. Loading (at start and on SIGHUP) runs on a thread of its
-own; the switch to what it loaded happens on the socket loop, between requests.
+rather than nothing; inference opens only once every loop has taken up its warm lane,
+and only then is systemd told READY. The steering thread asks a loop for something by
+handing it a callable (`Loop.call_soon`); a loop answers by waking it.
 """
 
 from __future__ import annotations
@@ -11,126 +19,207 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import select
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from edged.config import Config
-from edged.config.classes import loop_work_lines
 from edged.daemon.lifecycle import Lifecycle, State
 from edged.daemon.loading import Loaded, load
 from edged.daemon.systemd import Notifier
 from edged.daemon.trimmer import Trimmer
-from edged.serve.dispatch import Dispatcher
+from edged.serve.dispatch import Dispatcher, Serving, figures, status_line
 from edged.serve.lanes.lane import Lane
+from edged.serve.pending import PendingBytes
 from edged.serve.prometheus import PrometheusEndpoint
-from edged.serve.stats import ClassStats
-from edged.serve.transport.server import Server
+from edged.serve.regions import Regions
+from edged.serve.transport.loop import Loop
+from edged.serve.transport.sockets import Sockets
+from edged.serve.transport.turns import Turns
 
 log = logging.getLogger("edged")
 
-# Python hands the GIL over every 5 ms by default: a reply ready on a lane
-# thread could wait that long behind the socket loop. 0.5 ms bounds that wait
-# at a small cost in switches.
+# Python hands the GIL over every 5 ms by default: a reply ready on a worker could wait
+# that long behind a loop reading a burst. 0.5 ms bounds that wait at a small cost in switches.
 GIL_SWITCH_INTERVAL_S = 0.0005
-TICK_MS = 250
-HOUSEKEEPING_EVERY_NS = 10_000_000
-FIGURES_WAIT_S = 5.0
+# How often the steering thread looks at the lanes and loops while nothing wakes it:
+# often while a drain or a switch of lanes waits on them, rarely otherwise.
+STEER_EVERY_S = 0.05
+STEER_WAITING_S = 0.002
 STATUS_EVERY_NS = 5_000_000_000
+SWEEP_EVERY_NS = 1_000_000_000
+CHECK_LOOPS_EVERY_NS = 1_000_000_000  # or systemd's watchdog interval, where shorter
 
 
 class Daemon:
-    """The daemon's life. Its state is `lifecycle`, moved only here, by the thread that
-    runs the socket loop (`tick`; the stand-in's `serve_tick` never steers); signal handlers
-    and the loader thread only leave news for it (`_stop_asked`, `_reload_asked`, `_loaded`)."""
+    """The daemon's life, steered by the thread that calls `run`. Its state is
+    `lifecycle`, moved only by that thread; signal handlers, the loader and the loops
+    only leave news for it (`_news`) and wake it."""
 
     def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
         self.config = config
         if config.classes[0].cpu_affinity:
-            # The loop runs the highest class's inline work: it runs on that class's cores.
-            # Pinned before any thread starts (ZeroMQ's I/O thread among them), which inherit it.
+            # The highest class's loop runs its inline calls: it runs on that class's cores.
+            # Pinned before any thread starts (ZeroMQ's I/O threads among them), which inherit it.
             os.sched_setaffinity(0, config.classes[0].cpu_affinity)
         self.lifecycle = Lifecycle()
-        self.server = Server(
+        names = tuple(c.name for c in config.classes)
+        self.sockets = Sockets(
             config.endpoints,
             config.max_message_bytes,
+            names,
+            config.default_class,
+            class_sockets=config.class_sockets,
             ipc_mode=config.ipc_mode,
             ipc_group=config.ipc_group,
             security=config.security,
-            classes=tuple(c.name for c in config.classes) if config.class_sockets else (),
         )
-        self.dispatcher = Dispatcher(config, self.server, self.lifecycle)
-        # The socket loop's Steering (edged.serve.transport.server): the dispatcher's own, no call between.
-        self.handle, self.spin_deadline_ns = self.dispatcher.handle, self.dispatcher.spin_deadline_ns
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.serving = Serving(
+            config, self.lifecycle, Regions(config.shm), PendingBytes(config.limits), self.sockets.ingress, self._wake
+        )
+        turns = Turns(len(names))
+        for rank, name in enumerate(names):
+            dispatcher = Dispatcher(name, self.serving)
+            dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, rank)
+            self.serving.dispatchers[name] = dispatcher
         self.prometheus: PrometheusEndpoint | None = None
         if config.metrics.prometheus_port:
             try:
-                self.prometheus = PrometheusEndpoint(config.metrics, self._figures_from_another_thread)
+                self.prometheus = PrometheusEndpoint(config.metrics, lambda: figures(self.serving))
             except BaseException:
-                self.server.close()
+                self.sockets.close()
                 raise
         self.notifier = Notifier()
         self.trimmer = Trimmer()
         self.exit_code = 0
         self._reread_config = reread_config or (lambda: config)
-        self._drain_deadline_ns = 0
+        self._news: deque[tuple[str, Any]] = deque()  # ("stop", signum), ("reload", None), ("loaded", result)
         self._loading: threading.Thread | None = None
-        self._loaded: Loaded | Exception | None = None  # the loader's result, until the loop takes it
-        self._reload_asked = False  # by SIGHUP; started by the loop once it serves
-        self._stop_asked = 0  # the number of a stopping signal not yet acted on by the loop
+        self._loaded: Loaded | None = None  # the generation every loop has taken up
+        self._generation = 0
+        self._switch: Loaded | None = None  # handed to the loops, not yet taken up by all
+        self._fence = 0  # the latest fence asked of the loops (see _fenced)
+        self._reload_asked = False
+        self._stopped = False
+        self._drain_deadline_ns = 0
         self._retiring: list[Lane] = []  # replaced by a reload (or never opened), finishing what they hold
-        self._next_watchdog_ns = 0
-        self._next_housekeeping_ns = 0
         self._next_status_ns = 0
+        self._next_sweep_ns = 0
+        self._next_check_ns = 0
+        self._checked_fence = 0  # the fence the loops must pass before the next ping
+        self._behind = False  # a loop missed the last one (logged once)
+
+    @property
+    def dispatchers(self) -> list[Dispatcher]:
+        return list(self.serving.dispatchers.values())
 
     @property
     def lanes(self) -> list[Lane]:
-        return [*self.dispatcher.lanes.values(), *self._retiring]
+        """Every lane that may still hold work: serving, being taken up, or retiring."""
+        generations = [loaded for loaded in (self._loaded, self._switch) if loaded is not None]
+        return [*(lane for loaded in generations for lane in loaded.lanes.values()), *self._retiring]
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT, then drain; returns the exit code."""
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_reload_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
         log.info("listening on %s; loading models", ", ".join(self.config.endpoints))
-        for line in loop_work_lines(self.config.classes):
-            log.info("%s", line)
+        for dispatcher in self.dispatchers:
+            dispatcher.loop.start()  # type: ignore[union-attr]
         self._start_loading(lambda: self.config)
-        tick_ms = TICK_MS
-        if self.notifier.watchdog_interval_ns:
-            tick_ms = min(TICK_MS, self.notifier.watchdog_interval_ns // 4_000_000 or 1)
+        poller = select.poll()
+        poller.register(self._wake_fd, select.POLLIN)
         try:
-            self.server.run(self, tick_ms)
+            while not self._stopped:
+                waiting = self._switch is not None or self.lifecycle.stopping
+                if poller.poll(1000 * (STEER_WAITING_S if waiting else STEER_EVERY_S)):
+                    os.eventfd_read(self._wake_fd)
+                self._steer()
         finally:
             self._shut_down()
         return self.exit_code
 
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        # A handler runs on this thread between two bytecodes: it only leaves the news.
+        self._news.append(("reload", None) if signum == signal.SIGHUP else ("stop", signum))
+        self._wake()
+
+    def _wake(self) -> None:
+        os.eventfd_write(self._wake_fd, 1)
+
+    def _steer(self) -> None:
+        """One turn: act on the news, finish a switch of lanes, housekeeping, and see
+        whether the stop can end."""
+        self.lifecycle.check_owner()
+        while self._news:
+            kind, value = self._news.popleft()
+            if kind == "stop":
+                self._begin_stop(value)
+            elif kind == "reload":
+                self._reload_asked = True
+            else:
+                self._take_loaded(value)
+        if self._switch is not None and self._fenced():
+            self._switched()
+        if self._reload_asked and self.lifecycle.state is State.SERVING and not self._busy():
+            self._reload_asked = False
+            log.info("SIGHUP: re-reading the configuration and the model repository")
+            self.notifier.notify(RELOADING="1", STATUS="reloading")
+            self.lifecycle.move(State.RELOADING)
+            self._start_loading(self._reread)
+        now = time.monotonic_ns()
+        self._housekeeping(now)
+        if self.lifecycle.stopping and self._can_stop(now):
+            self._stopped = True
+
+    def _ask_loops(self, ask: Callable[[Dispatcher], None] | None = None) -> None:
+        """Hand each loop `ask(its dispatcher)`, if given, then a fence: once every loop has
+        passed its fence (`_fenced`), each has run what it was handed before, and has
+        finished the request it was handling when it was asked."""
+        self._fence += 1
+        for dispatcher in self.dispatchers:
+            assert dispatcher.loop is not None
+            if ask is not None:
+                dispatcher.loop.call_soon(ask, dispatcher)
+            dispatcher.loop.call_soon(dispatcher.pass_fence, self._fence)
+
+    def _fenced(self) -> bool:
+        return all(dispatcher.fence >= self._fence for dispatcher in self.dispatchers)
+
     # --- loading, at start and on SIGHUP -------------------------------------
+
+    def _busy(self) -> bool:
+        return (self._loading is not None and self._loading.is_alive()) or self._switch is not None
 
     def _start_loading(self, read_config: Callable[[], Config]) -> None:
         # A reloaded lane keeps its class's counters: stats never jump back to zero.
-        stats = {name: lane.stats for name, lane in self.dispatcher.lanes.items()}
-        self._loading = threading.Thread(target=self._load, args=(read_config, stats), name="loader", daemon=True)
-        self._loading.start()
+        stats = {name: lane.stats for name, lane in self._loaded.lanes.items()} if self._loaded else {}
+        pending = self.serving.pending
 
-    def _load(self, read_config: Callable[[], Config], stats: dict[str, ClassStats]) -> None:
-        """The loader thread: build, then hand the result (or the failure) to the loop."""
-        try:
-            self._loaded = load(read_config, stats, self.server, self.dispatcher.pending)
-        except Exception as exc:
-            self._loaded = exc
-        self.server.wake()
+        def build() -> None:
+            try:
+                result: Loaded | Exception = load(read_config, stats, pending)
+            except Exception as exc:
+                result = exc
+            self._news.append(("loaded", result))
+            self._wake()
+
+        self._loading = threading.Thread(target=build, name="loader", daemon=True)
+        self._loading.start()
 
     def _reread(self) -> Config:
         return replace(self._reread_config(), endpoints=self.config.endpoints)
 
     def _take_loaded(self, result: Loaded | Exception) -> None:
-        """Open what the loader built, or report why it could not (on the loop's thread)."""
+        """Hand what the loader built to the loops, or report why it could not be built."""
         state = self.lifecycle.state
         if isinstance(result, Exception):
             if state in (State.STARTING, State.STOPPING):
@@ -149,147 +238,113 @@ class Daemon:
                 lane.retire()
             self._retiring.extend(result.lanes.values())
             return
-        first = state is State.STARTING
         served = f"{', '.join(m.name for m in result.models)} with classes {', '.join(result.lanes)}"
-        loaded = "loaded" if first else "reload loaded"
-        log.info("%s %s (%.1f s); warming the loop's own runners", loaded, served, result.seconds)
-        old = list(self.dispatcher.lanes.values())
+        log.info("%s %s (%.1f s)", "loaded" if state is State.STARTING else "reload loaded", served, result.seconds)
+        self._generation += 1
+        regions = self.serving.regions
+        regions.open_device, regions.backend = result.open_ipc, result.config.backend
+        self._switch = result
+        number = self._generation
+        self._ask_loops(lambda dispatcher: dispatcher.take_up(result, number))
 
-        def warm() -> None:
-            for lane in result.lanes.values():
-                lane.warm_on_loop()
-
-        # A dear model's warm-up takes a while: the stand-in serves meanwhile, where there is one.
-        if not self.server.run_aside(warm):
-            warm()
+    def _switched(self) -> None:
+        """Every loop admits to the new lanes: open inference, retire the old lanes."""
+        result, self._switch = self._switch, None
+        assert result is not None
+        old, self._loaded = self._loaded, result
+        first = old is None
         self.config = result.config
-        self.dispatcher.serve(
-            result.config,
-            result.models,
-            result.lanes,
-            result.reservations,
-            result.memory,
-            result.fixed_rows,
-            result.failed,
-            result.open_ipc,
-        )
-        self.lifecycle.move(State.SERVING)
-        for lane in old:
+        if self.lifecycle.open or self.lifecycle.state is State.STARTING:
+            self.lifecycle.move(State.SERVING)
+        for lane in old.lanes.values() if old is not None else ():
             lane.retire()
-        self._retiring.extend(old)
+            self._retiring.append(lane)
         # Start-up garbage stays put: the collector never walks it again.
         gc.collect()
         gc.freeze()
-        self.notifier.notify(READY="1", STATUS=self.dispatcher.status_line())
+        self.notifier.notify(READY="1", STATUS=status_line(self.serving))
+        served = f"{', '.join(m.name for m in result.models)} with classes {', '.join(result.lanes)}"
         if first:
             log.info("ready on %s", ", ".join(self.config.endpoints))
         else:
             log.info("reloaded: now serving %s", served)
 
-    def _on_reload_signal(self, _signum: int, _frame: object) -> None:
-        self._reload_asked = True
-        self.server.wake()
+    # --- housekeeping ----------------------------------------------------------
 
-    # --- the loop's housekeeping ---------------------------------------------
-
-    def _figures_from_another_thread(self) -> dict[str, Any]:
-        """The stats op's figures, for a reader off the loop (the Prometheus endpoint):
-        the loop, which owns the lanes and the daemon-wide counts, reads them. A loop that
-        does not answer within FIGURES_WAIT_S fails the scrape, which is the truth about
-        such a loop."""
-        return self.server.ask(self.dispatcher.stats, FIGURES_WAIT_S)
-
-    def tick(self) -> None:
-        """The steering thread's turn: serve's housekeeping, then act on the news left
-        for it (a stop, a finished load, a reload asked). Only this thread moves the
-        daemon's life; the stand-in's turns run `serve_tick`."""
-        news = self._loaded is not None or self._reload_asked or self._stop_asked
-        if not self._housekeeping() and not news:
-            return
-        self.lifecycle.check_owner()
-        if self._stop_asked:
-            signum, self._stop_asked = self._stop_asked, 0
-            self._stop(signum)
-        if self._loaded is not None:
-            result, self._loaded = self._loaded, None
-            self._take_loaded(result)
-        if self._reload_asked and self.lifecycle.state is State.SERVING and not self._loading_busy():
-            self._reload_asked = False
-            log.info("SIGHUP: re-reading the configuration and the model repository")
-            self.notifier.notify(RELOADING="1", STATUS="reloading")
-            self.lifecycle.move(State.RELOADING)
-            self._start_loading(self._reread)
-        self._retiring = [lane for lane in self._retiring if lane.alive]
-        now = time.monotonic_ns()
+    def _housekeeping(self, now: int) -> None:
+        """Answer and replace stuck calls, ping systemd's watchdog while every loop turns,
+        let go of retired lanes, ask for what a burst left resident to be given back,
+        forget the shared memory of clients long silent, refresh the status line."""
+        for lane in self.lanes:
+            lane.check_stuck(now)
+        if now >= self._next_check_ns:
+            self._check_loops(now)
+        ended = [lane for lane in self._retiring if not lane.alive]
+        for lane in ended:  # anything queued behind its workers' last job: answered, never lost
+            lane.reject_queued("the lanes were replaced while this request waited; retry")
+        self._retiring = [lane for lane in self._retiring if lane not in ended]
+        self.trimmer.check(now)
+        if now >= self._next_sweep_ns:
+            # On a loop: the regions are theirs to read and write.
+            default = self.serving.dispatchers[self.config.default_class].loop
+            assert default is not None
+            default.call_soon(self.serving.regions.sweep, now)
+            self._next_sweep_ns = now + SWEEP_EVERY_NS
         if now >= self._next_status_ns and self.lifecycle.open:
-            self.notifier.notify(STATUS=self.dispatcher.status_line())
+            self.notifier.notify(STATUS=status_line(self.serving))
             self._next_status_ns = now + STATUS_EVERY_NS
 
-    def serve_tick(self) -> None:
-        """The stand-in's turn: serving's housekeeping alone, for it never steers."""
-        self._housekeeping()
-
-    def _housekeeping(self) -> bool:
-        """At a cadence, on whichever thread serves: ping the watchdog, look for stuck
-        workers, ask for what a burst left resident to be given back, forget the shared
-        memory of clients long silent. Whether it ran."""
-        now = time.monotonic_ns()
-        # The loop wakes for every request; housekeeping needs a cadence, not a per-request cost.
-        if now < self._next_housekeeping_ns:
-            return False
-        self._next_housekeeping_ns = now + HOUSEKEEPING_EVERY_NS
-        if self.notifier.watchdog_interval_ns and now >= self._next_watchdog_ns:
-            # From the serving loop itself: if the loop hangs, the pings stop and systemd restarts us.
+    def _check_loops(self, now: int) -> None:
+        """Ask each loop for a fence, and ping systemd's watchdog if every loop has passed
+        the one asked last time: a loop inside a call that does not return reads no
+        socket, and systemd restarts the daemon once the pings stop. (Each fence is also
+        a hand-off the loops measure: Loop.handoff_ns.)"""
+        interval_ns = self.notifier.watchdog_interval_ns
+        self._next_check_ns = now + min(interval_ns or CHECK_LOOPS_EVERY_NS, CHECK_LOOPS_EVERY_NS)
+        behind = [d.klass for d in self.dispatchers if d.fence < self._checked_fence]
+        if behind and not self._behind:
+            log.error("the %s loop is inside a call: systemd's watchdog goes unfed", ", ".join(behind))
+        self._behind = bool(behind)
+        if interval_ns and not behind:
             self.notifier.notify(WATCHDOG="1")
-            self._next_watchdog_ns = now + self.notifier.watchdog_interval_ns
-        for lane in self.dispatcher.lanes.values():
-            lane.check_stuck(now)
-        self.trimmer.check(now)
-        self.dispatcher.regions.sweep(now)
-        return True
+        self._ask_loops()
+        self._checked_fence = self._fence
 
-    def _loading_busy(self) -> bool:
-        return self._loading is not None and self._loading.is_alive()
+    # --- stopping --------------------------------------------------------------
 
-    # --- stopping ------------------------------------------------------------
-
-    def _on_stop_signal(self, signum: int, _frame: object) -> None:
-        # Handlers run on the main thread, which is not always the loop (it may be inside
-        # a call, a stand-in serving: edged.serve.transport.server): the loop's tick acts on it.
-        self._stop_asked = signum
-        self.server.wake()
-
-    def _stop(self, signum: int) -> None:
-        """Begin the drain, or the stop if inference never opened (the loop, on a signal)."""
+    def _begin_stop(self, signum: int) -> None:
+        """Refuse new requests and let the admitted ones finish, or stop once start-up is over."""
         if self.lifecycle.stopping:
             return
         self._drain_deadline_ns = time.monotonic_ns() + self.config.drain_timeout_ms * 1_000_000
         self.notifier.notify(STOPPING="1")
-        # Workers send their replies themselves: while it drains, the loop must hear of each
-        # at once, to stop as soon as the lanes are empty.
-        self.server.wake_on_reply = True
+        name = signal.Signals(signum).name
         if self.lifecycle.open:
             self.lifecycle.move(State.DRAINING)
-            log.info("%s: draining, at most %d ms", signal.Signals(signum).name, self.config.drain_timeout_ms)
+            log.info("%s: draining, at most %d ms", name, self.config.drain_timeout_ms)
         else:
             self.lifecycle.move(State.STOPPING)
-            log.info("%s: stopping once start-up is over", signal.Signals(signum).name)
+            log.info("%s: stopping once start-up is over", name)
+        # Past the fence, every loop has seen the new state: no request admitted after it.
+        self._ask_loops()
 
-    def keep_running(self) -> bool:
-        if not self.lifecycle.stopping:
-            return True
+    def _can_stop(self, now: int) -> bool:
         # Threads inside a runtime's loader cannot be abandoned safely: let them finish.
-        if self._loading_busy():
-            return True
-        if self.lifecycle.state is State.STOPPING:
+        if self._loading is not None and self._loading.is_alive():
             return False
-        idle = all(lane.backlog.depth == 0 for lane in self.lanes)
-        return not idle and time.monotonic_ns() < self._drain_deadline_ns
+        if now >= self._drain_deadline_ns:
+            return True
+        # Every loop past the stop's fence, and no switch of lanes half done.
+        if not self._fenced() or self._switch is not None:
+            return False
+        return self.lifecycle.state is State.STOPPING or all(lane.backlog.depth == 0 for lane in self.lanes)
 
     def _shut_down(self) -> None:
-        if self._loaded is not None:  # the loader ended after the loop's last tick
-            result, self._loaded = self._loaded, None
-            self._take_loaded(result)
+        """Answer everything still held, then close the loops, each reading its sockets dry."""
+        while self._news:  # a loader that ended after the last turn: its lanes never opened
+            kind, value = self._news.popleft()
+            if kind == "loaded" and isinstance(value, Loaded):
+                self._retiring.extend(value.lanes.values())
         lanes = self.lanes
         unanswered = sum(lane.reject_queued("the daemon is shutting down") for lane in lanes)
         # A call already inside the backend cannot be cut short: wait for its reply,
@@ -297,14 +352,22 @@ class Daemon:
         end = time.monotonic() + self.config.stop_grace_ms / 1000
         for lane in lanes:
             lane.stop(timeout_s=max(end - time.monotonic(), 0.0))
+        unanswered += sum(lane.reject_queued("the daemon is shutting down") for lane in lanes)
         message = "the daemon stopped before this backend call returned"
         cut_short = sum(lane.answer_open_calls(message) for lane in lanes)
         if cut_short:
             log.error("%d requests were still inside the backend at exit: answered INTERNAL", cut_short)
-        self.server.flush()
-        self.server.close()
+        # The shared endpoints' loop last: the other loops hand it replies to what it read.
+        default = self.config.default_class
+        for dispatcher in sorted(self.dispatchers, key=lambda d: d.klass == default):
+            assert dispatcher.loop is not None
+            dispatcher.loop.close()
+            if not dispatcher.loop.join(max(end - time.monotonic(), 1.0)):
+                log.error("the %s loop did not close: it is inside a call that does not return", dispatcher.klass)
+        self.sockets.close()
         if self.prometheus is not None:
             self.prometheus.close()
         self.notifier.close()
         self.trimmer.close()
+        os.close(self._wake_fd)
         log.info("stopped (%d queued requests answered UNAVAILABLE)", unanswered)

@@ -1,8 +1,8 @@
-"""The loader: warm lanes built for a configuration, off the socket loop.
+"""The loader: warm lanes built for a configuration, off every serving thread.
 
 It runs on a thread of its own, at start-up and on SIGHUP (edged.daemon.daemon), and writes
-nothing the loop reads: what it builds is its return value, which the daemon hands to
-the loop to open between requests.
+nothing a loop reads: what it builds is its return value, which the steering thread
+hands to each class's loop to take up between requests.
 """
 
 from __future__ import annotations
@@ -35,14 +35,13 @@ from edged.serve.lanes.lane import Lane
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.pending import PendingBytes
 from edged.serve.stats import ClassStats
-from edged.serve.transport import Transport
 
 log = logging.getLogger("edged")
 
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """What the loader built, handed to the loop to open."""
+    """What the loader built: one generation of lanes, handed to the loops to take up."""
 
     config: Config
     models: list[ModelEntry]
@@ -59,12 +58,11 @@ class Loaded:
 def load(
     read_config: Callable[[], Config],
     stats: dict[str, ClassStats],
-    transport: Transport,
     pending: PendingBytes,
 ) -> Loaded:
     """Build warm lanes for the configuration `read_config` gives; raises what stops them.
     A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero.
-    The lanes reply, and run aside, through `transport`, and hold their requests' bytes in `pending`."""
+    The lanes hold their requests' bytes in `pending`."""
     started = time.monotonic()
     config = read_config()
     variants = VARIANTS_OF.get(config.backend, config.backend)
@@ -92,7 +90,7 @@ def load(
     backend = backend_named(config.backend, config.fallback)
     while True:
         try:
-            reservations, memory, lanes = _start_lanes(config, models, pipelines, backend, stats, transport, pending)
+            reservations, memory, lanes = _start_lanes(config, models, pipelines, backend, stats, pending)
             break
         except ModelFailure as exc:
             fail(exc)
@@ -128,7 +126,6 @@ def _start_lanes(
     pipelines: list[ModelEntry],
     backend: Backend,
     stats: dict[str, ClassStats],
-    transport: Transport,
     pending: PendingBytes,
 ) -> tuple[dict[str, LaneReservation], MemoryPlan, dict[str, Lane]]:
     """Plan, start and measure a lane per class, each loaded and warm; all or none.
@@ -159,7 +156,7 @@ def _start_lanes(
         free = backend.free_bytes() if reserving else 0
         weights_bytes = free_before - free
         for klass in config.classes:
-            lane = Lane(klass, models, backend, transport, stats.get(klass.name), precedence, pending, pipelines)
+            lane = Lane(klass, models, backend, stats.get(klass.name), precedence, pending, pipelines)
             lanes[klass.name] = lane
             rss = trim()
             lane.start()

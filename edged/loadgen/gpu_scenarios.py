@@ -42,11 +42,11 @@ class Scenario:
     one_stream: bool = False  # launched through bench/one_stream.py
     bulk_sms: int = 0  # classes.bulk.sm_count: a green context; 0: the whole device
     bulk_rate_factor: float = 1.0  # times --bulk-rate
-    preemption: bool = True  # classes.bulk yields and is preemptible (its built-in settings)
+    bulk_yields: bool = True  # classes.bulk.yields, its built-in setting; off, bulk's calls are uncapped too
     cuda_graph: bool = False  # classes.realtime.cuda_graph
 
     def config_text(self) -> str:
-        bulk_precedence = "" if self.preemption else "yields = false\npreemptible = false\n"
+        bulk_precedence = "" if self.bulk_yields else "yields = false\n"
         return f"""
 [server]
 backend = "{self.backend}"
@@ -79,7 +79,7 @@ BULK_ALONE, BULK_ALONE_2X = "bulk alone", "bulk alone at 2x rate"
 SCENARIOS = (
     Scenario("realtime alone", bulk=False),
     Scenario("with bulk, priority streams"),
-    Scenario("with bulk, priority streams, preemption off", preemption=False),
+    Scenario("with bulk, priority streams, yield off", bulk_yields=False),
     Scenario("with bulk, priority streams, realtime CUDA graphs", cuda_graph=True),
     Scenario("with bulk, own streams, all priority 0", realtime_priority=0),
     Scenario("with bulk, one shared stream", "onnxruntime-cuda-one-stream", 0, one_stream=True),
@@ -114,9 +114,7 @@ def scenario(
         stream = realtime if row["class"] == realtime.klass else bulk
         row["sent_rps"] = row["sent"] / duration_s
         row["ok_rows_per_s"] = row["ok"] * stream.rows / duration_s
-        # Measured, not assumed: on a GPU a cancelled call still waits for what its stream
-        # already holds, so its time until it stopped tells whether preemption bought anything.
-        row["preempted"] = figures[row["class"]]["preempted"]
+        # The daemon's own compute time per call, beside the client's round trips.
         row["compute_p50_us"] = figures[row["class"]]["latency_us"]["compute"]["p50"]
     return {
         "scenario": spec.name,

@@ -26,15 +26,10 @@ def medians(repetitions: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         rows = []
         for per_class in zip(*(run["classes"] for run in runs)):
             row = {"class": per_class[0]["class"], "offered_rps": per_class[0]["offered_rps"]}
-            for key in ("sent_rps", "ok", "overloaded", "goodput_rps", "ok_rows_per_s", "compute_p50_us"):
+            for key in ("sent_rps", "ok", "overloaded", "goodput_rps", "ok_rows_per_s"):
                 row[key] = statistics.median(r[key] for r in per_class)
             latency = [r["latency_us"] for r in per_class]
             row["latency_us"] = {k: statistics.median(lat[k] for lat in latency) for k in ("p50", "p99", "p999")}
-            row["preempted_calls"] = statistics.median(r["preempted"]["calls"] for r in per_class)
-            stopped = [
-                r["preempted"]["work_us"] / r["preempted"]["calls"] for r in per_class if r["preempted"]["calls"]
-            ]
-            row["preempted_us_each"] = statistics.median(stopped) if stopped else None
             rows.append(row)
         utilisation = [run["gpu_util_pct"] for run in runs if run.get("gpu_util_pct") is not None]
         median_util = statistics.median(utilisation) if utilisation else None
@@ -65,14 +60,12 @@ def saturation(results: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def format_table(device: str, repeats: int, results: list[dict[str, Any]], floor_us: dict[str, float] | None) -> str:
-    """The medians as a Markdown table. "preempted" is the class's calls cancelled for a higher
-    class, and the median time each ran until it stopped beside its calls' median: about
-    equal, and preemption bought nothing (on a GPU, a cancelled call waits for its stream)."""
+    """The medians as a Markdown table, one row per scenario and class."""
     lines = [
         f"device: {device}; median of {repeats} interleaved repetitions",
         "| scenario | class | offered/s | sent/s | ok | shed | good/s | ok rows/s | p50 ms | p99 ms | p99.9 ms "
-        "| GPU util % | preempted (ms until stopped / call p50) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| GPU util % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         if not result["classes"]:
@@ -87,19 +80,12 @@ def format_table(device: str, repeats: int, results: list[dict[str, Any]], floor
                 f"| {result['scenario']}{failed} | {row['class']} | {row['offered_rps']:.0f} | {row['sent_rps']:.0f} | "
                 f"{row['ok']:.0f} | {row['overloaded']:.0f} | {row['goodput_rps']:.1f} | {row['ok_rows_per_s']:.0f} | "
                 + " | ".join(f"{lat[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
-                + f" | {util_text} | {_preempted(row)} |"
+                + f" | {util_text} |"
             )
     if floor_us is not None:
         lines.append(
             "| floor (in-process runner) | realtime | - | - | - | - | - | - | "
             + " | ".join(f"{floor_us[k] / 1000:.3f}" for k in ("p50", "p99", "p999"))
-            + " | - | - |"
+            + " | - |"
         )
     return "\n".join(lines)
-
-
-def _preempted(row: dict[str, Any]) -> str:
-    each = row.get("preempted_us_each")
-    if each is None:
-        return "0"
-    return f"{row['preempted_calls']:.0f} ({each / 1000:.2f} / {row['compute_p50_us'] / 1000:.2f})"

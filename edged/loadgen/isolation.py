@@ -2,8 +2,8 @@
 
 The hard case for a priority daemon: both classes send `cnn-heavy`, so every bulk
 batch competes with realtime for the same cores. For each configuration (every
-mechanism on, then yield, cap and preemption each turned off in turn, then all
-off), one freshly started daemon serves:
+mechanism on, then yield and cap each turned off in turn, then both off), one
+freshly started daemon serves:
 - realtime alone, at 50 requests/s (a quarter of bulk's capacity, if lower);
 - the same realtime stream beside bulk at 0.5x, 1x, 2x and 3x its capacity, bulk
   offered by a process and a socket of its own.
@@ -34,8 +34,7 @@ ABLATIONS: dict[str, str] = {
     "all on": "",
     "no yield": "yields = false\n",
     "no cap": "max_call_ms = 0\n",
-    "no preemption": "preemptible = false\n",
-    "all off": "yields = false\nmax_call_ms = 0\npreemptible = false\n",
+    "all off": "yields = false\nmax_call_ms = 0\n",
 }
 BEST = "all off"
 
@@ -46,7 +45,7 @@ def _config(bulk_lines: str) -> str:
 
 def _bulk_figures(client: Client) -> dict[str, int]:
     bulk = client.stats()["classes"]["bulk"]
-    return {"preempted": bulk["preempted"]["calls"], "expired": bulk["expired"]}
+    return {"expired": bulk["expired"]}
 
 
 def _step(client: Client, endpoint: str, streams: list[Stream], duration_s: float) -> dict[str, Any]:
@@ -119,7 +118,7 @@ def format_isolation(results: dict[str, Any]) -> str:
         f"bulk capacity alone ({BEST}): {capacity:.1f} req/s of {results['model']}; "
         f"realtime p99 alone (median over the configurations): {alone_p99 / 1000:.2f} ms",
         f"{'config':<14} {'bulk load':>9} {'rt ok':>7} {'p50':>7} {'p99':>7} {'p99.9':>7} {'p99/alone':>9} "
-        f"{'bulk good':>9} {'preempted':>9} {'expired':>7}",
+        f"{'bulk good':>9} {'expired':>7}",
     ]
     for name, steps in results["configs"].items():
         for step, figures in steps.items():
@@ -130,8 +129,7 @@ def format_isolation(results: dict[str, Any]) -> str:
             lines.append(
                 f"{name:<14} {step:>9} {rt['ok_fraction']:>7.2%} "
                 + " ".join(f"{lat[k] / 1000:>7.2f}" for k in ("p50", "p99", "p999"))
-                + f" {lat['p99'] / alone_p99:>9.2f} {good} {figures['bulk_stats']['preempted']:>9} "
-                f"{figures['bulk_stats']['expired']:>7}"
+                + f" {lat['p99'] / alone_p99:>9.2f} {good} {figures['bulk_stats']['expired']:>7}"
             )
     lines.append(
         "(realtime latency of OK replies in ms, from the intended send time; p99/alone against the median alone;"

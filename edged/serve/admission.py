@@ -43,8 +43,9 @@ PACE_STALE_NS = 1_000_000_000
 # waiting for the GIL behind a loop reading many requests, looks like a lane stopped.
 LIVE_MIN_NS = 10_000_000
 # How far ahead a lane's pace is trusted: TRUST_RATIO times as long as the lane has been
-# busy without a break, and TRUST_MIN_NS in any case; its own work ahead beyond that
-# counts UNPROVEN_FACTOR times over. A burst is read and admitted within a few ms,
+# busy without a break, and TRUST_MIN_NS in any case, once its sample under way has
+# LIVE_MIN_NS of its own time (nothing before); its own work ahead beyond that counts
+# UNPROVEN_FACTOR times over. A burst is read and admitted within a few ms,
 # before any sample can show what reading it does to the lane (on two cores, niced bulk
 # workers beside a socket loop reading one were seen to take 70-130 ms over a 2 ms
 # call): admitted at the ideal pace, a third of such a burst expired in the queue. A
@@ -69,13 +70,13 @@ class Backlog:
     """What a lane has accepted and not yet answered: a count, its estimated work, and
     the pace at which the lane gets through such work.
 
-    Owned by a Lane. `Lane.offer` adds (the socket loop); whoever answers a job takes
-    it away (the loop for a job it ran itself, else a worker, the watchdog or the
+    Owned by a Lane. `Lane.offer` adds (the class's loop); whoever answers a job takes
+    it away (the loop for a job it ran inline, else a worker, the watchdog or the
     shutdown): every change under `_lock`. `depth`, `work_ns` and `pace` are single
     fields, so a reader on any thread sees a value some moment held, never a torn one.
 
     The pace is measured, not assumed: whatever else takes the lane's cores (the
-    higher classes it yields to, the socket loop reading a burst, another process)
+    higher classes it yields to, the loops reading a burst, another process)
     slows it, and admission divides the work ahead by it.
     """
 
@@ -91,6 +92,10 @@ class Backlog:
         self._spell_ns = 0  # when the current sample began
         self._busy_since_ns = 0  # when the lane last went from idle to holding work
         self._answered_ns = 0  # priced work answered since then
+        # Time its workers spent waiting for higher classes since then (edged.serve.lanes.precedence):
+        # not the lane's own time, for admission counts that work apart (`above_ns`).
+        self._yielded_ns = 0
+        self._yielding_since_ns = 0  # while a worker waits: since when
         self._last_ns = 0  # when the last job was answered
 
     def add(self, cost_ns: int) -> None:
@@ -99,7 +104,7 @@ class Backlog:
                 now_ns = time.monotonic_ns()
                 if now_ns - self._last_ns > PACE_STALE_NS:
                     self._pace, self._measured = self._ideal, False
-                self._spell_ns, self._answered_ns = now_ns, 0
+                self._new_spell(now_ns)
                 self._busy_since_ns = now_ns
             self._depth += 1
             self._work_ns += cost_ns
@@ -114,16 +119,36 @@ class Backlog:
             spell_ns = now_ns - self._spell_ns
             emptied = self._depth == 0
             if spell_ns >= PACE_WINDOW_NS or (emptied and spell_ns >= PACE_MIN_NS):
-                sample = self._answered_ns / spell_ns
-                weight = 1.0 if self._watched and not self._measured else PACE_WEIGHT
-                self._pace = max((1 - weight) * self._pace + weight * sample, self._ideal / 100)
-                self._measured = True
-                self._spell_ns, self._answered_ns = now_ns, 0
+                own_ns = self._own_ns(now_ns)
+                if own_ns >= PACE_MIN_NS:
+                    weight = 1.0 if self._watched and not self._measured else PACE_WEIGHT
+                    sample = self._answered_ns / own_ns
+                    self._pace = max((1 - weight) * self._pace + weight * sample, self._ideal / 100)
+                    self._measured = True
+                self._new_spell(now_ns)
         if emptied and self._on_empty is not None:
             self._on_empty()
 
+    def yielding(self, waiting: bool) -> None:
+        """A worker starts (or ends) waiting for the higher classes' work."""
+        now_ns = time.monotonic_ns()
+        with self._lock:
+            if waiting:
+                self._yielding_since_ns = now_ns
+            elif self._yielding_since_ns:
+                self._yielded_ns += now_ns - max(self._yielding_since_ns, self._spell_ns)
+                self._yielding_since_ns = 0
+
+    def _new_spell(self, now_ns: int) -> None:
+        self._spell_ns, self._answered_ns, self._yielded_ns = now_ns, 0, 0
+
+    def _own_ns(self, now_ns: int) -> int:
+        """The current sample's time so far, less what its workers spent yielding."""
+        waiting_ns = now_ns - max(self._yielding_since_ns, self._spell_ns) if self._yielding_since_ns else 0
+        return now_ns - self._spell_ns - self._yielded_ns - waiting_ns
+
     def outlook(self, now_ns: int, in_flight: tuple[int, int], watched: bool = True) -> Outlook:
-        """The lane's outlook now (the socket loop, on each arrival), from its calls
+        """The lane's outlook now (its loop, on each arrival), from its calls
         `in_flight` (OpenCalls.progress: the part of their work done, and the whole).
 
         Its pace: the average, or the current sample's own when that is slower: the work
@@ -132,15 +157,18 @@ class Backlog:
         answers next to nothing for tens of ms, and admission must see that while it
         lasts, not when the sample closes. How far ahead: see TRUST_RATIO. Both only
         for a lane `watched` (see Lane.offer); another has its average, trusted in full.
+        Both count the lane's own time: not what its workers spent waiting for the higher
+        classes' work, which admission counts apart.
         Read without the lock: a sample that restarts meanwhile gives a figure that is
         too high, which the average then bounds."""
         done_ns, in_hand_ns = in_flight
         if not self._depth or not watched:
             return Outlook(self._pace, done_ns=done_ns)
         trusted_ns = TRUST_MIN_NS + TRUST_RATIO * (now_ns - self._busy_since_ns)
-        elapsed_ns = now_ns - self._spell_ns
+        elapsed_ns = self._own_ns(now_ns)
         if elapsed_ns < LIVE_MIN_NS:
-            return Outlook(self._pace, trusted_ns, done_ns)
+            # Nothing seen yet of this spell: no work ahead is trusted at its pace.
+            return Outlook(self._pace, 0, done_ns)
         live = (self._answered_ns + in_hand_ns) / elapsed_ns
         return Outlook(max(min(self._pace, live), self._ideal / 100), trusted_ns, done_ns)
 

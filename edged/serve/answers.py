@@ -2,9 +2,10 @@
 ran it, by the lane's watchdog, or at shutdown, whichever comes first.
 
 The claim decides who answers; whoever does also settles the job's accounting: the
-class's figures and its place in the backlog. Every route a job may take (inline,
-aside, a worker) answers here, the same way. Nothing else in the daemon marks a job
-answered.
+class's figures and its place in the backlog, each counted once. Both ways a job may
+run (inline on its class's loop, or on a worker) answer here, the same way. Nothing
+else in the daemon marks a job answered. A reply goes to the loop that owns the
+request's socket (edged.serve.transport.reply), which sends it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from edged.serve.admission import Backlog
 from edged.serve.lanes.batching import Job
 from edged.serve.pending import PendingBytes
 from edged.serve.stats import ClassStats
-from edged.serve.transport import Transport
+from edged.serve.transport import reply
 from edged.wire import fast
 from edged.wire.codec import Buffer, Status, encode_reply
 
@@ -32,8 +33,7 @@ class Answers:
     """One lane's answering. The one writer of `Job.answered`, under `_lock`: a
     worker, the watchdog and the shutdown may race to answer a job, and one wins."""
 
-    def __init__(self, transport: Transport, stats: ClassStats, backlog: Backlog, pending: PendingBytes) -> None:
-        self._reply = transport.reply
+    def __init__(self, stats: ClassStats, backlog: Backlog, pending: PendingBytes) -> None:
         self.stats = stats
         self._backlog = backlog
         self._pending = pending
@@ -67,12 +67,14 @@ class Answers:
         frames, ok = _reply_frames(job, queue_us, compute_us, total_us, outputs, error)
         self.stats.done(ok, queue_us, compute_us, total_us, late=done_ns > job.deadline_ns)
         self._backlog.finish(job.cost_ns)
-        self._reply(job.route, frames)
+        reply(job.route, frames)
 
     def expired(self, job: Job, message: str = "its deadline passed while it was queued; it was not run") -> None:
-        """A job whose deadline passed (or, a pipeline's, would pass) before it ran: DEADLINE_EXCEEDED."""
-        self.stats.expiry()
-        self.unrun(job, Status.DEADLINE_EXCEEDED, message)
+        """A job whose deadline passed (or, a pipeline's, would pass) before it ran:
+        DEADLINE_EXCEEDED, and counted expired, unless another answered it first."""
+        if self._claim(job):
+            self.stats.expiry()
+            self._send_unrun(job, Status.DEADLINE_EXCEEDED, message)
 
     def unrun(self, job: Job, status: Status, message: str) -> None:
         """A job that was not run (expired, or refused at shutdown)."""
@@ -93,7 +95,7 @@ class Answers:
         waited_us = (time.monotonic_ns() - job.received_ns) // 1000
         timing = timing_us(waited_us, 0, waited_us)
         self._backlog.finish(job.cost_ns)
-        self._reply(job.route, encode_reply(job.request_id, status, error=message, timing_us=timing))
+        reply(job.route, encode_reply(job.request_id, status, error=message, timing_us=timing))
 
 
 def _reply_frames(

@@ -14,7 +14,7 @@ from edged.wire.codec import DEFAULT_LIMITS, Limits
 
 
 class PendingBytes:
-    """Written by the loop (`take`) and by whoever answers (`give_back`), each under `_lock`."""
+    """Written by the loops (`take`) and by whoever answers (`give_back`), each under `_lock`."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self._total_cap = limits.max_pending_bytes

@@ -47,7 +47,7 @@ class ServiceTimes:
     follows its input's size (`Signature.sized`) is priced per row too, each row at
     what a row of its size costs, from the sizes measured (SizeCosts): per row, so
     that a batch of four small images and one image four times their size, equal in
-    elements, are not taken for one size. Owned by a Lane: its workers, and the loop's
+    elements, are not taken for one size. Owned by a Lane: its workers, and its loop's
     thread for the calls it runs itself, write it, each observation under the lock;
     `Lane.offer` reads single values and the published SizeCosts, without it.
     """
@@ -56,7 +56,7 @@ class ServiceTimes:
         self._first_row_ns: dict[str, Average] = {}
         self._extra_row_ns: dict[str, Average] = {}
         self._measured: dict[str, dict[int, Average]] = {}  # by model: elements -> call ns; workers only
-        self._sizes: dict[str, SizeCosts] = {}  # by model: what the loop reads, replaced whole
+        self._sizes: dict[str, SizeCosts] = {}  # by model: what admission reads, replaced whole
         self._lock = threading.Lock()  # between its writers: the lane's workers and the loop's thread
 
     def observe(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
@@ -102,7 +102,7 @@ class ServiceTimes:
         return sizes is not None and elements // max(rows, 1) <= sizes.sizes[-1]
 
     def prices(self) -> dict[str, dict[str, Any]]:
-        """What the lane charges, by model, as the stats op shows it (socket loop): per
+        """What the lane charges, by model, as the stats op shows it (any thread): per
         row by size for a size-priced model, with how a larger size is priced
         ("line": through the two largest measured; "guess": see SizeCosts.beyond_ns);
         else a call's first row and each further row."""

@@ -29,14 +29,7 @@ CLASS_COUNTERS = (
     ("backend_calls", "edged_backend_calls", "Backend calls (one call may carry a batch of requests)."),
     ("backend_rows", "edged_backend_rows", "Rows handed to the backend."),
     ("inline", "edged_requests_inline", "Requests run on the socket loop itself (the inline path)."),
-    ("aside", "edged_requests_aside", "Requests run on the socket loop's thread while a stand-in served the sockets."),
     ("late_completed", "edged_requests_late", "Requests answered OK after their deadline had passed."),
-)
-# (stats key under "preempted", metric name, help, scale): work a higher class took the device from
-PREEMPTED = (
-    ("calls", "edged_preempted_calls", "Backend calls cancelled for a higher class; their requests ran again.", 1),
-    ("rows", "edged_preempted_rows", "Rows of those cancelled calls.", 1),
-    ("work_us", "edged_preempted_work_seconds", "Compute thrown away by those cancelled calls.", 1e-6),
 )
 
 
@@ -69,7 +62,6 @@ class StatsCollector:
             labels=["class", "outcome"],
         )
         counters = {key: CounterMetricFamily(name, text, labels=["class"]) for key, name, text in CLASS_COUNTERS}
-        preempted = {key: CounterMetricFamily(name, text, labels=["class"]) for key, name, text, _ in PREEMPTED}
         depth = GaugeMetricFamily("edged_queue_depth", "Requests waiting or running in the class.", labels=["class"])
         latency = GaugeMetricFamily(
             "edged_latency_seconds",
@@ -105,8 +97,6 @@ class StatsCollector:
                 outcomes.add_metric([klass, f"shed_{reason}"], count)
             for key, family in counters.items():
                 family.add_metric([klass], figures[key])
-            for key, _, _, scale in PREEMPTED:
-                preempted[key].add_metric([klass], figures["preempted"][key] * scale)
             depth.add_metric([klass], figures["queue_depth"])
             for stage, summary in figures["latency_us"].items():
                 for label, q in PERCENTILES.items():
@@ -116,7 +106,6 @@ class StatsCollector:
                 _add_price(prices, guessed, klass, model, price)
         yield outcomes
         yield from counters.values()
-        yield from preempted.values()
         yield depth
         yield latency
         yield latency_max

@@ -68,9 +68,9 @@ class Histogram:
 
 @dataclass
 class ClassStats:
-    """One class's figures. Arrivals (received, admitted, shed, inline, aside) are the
-    socket loop's alone: it decides them, and no other thread writes them. Outcomes
-    (answers, backend calls, expiries, preemptions, late results) come from whichever
+    """One class's figures. Arrivals (received, admitted, shed, inline) are the
+    class's loop's alone: it decides them, and no other thread writes them. Outcomes
+    (answers, backend calls, expiries, late results) come from whichever
     thread answers a job, the loop or a worker, so each is counted under `_lock`, and
     `snapshot` reads under it too: a reader on any thread gets one whole moment.
     """
@@ -87,11 +87,7 @@ class ClassStats:
     backend_calls: int = 0
     backend_rows: int = 0  # rows handed to the backend: shed or expired work never adds here
     late_dropped: int = 0  # results of calls the watchdog had given up on, never sent
-    inline: int = 0  # requests run on the socket loop itself (edged.serve.lanes.inline)
-    aside: int = 0  # requests run on the loop's thread with a stand-in on the sockets (the same)
-    preempted: int = 0  # calls cancelled for a higher class; their jobs ran again
-    preempted_rows: int = 0
-    preempted_work_us: int = 0  # compute thrown away by those calls
+    inline: int = 0  # requests run on the class's loop itself (edged.serve.lanes.lane)
     queue_us: Histogram = field(default_factory=Histogram)
     compute_us: Histogram = field(default_factory=Histogram)
     total_us: Histogram = field(default_factory=Histogram)
@@ -130,13 +126,6 @@ class ClassStats:
         with self._lock:
             self.expired += 1
 
-    def preemption(self, rows: int, work_us: int) -> None:
-        """A call of `rows` rows cancelled for a higher class after `work_us` of compute."""
-        with self._lock:
-            self.preempted += 1
-            self.preempted_rows += rows
-            self.preempted_work_us += work_us
-
     def late_result(self) -> None:
         """A result the watchdog had already answered for, dropped."""
         with self._lock:
@@ -160,8 +149,6 @@ class ClassStats:
             "backend_rows": self.backend_rows,
             "late_dropped": self.late_dropped,
             "inline": self.inline,
-            "aside": self.aside,
-            "preempted": {"calls": self.preempted, "rows": self.preempted_rows, "work_us": self.preempted_work_us},
             "queue_depth": queue_depth,
             "latency_us": {
                 "queue": self.queue_us.summary(),

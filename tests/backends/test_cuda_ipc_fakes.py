@@ -140,7 +140,7 @@ def test_fake_cuda_a_trt_fallback_runner_on_the_cpu_reads_a_device_input_through
     log: list[str], fake_cuda: FakeCuda
 ) -> None:
     seen: dict[str, np.ndarray] = {}
-    cpu = SimpleNamespace(run=lambda inputs, names, stop=None: seen.update(inputs) or [], close=lambda: None)
+    cpu = SimpleNamespace(run=lambda inputs, names: seen.update(inputs) or [], close=lambda: None)
     tensor = DeviceTensor(SimpleNamespace(pointer=BASE, nbytes=SIZE), 0, 256, np.dtype(np.float32), (1, 64))
     tensorrt.HostInputs(cpu).run({"x": tensor}, ["scores"])
     assert log == ["download_now"] and isinstance(seen["x"], np.ndarray) and seen["x"].shape == (1, 64)

@@ -61,7 +61,7 @@ def test_io_bytes_are_every_input_and_output_at_the_largest_batch() -> None:
 
 
 def test_a_lane_plans_buffers_and_its_arena_cap_per_worker_and_no_weights() -> None:
-    klass = ClassConfig("rt", order=0, workers=2, max_batch=4, arena_cap_mb=64, stream_priority=-1)
+    klass = ClassConfig("rt", order=0, workers=2, max_batch=4, arena_cap_mb=64, stream_priority=-1, inline_max_us=0)
     lane = lane_reservation(klass, MODELS)
     sessions = 2 * len(MODELS)
     arena = 64 * MIB // sessions  # the lane's cap, split between its sessions
@@ -74,12 +74,13 @@ def test_a_lane_plans_buffers_and_its_arena_cap_per_worker_and_no_weights() -> N
 
 
 def test_a_class_with_an_inline_path_reserves_its_sessions_too() -> None:
-    klass = ClassConfig("rt", order=0, workers=2, max_batch=4, inline_max_us=300)
-    assert all(m.sessions == 3 for m in lane_reservation(klass, MODELS).models)
+    for inline in (300, None):  # set, or left to the daemon on a class that does not wait to fill batches
+        klass = ClassConfig("rt", order=0, workers=2, max_batch=4, inline_max_us=inline)
+        assert all(m.sessions == 3 for m in lane_reservation(klass, MODELS).models)
 
 
 def test_no_arena_cap_plans_the_buffers_alone_and_says_the_arena_is_uncapped() -> None:
-    lane = lane_reservation(ClassConfig("bulk", order=0, max_batch=16), MODELS)
+    lane = lane_reservation(ClassConfig("bulk", order=0, max_batch=16, batch_wait_us=500), MODELS)
     assert not lane.arena_capped
     assert all(m.arena_limit_bytes == 0 for m in lane.models)
     assert lane.device_bytes == sum(io_bytes(m, 16) for m in MODELS)
@@ -124,7 +125,10 @@ def test_lanes_that_exceed_the_free_memory_are_refused_naming_each_lane() -> Non
 def test_the_plan_counts_each_models_new_weights_once_beside_its_lanes_naming_each() -> None:
     """Weights are the model's, not the lane's: three lanes of a model plan its file once,
     and a model whose copy the serving lanes hold (a reload that changed nothing) none."""
-    lanes = [lane_reservation(ClassConfig(name, order=i, arena_cap_mb=64), MODELS) for i, name in enumerate("abc")]
+    lanes = [
+        lane_reservation(ClassConfig(name, order=i, arena_cap_mb=64, inline_max_us=0), MODELS)
+        for i, name in enumerate("abc")
+    ]
     weights = [Weights("mlp-light", 1, 1, WEIGHTS["mlp-light"]), Weights("cnn-heavy", 1, 0, WEIGHTS["cnn-heavy"])]
     total = sum(lane.device_bytes for lane in lanes) + WEIGHTS["mlp-light"]
     check_fits(lanes, total, "Test GPU", weights)  # exactly fits

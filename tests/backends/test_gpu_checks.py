@@ -106,9 +106,9 @@ def test_the_memory_check_configs_parse_with_the_built_in_classes() -> None:
     assert not any(c.cuda_graph for c in parsed["default classes"].classes)
     graphs = {c.name: c.cuda_graph for c in parsed["realtime cuda_graph"].classes}
     assert graphs == {"realtime": True, "standard": False, "bulk": False}
-    # Named, the classes keep their built-in settings: bulk still yields and is preemptible.
+    # Named, the classes keep their built-in settings: bulk still yields, its calls capped.
     bulk = parsed["realtime cuda_graph"].class_named("bulk")
-    assert bulk.yields and bulk.preemptible and bulk.batch_wait_us == 500
+    assert bulk.yields and bulk.max_call_ms > 0 and bulk.batch_wait_us == 500
 
 
 def test_the_memory_table_gives_planned_and_measured_mib_per_lane() -> None:

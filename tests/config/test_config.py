@@ -182,13 +182,13 @@ INVALID = {
     ),
     "affinity negative": (klass("realtime", "cpu_affinity = [-1]"), "classes.realtime.cpu_affinity"),
     "yields a string": (klass("bulk", 'yields = "yes"'), "classes.bulk.yields"),
-    "preemptible a number": (klass("bulk", "preemptible = 1"), "classes.bulk.preemptible"),
+    "preemptible removed": (klass("bulk", "preemptible = true"), "classes.bulk.preemptible was removed"),
     "cap negative": (klass("bulk", "max_call_ms = -1"), "classes.bulk.max_call_ms"),
     "cap a string": (klass("bulk", 'max_call_ms = "5"'), "classes.bulk.max_call_ms"),
-    "spin negative": (klass("realtime", "spin_us = -1"), "classes.realtime.spin_us"),
+    "spin removed": (klass("realtime", "spin_us = 0"), "classes.realtime.spin_us was removed"),
+    "stand-in removed": (klass("realtime", "stand_in = false"), "classes.realtime.stand_in was removed"),
+    "inline a float": (klass("realtime", "inline_max_us = 2.5"), "classes.realtime.inline_max_us"),
     "sm count negative": (klass("bulk", "sm_count = -8"), "classes.bulk.sm_count"),
-    "spin past 10 ms": (klass("realtime", "spin_us = 10001"), "classes.realtime.spin_us"),
-    "spin a float": (klass("realtime", "spin_us = 2.5"), "classes.realtime.spin_us"),
 }
 
 
@@ -276,12 +276,11 @@ def test_the_example_config_names_every_key_at_its_default() -> None:
         defaults
     )
     raw = tomllib.loads(example.read_text())
-    # inline_max_us's and spin_us's defaults depend on the machine: the realtime table explains
-    # them in comments, and written out they would pin one machine's values on every other.
-    class_keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name"}
+    # inline_max_us's default follows the deadlines: the tables explain it in comments, and
+    # written out it would not follow a deadline changed beside it.
+    keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name", "inline_max_us"}
     for name, table in raw["classes"].items():
-        keys = class_keys - {"inline_max_us", "spin_us"} if name == "realtime" else class_keys
-        assert set(table) == keys, f"classes.{name} lacks {sorted(keys - set(table))}"
+        assert set(table) == keys, f"classes.{name} lacks {sorted(keys - set(table))}, or has more"
 
 
 def test_on_six_cores_or_more_realtime_and_the_loop_get_cores_of_their_own() -> None:
@@ -296,35 +295,7 @@ def test_on_six_cores_or_more_realtime_and_the_loop_get_cores_of_their_own() -> 
     assert resolve_cores(named, list(range(16))) == named  # a class that names its cores takes over
 
 
-def test_the_loops_inline_cap_and_spin_follow_the_machines_measured_hand_off() -> None:
-    from edged.config.classes import resolve_loop_work
-
-    unresolved = tuple(
-        dataclasses.replace(c, spin_us=None, inline_max_us=None if c.order == 0 else 0) for c in parse("").classes
-    )
-
-    def loop_work(handoff_us: float, classes: tuple[ClassConfig, ...] = unresolved) -> list[tuple[int, int]]:
-        return [(c.inline_max_us or 0, c.spin_us or 0) for c in resolve_loop_work(classes, handoff_us)]
-
-    # The 2-core VM's hand-off (11-15 us) gives what was tuned there; a slower CPU's, more.
-    assert loop_work(12.0) == [(300, 240), (0, 0), (0, 0)]
-    assert loop_work(30.0) == [(750, 600), (0, 0), (0, 0)]
-    # Bounded whatever the probe says: at least 50 us, at most 1 ms and 1/20 of realtime's deadline.
-    assert loop_work(0.5)[0] == (50, 50)
-    assert loop_work(500.0)[0] == (1000, 1000)
-    tight = (dataclasses.replace(unresolved[0], deadline_ms=4.0), *unresolved[1:])
-    assert loop_work(30.0, tight)[0] == (200, 600)
-    no_inline = (dataclasses.replace(unresolved[0], inline_max_us=0), *unresolved[1:])
-    assert loop_work(12.0, no_inline)[0] == (0, 0)  # the loop runs none of its work: no spin
-    # As set, on any machine.
-    assert parse(klass("realtime", "spin_us = 40\ninline_max_us = 70")).classes[0].inline_max_us == 70
-    assert parse(klass("realtime", "spin_us = 40")).classes[0].spin_us == 40
-
-
-def test_the_hand_off_is_measured_on_this_machine() -> None:
-    from edged.config.machine import handoff_us
-
-    realtime = parse("").classes[0]
-    # A thread's wake-up and back: microseconds on any machine this runs on, never 0.
-    assert 1.0 < handoff_us() < 5_000.0
-    assert realtime.inline_max_us == min(max(int(25 * handoff_us()), 50), 1000)
+def test_the_inline_cap_is_as_set_or_left_to_the_daemon() -> None:
+    assert {c.inline_max_us for c in parse("").classes} == {None}  # derived as it serves (tests/serve/lanes)
+    assert parse(klass("realtime", "inline_max_us = 70")).classes[0].inline_max_us == 70
+    assert parse(klass("realtime", "inline_max_us = 0")).classes[0].inline_max_us == 0

@@ -1,7 +1,6 @@
-"""Signals at the moments that used to break the daemon: while the loop's own thread
-warms a dear model (start-up and reload), the stand-in serving meanwhile. Only the
-steering thread acts on a signal; each ends in its documented outcome, with exit 0,
-and every admitted request answered exactly once."""
+"""Signals at the moments that used to break the daemon: while start-up or a reload
+warms a dear model. Only the steering thread acts on a signal; each ends in its
+documented outcome, with exit 0, and every admitted request answered exactly once."""
 
 from __future__ import annotations
 
@@ -19,11 +18,10 @@ from support.models import PATIENT_WATCHDOGS, dear_warmup_repository, sleep_for
 
 from edged.wire.codec import encode_request
 
-# The sleeper's n = 3000 takes about 0.25 s here: warming it on the loop's thread (five
-# calls) leaves a window of a second for the signal.
+# The sleeper's n = 3000 takes about 0.25 s here: warming it (five calls a lane) leaves a
+# window of seconds for the signal.
 WARMUP_N = 3000
 CONFIG = '[server]\nmodel_repository = "{repository}"\ndrain_timeout_ms = 120000\n' + PATIENT_WATCHDOGS
-WARMING = "warming the loop's own runners"
 
 
 @pytest.fixture
@@ -38,10 +36,10 @@ def no_traceback(running: RunningDaemon) -> None:
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
 
 
-def test_sigterm_while_start_up_warms_on_the_loop_exits_zero(repository: Path) -> None:
+def test_sigterm_while_start_up_warms_exits_zero(repository: Path) -> None:
     running = start_daemon(CONFIG.format(repository=repository), wait=False)
     try:
-        wait_for(lambda: WARMING in running.log() or not running.alive(), 120, "the loop's warm-up")
+        wait_for(lambda: "listening on" in running.log() or not running.alive(), 120, "the signal handlers")
         os.kill(running.pid, signal.SIGTERM)
         assert running.process.process.wait(timeout=60) == 0, running.log()[-3000:]
         no_traceback(running)

@@ -42,15 +42,16 @@ def test_only_the_thread_that_steers_may_move_the_state() -> None:
     life = Lifecycle()
     failures: list[BaseException] = []
 
-    def stand_in() -> None:
+    def a_loop() -> None:
         try:
             life.move(State.SERVING)
         except RuntimeError as exc:
             failures.append(exc)
 
-    thread = threading.Thread(target=stand_in, name="stand-in")
+    thread = threading.Thread(target=a_loop, name="serve-realtime")
     thread.start()
     thread.join()
-    assert [str(exc) for exc in failures] == ["the daemon's life is steered by its own thread only, not by 'stand-in'"]
+    message = "the daemon's life is steered by its own thread only, not by 'serve-realtime'"
+    assert [str(exc) for exc in failures] == [message]
     assert life.state is State.STARTING
     life.move(State.SERVING)  # its own thread still may

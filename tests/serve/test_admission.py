@@ -121,13 +121,15 @@ def test_a_lane_starved_now_is_seen_before_its_first_sample_closes() -> None:
 
 def test_work_ahead_beyond_what_a_lane_has_seen_its_pace_hold_for_counts_more() -> None:
     """A burst is admitted within a few ms, before any sample shows what it does to
-    the lane: its own work ahead past TRUST_MIN_NS plus TRUST_RATIO times the lane's busy
-    time counts UNPROVEN_FACTOR times over. A long deadline still takes a long queue."""
+    the lane: until its own time reaches LIVE_MIN_NS no work ahead is trusted, then work
+    past TRUST_MIN_NS plus TRUST_RATIO times the lane's busy time counts UNPROVEN_FACTOR
+    times over. A long deadline still takes a long queue."""
     backlog = backlog_of(*[5 * MS] * 10)  # 50 ms ahead, at the ideal pace
     start_ns = time.monotonic_ns()
     fresh = backlog.outlook(start_ns, (0, 5 * MS))
-    assert fresh.trusted_ns <= TRUST_MIN_NS + TRUST_RATIO * 1 * MS
-    # 50 ms ahead would fit 100 ms with room to spare; 20 + 30 x 4 = 140 ms does not.
+    assert fresh.trusted_ns == 0  # nothing seen of this spell yet
+    assert backlog.outlook(start_ns + 12 * MS, (0, 5 * MS)).trusted_ns >= TRUST_MIN_NS + TRUST_RATIO * 12 * MS
+    # 50 ms ahead would fit 100 ms with room to spare; 50 x 4 = 200 ms does not.
     shed = admit(lane(queue_capacity=64), backlog, cost_ns=5 * MS, budget_ns=100 * MS, outlook=fresh)
     assert shed is not None and shed.reason == "deadline", shed
     assert admit(lane(queue_capacity=64), backlog, cost_ns=5 * MS, budget_ns=1000 * MS, outlook=fresh) is None
@@ -297,3 +299,20 @@ def test_only_a_model_with_a_dynamic_dimension_besides_the_batch_is_priced_by_si
     assert ocr.elements({"x": np.zeros((2, 3, 32, 48))}) == 2 * 3 * 32 * 48
     chunk = {"input": np.zeros((1, 512)), "state": np.zeros((2, 1, 128)), "sr": np.array(16000)}
     assert vad.elements(chunk) == 512 + 256 + 1
+
+
+def test_time_a_lane_spent_yielding_is_not_taken_for_a_slow_pace() -> None:
+    """A worker that waits for the higher classes' work answers nothing meanwhile, and
+    admission counts that work apart (`above_ns`): the lane's own pace leaves the wait
+    out, or a bulk lane behind a long realtime call would shed a minute's deadline."""
+    backlog = Backlog(watched=True)
+    backlog.add(5 * MS)
+    backlog.yielding(True)
+    time.sleep(0.03)
+    # 30 ms waiting, nothing answered: not a measured pace of zero, but its own time too short to say.
+    assert backlog.outlook(time.monotonic_ns(), (0, 0)).pace == 1.0
+    backlog.yielding(False)
+    assert backlog.outlook(time.monotonic_ns(), (0, 0)).pace == 1.0
+    time.sleep(0.015)
+    # 15 ms of its own time and nothing answered: now it is slow, and seen so.
+    assert backlog.outlook(time.monotonic_ns(), (0, 0)).pace < 0.1

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 from support.gpu import MLP
 
-from edged.backends import CallStop, computes_on_caller
+from edged.backends import computes_on_caller
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.config.classes import ClassConfig
 from edged.models.pipeline import Pipeline, Ref, Step, waves
@@ -29,9 +29,7 @@ class WaitingRunner:
     def __init__(self, on_caller: bool) -> None:
         self.computes_on_caller = on_caller
 
-    def run(
-        self, inputs: dict[str, np.ndarray], names: Sequence[str], stop: CallStop | None = None
-    ) -> list[np.ndarray]:
+    def run(self, inputs: dict[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
         time.sleep(WAIT_S)
         return [inputs["x"] * 2]
 

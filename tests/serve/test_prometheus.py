@@ -62,6 +62,7 @@ def test_a_scrape_reports_what_the_stats_op_reports(scraped_daemon: tuple[Runnin
     assert value(samples, "edged_unroutable_replies_total") == stats["unroutable"]
     assert stats["classes"]["realtime"]["completed"] == 6 and stats["classes"]["bulk"]["completed"] == 3
     assert stats["classes"]["realtime"]["inline"] == 6  # mlp-light, on an idle realtime lane
+    assert not any(name.startswith(("edged_preempted", "edged_requests_aside")) for name, _ in samples)
     # Each model's weights, once: the file's size times the copies held.
     assert set(stats["memory"]["weights"]) == {"mlp-light", "cnn-heavy"}
     for model, weights in stats["memory"]["weights"].items():
@@ -77,12 +78,6 @@ def test_a_scrape_reports_what_the_stats_op_reports(scraped_daemon: tuple[Runnin
             ("late_completed", "edged_requests_late_total"),
         ):
             assert value(samples, name, **{"class": klass}) == figures[key], (klass, key)
-        for key, name, scale in (
-            ("calls", "edged_preempted_calls_total", 1),
-            ("rows", "edged_preempted_rows_total", 1),
-            ("work_us", "edged_preempted_work_seconds_total", 1e-6),
-        ):
-            assert value(samples, name, **{"class": klass}) == figures["preempted"][key] * scale, (klass, key)
         for outcome in ("completed", "failed", "expired"):
             assert value(samples, "edged_requests_total", **{"class": klass, "outcome": outcome}) == figures[outcome]
         for reason, count in figures["shed"].items():

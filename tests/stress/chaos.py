@@ -3,15 +3,15 @@
     python tests/stress/chaos.py --schedules 40 [--seed N]
 
 Each schedule starts a daemon of its own on a repository holding mlp-light and the
-sleeper, warmed up at a dear n: start-up's and every reload's warm-up on the loop's
-thread take most of a second, with the stand-in serving meanwhile. Three peers load it,
-one per class: realtime sends mlp-light and, one request in eight, a dear sleeper job
-that runs aside on the loop's thread; standard sends mlp-light; bulk queues sleeper jobs.
-From the moment the daemon logs `listening on` (its signal handlers are in place), the
-schedule sends zero to three SIGHUPs, then SIGTERM or SIGINT, each at a random moment or
-aimed into the next warm-up of new lanes on the loop's thread (start-up's or a
-reload's), where the stand-in serves. The peers stop sending SETTLE_S before the last
-signal, so that every request sent has reached the daemon, whose drain must answer it.
+sleeper, warmed up at a dear n: start-up's and every reload's warm-up take a second or
+more. Three peers load it, one per class: realtime sends mlp-light (inline on its loop)
+and, one request in eight, a dear sleeper job (on its worker); standard sends
+mlp-light; bulk queues sleeper jobs. From the moment the daemon logs `listening on`
+(its signal handlers are in place), the schedule sends zero to three SIGHUPs, then
+SIGTERM or SIGINT, each at a random moment or aimed just after the loader finishes
+new lanes (start-up's or a reload's), while the loops take them up and the old ones
+retire. The peers stop sending SETTLE_S before the last signal, so that every request
+sent has reached the daemon, whose drain must answer it.
 
 Checked, per schedule: the daemon exits 0; its log holds no traceback; every request
 got exactly one reply, each OK or a documented refusal (UNAVAILABLE while starting or
@@ -47,24 +47,24 @@ from support.models import PATIENT_WATCHDOGS, dear_warmup_repository, sleep_for
 
 from edged.wire.codec import encode_request
 
-WARMUP_N = 1500  # about 0.12 s a call here: five of them on the loop's thread per warm-up
+WARMUP_N = 1500  # about 0.12 s a call here: five of them a lane per warm-up
 CONFIG = '[server]\nmodel_repository = "{repository}"\ndrain_timeout_ms = 30000\n' + PATIENT_WATCHDOGS
 DOCUMENTED = {"OK", "UNAVAILABLE", "OVERLOADED", "DEADLINE_EXCEEDED"}
 SETTLE_S = 0.1  # between the peers' last request and the stop signal
 HORIZON_S = 8.0  # the span over which a schedule's timed signals fall (start-up takes about 2-3 s)
-WARMUP_WINDOW_S = 0.4  # how far into a warm-up on the loop's thread a signal aimed at it falls
-# The log line that begins each warm-up of new lanes on the loop's thread (edged.daemon.daemon).
-WARMING = ("warming the loop's own runners",)
+WARMUP_WINDOW_S = 0.4  # how far past the loader's end a signal aimed at it falls
+# The log lines that say the loader has built new lanes, which the loops now take up (edged.daemon.daemon).
+WARMING = ("edged: loaded ", "edged: reload loaded ")
 EXIT_S = 90.0
 
 
 def warmups_in(log: str) -> int:
-    """How many times the loop's thread began to warm lanes, by the daemon's log."""
+    """How many times the loader finished new lanes, by the daemon's log."""
     return sum(log.count(marker) for marker in WARMING)
 
 
 def next_warmup(running: RunningDaemon, seen: int) -> None:
-    """Wait until the daemon begins warm-up number `seen` + 1 (or has exited)."""
+    """Wait until the loader finishes lanes for time number `seen` + 1 (or the daemon has exited)."""
     wait_for(lambda: warmups_in(running.log()) > seen or not running.alive(), 60, "the next warm-up")
 
 
@@ -117,7 +117,7 @@ def peers() -> list[Peer]:
     light = {"x": np.random.default_rng(0).standard_normal((1, 64), dtype=np.float32)}
 
     def realtime(i: int) -> list[bytes]:
-        if i % 8 == 7:  # dear: runs aside on the loop's thread when its lane is idle
+        if i % 8 == 7:  # dear: runs on realtime's worker
             return encode_request(i, model="sleeper", klass="realtime", deadline_ms=60_000, inputs=sleep_for(1000))
         return encode_request(i, model="mlp-light", klass="realtime", deadline_ms=1000, inputs=light)
 
@@ -133,14 +133,15 @@ def peers() -> list[Peer]:
 @dataclass(frozen=True)
 class Step:
     """One signal: `delay_s` after the step before it (or after `listening on`), or, with
-    `in_warmup`, `delay_s` into the next warm-up of lanes on the loop's thread."""
+    `in_warmup`, `delay_s` after the loader next finishes new lanes."""
 
     signum: signal.Signals
     delay_s: float
     in_warmup: bool
 
     def __str__(self) -> str:
-        return f"{self.signum.name} {self.delay_s:.2f} s {'into the next warm-up' if self.in_warmup else 'later'}"
+        when = "after the next lanes are built" if self.in_warmup else "later"
+        return f"{self.signum.name} {self.delay_s:.2f} s {when}"
 
 
 @dataclass

@@ -34,7 +34,7 @@ class CountingRunner:
     def __init__(self, owner: CountingBackend, runner) -> None:
         self._owner, self._runner = owner, runner
 
-    def run(self, inputs, output_names, stop=None):
+    def run(self, inputs, output_names):
         first = next(iter(inputs.values()))
         if self._owner.counting:
             self._owner.rows += first.shape[0]
@@ -43,7 +43,7 @@ class CountingRunner:
             assert self._owner.gate.wait(timeout=30), "the test never opened the gate"
         if (first == POISON).any():
             raise RuntimeError("poisoned row")
-        return self._runner.run(inputs, output_names, stop)
+        return self._runner.run(inputs, output_names)
 
     def close(self) -> None:
         self._runner.close()

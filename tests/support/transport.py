@@ -1,42 +1,37 @@
-"""A Transport for lanes and dispatchers driven in-process, with no socket loop: each
-reply is kept (or dropped), and nothing runs aside, as on a thread that is not the loop's."""
+"""A stand-in for the loop that owns a socket, for lanes and dispatchers driven
+in-process: each reply sent through it is kept, labelled by the route it answers."""
 
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from edged.serve.transport import Route
 from edged.wire.codec import Buffer
 
 
-class NoSockets:
-    """Replies go to `replies`, when given; `run_aside` declines, so dear jobs queue."""
+@dataclass(frozen=True)
+class _Socket:
+    local: bool = True
+    klass: str | None = None
 
-    unroutable = 0
 
-    def __init__(self, replies: queue.SimpleQueue[tuple[Any, list[Buffer]]] | None = None) -> None:
-        self._replies = replies
+@dataclass(frozen=True)
+class _Peer:
+    bytes: bytes
 
-    @property
-    def ingress(self) -> dict[str, list[str]]:
-        return {}  # no sockets, so none of a class's own
 
-    def reply(self, route: Any, frames: list[Buffer]) -> None:
-        if self._replies is not None:
-            self._replies.put((route, frames))
+class Replies:
+    """Where the replies to routes made by `route` go: `queue` holds (label, frames)."""
 
-    def peer(self, route: Any) -> bytes:
-        return b""
+    def __init__(self) -> None:
+        self.queue: queue.Queue[tuple[Any, list[Buffer]]] = queue.Queue()
+        self.bound = [_Socket()]
 
-    def local(self, route: Any) -> bool:
-        return True
+    def route(self, label: Any, peer: bytes = b"peer") -> Route:
+        """A route whose reply lands in `queue` under `label`."""
+        return (self, 0, [_Peer(peer), label])  # type: ignore[return-value]
 
-    def wake(self) -> None:
-        """Nothing to wake."""
-
-    def ask(self, question: Callable[[], Any], timeout_s: float) -> Any:
-        return question()
-
-    def run_aside(self, call: Callable[[], None]) -> bool:
-        return False
+    def send(self, route: Route, frames: list[Buffer]) -> None:
+        self.queue.put((route[2][1], frames))

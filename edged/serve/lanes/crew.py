@@ -26,9 +26,9 @@ log = logging.getLogger("edged.lanes")
 
 
 class Crew:
-    """One lane's workers. Written on one thread at a time, as its lane is: by the loader
-    while it starts them, then by the socket loop (`check_stuck`, `retire`). The workers
-    take jobs off `jobs` and keep their open calls in `calls`; they write nothing here."""
+    """One lane's workers. Written by the loader while it starts them, then by the
+    daemon's steering thread alone (`check_stuck`, `retire`, `join`). The workers take
+    jobs off `jobs` and keep their open calls in `calls`; they write nothing here."""
 
     def __init__(
         self,
@@ -63,20 +63,19 @@ class Crew:
             self.join(1.0)
             raise errors[0]
 
-    def new_worker(self, klass: ClassConfig | None = None, on_worker: bool = True) -> Worker:
-        """A worker of this lane, not started: `on_worker` False for the inline path's,
-        whose calls run on the socket loop's thread and never run a pipeline."""
+    def new_worker(self, klass: ClassConfig | None = None, inline: list[ModelEntry] | None = None) -> Worker:
+        """A worker of this lane, not started; with `inline`, the runners of those models
+        for the class's loop, which runs no pipeline."""
         return Worker(
             klass or self.klass,
-            self._models,
+            self._models if inline is None else inline,
             self._backend,
             self.jobs,
             self.calls,
             self._answers,
             self._service,
             self._precedence,
-            on_worker=on_worker,
-            pipelines=self._pipelines if on_worker else [],
+            pipelines=self._pipelines if inline is None else [],
         )
 
     @property
@@ -116,21 +115,17 @@ class Crew:
         for thread in self._workers():
             thread.join(max(end - time.monotonic(), 0.0))
 
-    # --- the watchdog (socket loop's tick, and the shutdown) ---------------
+    # --- the watchdog (the steering thread, and the shutdown) --------------
 
     def check_stuck(self, now_ns: int) -> None:
         """Answer the requests of a backend call open past `stuck_after_ms`, and replace
-        the worker inside it (not the loop's thread, which runs aside calls: no worker)."""
+        the worker inside it."""
         limit_ms = self.klass.stuck_after_ms
         stuck = self.calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
         if stuck is None or not stuck.jobs:
             return
         late = f"has not returned after {limit_ms} ms"
         why = f"a backend call of {stuck.jobs[0].model.name} {late}"
-        if not stuck.workers_lost:
-            self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}")
-            log.error("class %s: %s on the socket loop's thread: answered", self.klass.name, why)
-            return
         self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
         log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
         for _ in range(stuck.workers_lost):

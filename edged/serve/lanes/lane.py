@@ -1,12 +1,18 @@
-"""Lanes: one per priority class, reserved at start-up, each with its own queue,
-worker threads and backend runners (its crew: edged.serve.lanes.crew), and its own
-admission state. `offer` prices a request, lets admission decide
-(edged.serve.admission), and sheds it at once or places the job on one of its routes
-(edged.serve.lanes.routes): on the socket loop's thread when the lane is idle, else on
-a worker. Replies go through the lane's Transport."""
+"""Lanes: one per priority class, reserved at start-up, each with its workers and their
+queue (its crew: edged.serve.lanes.crew) and its admission state. `offer` prices a
+request, lets admission decide (edged.serve.admission), and sheds it at once or places
+the job in one of its class's ways:
+- inline: on the class's loop thread, now, when the lane is idle, no request waits
+  behind it on its socket, and the job is priced within what the loop may run itself
+  (`inline_limit_ns`: a job that two hand-offs to a worker and back would slow by 2%);
+- a worker of the class, which a class with `batch_wait_us` (bulk's batcher) lets wait
+  that long to fill a batch.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -18,18 +24,25 @@ from edged.serve.admission import Backlog, Shed, admit
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.crew import Crew
-from edged.serve.lanes.inline import InlinePath
 from edged.serve.lanes.precedence import Precedence
-from edged.serve.lanes.routes import Aside, Inline, Queued, Route
 from edged.serve.lanes.steps import Priced
-from edged.serve.lanes.worker import Remeasure
+from edged.serve.lanes.worker import Remeasure, Worker
 from edged.serve.pending import PendingBytes
-from edged.serve.pricing import ServiceTimes
+from edged.serve.pricing import ServiceTimes, price_clock
 from edged.serve.stats import ClassStats
-from edged.serve.transport import Transport
+from edged.serve.transport import Route, peer
 from edged.wire.codec import Request, tensor_views
 
+log = logging.getLogger("edged.lanes")
+
 REMEASURE_EVERY_NS = 1_000_000_000
+# What a loop may run inline where classes.NAME.inline_max_us is left out: a job that a
+# worker's two hand-offs (each as the loop measures its own: Loop.handoff_ns) would slow
+# by 2% or more, so at most INLINE_HANDOFFS of them; and never more than 1/INLINE_SHARE of
+# the class's deadline, since the loop reads no request meanwhile. None for a class that
+# waits to fill batches (batch_wait_us).
+INLINE_HANDOFFS = 100
+INLINE_SHARE = 20
 PRICED_PAST_MEASURED = (
     "priced past the largest input measured on this lane; a warm-up sample of this size in the model's manifest "
     "measures it"
@@ -37,18 +50,18 @@ PRICED_PAST_MEASURED = (
 
 
 class Lane:
-    """One class's lane. Its own state is written on one thread at a time: by the
-    loader while it builds and starts the lane, then by the socket loop (`offer`:
-    admission and arrivals; `check_stuck`: workers and health, through its crew). Its
-    workers write nothing of the lane's own: they time calls into `service`, and count
-    and answer through its Answers, which takes finished work off `backlog`."""
+    """One class's lane. Built and started by the loader; from then on its admission
+    state is written by one thread, its owner: the class's loop, from `own` on (`offer`
+    checks, as asyncio's loop checks its thread). Its workers write nothing of the
+    lane's own: they time calls into `service`, and count and answer through its
+    Answers, which takes finished work off `backlog`. The daemon's steering thread
+    retires it, watches its calls and replaces a stuck worker (`check_stuck`)."""
 
     def __init__(
         self,
         klass: ClassConfig,
         models: list[ModelEntry],
         backend: Backend,
-        transport: Transport,
         stats: ClassStats | None = None,
         precedence: Precedence | None = None,
         pending: PendingBytes | None = None,
@@ -60,38 +73,57 @@ class Lane:
         self.backlog = Backlog(klass.workers, self.precedence.idle, klass.gives_way)
         self.precedence.join(klass.order, self.backlog)
         self.service = ServiceTimes()
-        self._transport = transport
         self._pending = pending or PendingBytes()  # daemon-wide, kept across reloads
-        answers = Answers(transport, self.stats, self.backlog, self._pending)
+        self._answers = Answers(self.stats, self.backlog, self._pending)
         # A pipeline's steps run on the workers (edged.serve.lanes.steps).
-        self._crew = Crew(klass, models, pipelines or [], backend, answers, self.service, self.precedence)
-        self._inline: InlinePath | None = None
-        self._queued = Queued(self._crew.jobs)
-        self._idle_routes: tuple[Route, ...] = (self._queued,)  # where a job goes when nothing is ahead of it
+        self._crew = Crew(klass, models, pipelines or [], backend, self._answers, self.service, self.precedence)
+        self._models = models
+        if not klass.runs_inline:
+            self._inline_cap_ns = 0
+        elif klass.inline_max_us is not None:
+            self._inline_cap_ns = klass.inline_max_us * 1000
+        else:
+            self._inline_cap_ns = int(klass.deadline_ms * 1e6 / INLINE_SHARE)
+        self._inline: Worker | None = None  # runners of the owner's own: never shared with a worker
+        self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0
 
     # --- life cycle --------------------------------------------------------
 
     def start(self) -> None:
-        """Start the workers; returns once each has loaded and warmed every model."""
+        """Start the workers; returns once each has loaded and warmed every model. Then
+        load the loop's own runners, where the class runs jobs inline: one per model, since
+        a price may change while the lane serves (the GPU memory plan counts them)."""
         self._crew.start()
-        if self.klass.inline_max_us:
-            # Never a CUDA graph on the loop: ONNX Runtime captures in global mode, which
-            # a capture on the loop, while other lanes serve, would break.
-            loop_worker = self._crew.new_worker(replace(self.klass, cuda_graph=False), on_worker=False)
-            loop_worker.load(pin=False)  # the loop's own thread keeps its settings
-            self._inline = InlinePath(self.klass, loop_worker)
-            loop_routes: list[Route] = [Inline(self._inline, self.stats)]
-            if self.klass.stand_in:
-                loop_routes.append(Aside(self._inline, self.stats, self._transport))
-            self._idle_routes = (*loop_routes, self._queued)
+        if self.klass.runs_inline:
+            # Never a CUDA graph on a loop: ONNX Runtime captures in global mode, which a
+            # capture on a loop, while other lanes serve, would break.
+            worker = self._crew.new_worker(replace(self.klass, cuda_graph=False), inline=self._models)
+            worker.load(pin=False)  # the loop's thread keeps its own settings
+            self._inline = worker
 
-    def warm_on_loop(self) -> None:
-        """Warm the inline path's runners on the socket loop's own thread, before it
-        serves: a runtime keeps per-thread state (ONNX Runtime's cuBLAS and cuDNN
-        handles), which a first call on a new thread would create mid-request."""
+    def own(self) -> None:
+        """Become the lane of the calling thread, the class's loop, which alone admits to
+        it from now on. Each inline runner of a model priced within the cap makes one call
+        here first: a runtime keeps per-thread state (ONNX Runtime's CUDA handles) that a
+        first call would make mid-request."""
+        self._owner = threading.get_ident()
+        for model in self._inline.models if self._inline is not None else ():
+            if self.service.estimate_ns(model.name) <= self._inline_cap_ns:
+                self._inline.runners[model.name].run(model.samples[0].inputs(), model.signature.output_names)
+
+    def disown(self) -> None:
+        """Give the inline runners back (the owner, once it admits to newer lanes)."""
         if self._inline is not None:
-            self._inline.warm()
+            for runner in self._inline.runners.values():
+                runner.close()
+            self._inline = None
+
+    def inline_limit_ns(self, handoff_ns: float) -> int:
+        """What its loop may run inline now, given what a hand-off to it costs (see INLINE_HANDOFFS)."""
+        if self.klass.inline_max_us is not None:
+            return self._inline_cap_ns
+        return int(min(self._inline_cap_ns, INLINE_HANDOFFS * handoff_ns))
 
     @property
     def health(self) -> str:
@@ -103,13 +135,8 @@ class Lane:
         return self._crew.reject_queued(message)
 
     def retire(self) -> None:
-        """Let the workers finish every job already queued, then end (socket loop, or
-        the loader for a lane it never opened: the inline path is not called after)."""
+        """Let the workers finish every job already queued, then end."""
         self._crew.retire()
-        if self._inline is not None:
-            self._idle_routes = (self._queued,)
-            self._inline.close()
-            self._inline = None
 
     @property
     def alive(self) -> bool:
@@ -120,21 +147,27 @@ class Lane:
         self.retire()
         self._crew.join(timeout_s)
 
-    # --- admission (socket loop only) --------------------------------------
+    # --- admission (the owner only) ----------------------------------------
 
     def offer(
         self,
-        route: Any,
+        route: Route,
         request: Request,
         model: ModelEntry,
         rows: int,
         elements: int,
         received_ns: int,
         into: dict[str, Any] | None = None,
+        inline_ns: int = 0,
     ) -> Job | Shed:
         """Admit a checked request of `rows` rows (and `elements`, for a model priced by
         size) and place it, or shed it at once: from its header, its payload untouched.
-        `into`: where its outputs go in the client's shared memory (edged.serve.regions)."""
+        `into`: where its outputs go in the client's shared memory (edged.serve.regions);
+        `inline_ns`: the dearest job the loop may run itself now (`inline_limit_ns`; 0
+        while other requests wait behind this one, which may then share a worker's call)."""
+        if threading.get_ident() != self._owner:
+            thread = threading.current_thread().name
+            raise RuntimeError(f"class {self.klass.name}'s lane admits on its own loop only, not on {thread!r}")
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
         priced = Priced.of(model.pipeline, self.service, rows, elements) if model.pipeline is not None else None
@@ -143,11 +176,14 @@ class Lane:
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
-        outlook = self.backlog.outlook(now_ns, self._crew.calls.progress(now_ns), self.klass.gives_way and not above_ns)
+        # Watched whether or not a higher class holds work now: the higher classes' loops
+        # run beside this one, so that work is often in flight at an arrival, and an
+        # outlook taken on trust then admitted a burst at the ideal pace (a third expired).
+        outlook = self.backlog.outlook(now_ns, self._crew.calls.progress(now_ns), self.klass.gives_way)
         shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, outlook)
         if shed is None:  # its bytes are held only once admission admits it
-            peer, nbytes = self._transport.peer(route), sum(len(payload) for payload in request.payloads)
-            shed = self._pending.take(peer, nbytes, self.backlog)
+            who, nbytes = peer(route), sum(len(payload) for payload in request.payloads)
+            shed = self._pending.take(who, nbytes, self.backlog)
         if shed is not None and shed.reason == "deadline" and priced is not None:
             shed = replace(shed, message=priced.shed(left_ns, shed.message))
         if shed is not None:
@@ -164,29 +200,54 @@ class Lane:
             cost_ns=cost_ns,
             rows=rows,
             elements=elements,
-            peer=peer,
+            peer=who,
             nbytes=nbytes,
             into=into or {},
             device=bool(request.device_inputs),
             priced=priced,
         )
-        if self.precedence.flying:
-            slack_ns = left_ns - cost_ns - int(self.backlog.work_ns / self.backlog.pace)
-            self.precedence.make_room(self.klass.order, slack_ns, now_ns)
-        self.place(job)
+        if not self.backlog.depth and self._inline_fits(job, inline_ns):
+            self.backlog.add(cost_ns)
+            self._run_inline(job)
+        else:
+            self.enqueue(job)
         return job
 
-    def place(self, job: Job) -> None:
-        """Hand an admitted job to the first route that takes it. An idle lane's job runs
-        on the loop's thread, now: the hand-off to a sleeping worker costs more than a
-        cheap job takes, and most of a dear one's overhead. Counted in the backlog first:
-        the stand-in may admit behind an aside call."""
-        # A pipeline runs on a worker: its Python steps never run on the loop.
-        routes = self._idle_routes if not self.backlog.depth and job.model.pipeline is None else (self._queued,)
+    def enqueue(self, job: Job) -> None:
+        """Hand an admitted job to the lane's workers."""
         self.backlog.add(job.cost_ns)
-        for where in routes:
-            if where.take(job):
-                return
+        self._crew.jobs.put(job)
+
+    def _inline_fits(self, job: Job, inline_ns: int) -> bool:
+        # A size past those measured is priced by extrapolation: it runs on a worker, which measures it.
+        # A pipeline runs on a worker: its Python steps never run on a loop.
+        return (
+            self._inline is not None
+            and job.model.pipeline is None
+            and job.cost_ns <= inline_ns
+            and self.service.measured(job.model.name, job.rows, job.elements)
+        )
+
+    def _run_inline(self, job: Job) -> None:
+        """Run a job here, now, and answer it: a worker's call without its queue. A job
+        just admitted to an idle lane has not expired and has nothing to batch with. The
+        watchdog does not answer it: its reply would leave through this loop, which is
+        inside the call; a loop that stops turning stops the systemd watchdog instead."""
+        assert self._inline is not None
+        runner, name = self._inline.runners[job.model.name], job.model.name
+        self.stats.inline += 1
+        self.stats.call(job.rows)
+        clock = price_clock(runner)
+        start_ns, priced_from = time.monotonic_ns(), clock()
+        try:
+            outputs = dict(zip(job.output_names, runner.run(job.inputs, job.output_names)))
+        except Exception as exc:
+            log.warning("backend error on %s: %s", name, exc)
+            self._answers.result(job, start_ns, 0, error=f"the backend failed on this request: {exc}")
+            return
+        price_ns = clock() - priced_from
+        self._answers.result(job, start_ns, time.monotonic_ns() - start_ns, outputs=outputs)
+        self.service.observe(name, price_ns, job.rows, job.elements)
 
     def _shed(self, shed: Shed, model: ModelEntry, rows: int, elements: int, now_ns: int) -> Shed:
         """Count a refusal, and see that a price that caused it is not stale."""
@@ -201,17 +262,14 @@ class Lane:
         return shed
 
     def _remeasure(self, model: ModelEntry, now_ns: int) -> None:
-        """Refresh the model's service estimate on an idle lane, at most once a second.
-
-        Called when admission sheds a request as too slow for its deadline: were the
-        estimate stale (inflated by a burst of contention, say), it would shed those
-        requests forever, since nothing admitted would ever measure it again.
-        """
+        """Refresh the model's price on an idle lane, at most once a second: were it stale
+        (inflated by a burst of contention, say), the lane would shed those requests for
+        ever, since nothing admitted would ever measure it again."""
         if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
             self._last_remeasure_ns = now_ns
             self._crew.jobs.put(Remeasure(model))
 
-    # --- the watchdog (socket loop's tick, and the shutdown) ---------------
+    # --- the watchdog (the steering thread, and the shutdown) ---------------
 
     def check_stuck(self, now_ns: int) -> None:
         """Answer the requests of a backend call open past `stuck_after_ms`, and replace

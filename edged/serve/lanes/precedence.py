@@ -1,24 +1,18 @@
 """Precedence between lanes: the one piece of state a daemon's lanes share.
 
 The lanes run on one device (the CPU's cores, or one GPU). Left alone, a bulk batch
-computes beside a realtime request and slows it down. Three rules keep a higher
-class's latency while a lower one floods the same device:
+computes beside a realtime request and slows it down. Two rules keep a higher class's
+latency while a lower one floods the same device:
 - yield: a lane that yields starts no backend call while a higher lane has work
   queued or running;
-- cap: its calls are sized to finish within its `max_call_ms`, so a higher arrival
-  waits behind at most one short call;
-- preemption: when a higher arrival would miss its deadline behind a preemptible
-  call in flight, that call is cancelled and its jobs run again later (inference
-  is idempotent; REEF, OSDI'22, does the same on a GPU).
+- cap: its calls are sized to finish within its `max_call_ms` (edged.serve.lanes.worker),
+  so a higher arrival waits behind at most one short call.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Protocol
-
-from edged.backends import CallStop
 
 # A yielding worker re-checks at least this often, so that a wake-up that raced
 # with its wait costs at most this long.
@@ -34,26 +28,16 @@ class Depth(Protocol):
     @property
     def work_ns(self) -> int: ...
 
-
-@dataclass(slots=True)
-class _Flight:
-    order: int
-    started_ns: int
-    predicted_ns: int
-    stop: CallStop
+    def yielding(self, waiting: bool) -> None:
+        """Its workers start or end waiting for the higher classes (its pace leaves that time out)."""
 
 
 class Precedence:
-    """Who may compute now, shared by one generation of lanes.
-
-    Writers: each lane joins once, when it is built; a worker adds and removes its
-    own call in flight (`take_off`, `land`); only the socket loop cancels
-    (`make_room`). Lanes are read, never written, from here.
-    """
+    """Who may compute now, shared by one generation of lanes. Each lane joins once,
+    when the loader builds it; after that the lanes' backlogs are only read here."""
 
     def __init__(self) -> None:
         self._lanes: list[tuple[int, Depth]] = []
-        self._flights: dict[int, _Flight] = {}  # by id of the call's stop
         self._turn = threading.Condition()
         self._waiting = 0  # workers inside wait_turn; written under _turn
 
@@ -72,11 +56,14 @@ class Precedence:
         """Block while a higher class has work (a yielding worker, before each call)."""
         if not self.busy_above(order):
             return
+        own = next(backlog for other, backlog in self._lanes if other == order)
+        own.yielding(True)
         with self._turn:
             self._waiting += 1
             while self.busy_above(order):
                 self._turn.wait(WAIT_SLICE_S)
             self._waiting -= 1
+        own.yielding(False)
 
     def idle(self) -> None:
         """A lane has just run dry: wake the workers that yield to it."""
@@ -85,26 +72,3 @@ class Precedence:
         if self._waiting:
             with self._turn:
                 self._turn.notify_all()
-
-    def take_off(self, order: int, stop: CallStop, predicted_ns: int, now_ns: int) -> None:
-        self._flights[id(stop)] = _Flight(order, now_ns, predicted_ns, stop)
-
-    def land(self, stop: CallStop) -> None:
-        self._flights.pop(id(stop), None)
-
-    @property
-    def flying(self) -> bool:
-        """Whether any preemptible call is in flight (read by the loop on each arrival)."""
-        return bool(self._flights)
-
-    def make_room(self, order: int, slack_ns: int, now_ns: int) -> int:
-        """Cancel each preemptible call of a lower class whose predicted remaining time
-        exceeds `slack_ns`, the time a new request of class `order` can spare; returns
-        how many were cancelled (socket loop only)."""
-        cancelled = 0
-        for flight in list(self._flights.values()):
-            remaining_ns = flight.started_ns + flight.predicted_ns - now_ns
-            if flight.order > order and remaining_ns > slack_ns and not flight.stop.cancelled:
-                flight.stop.cancel()
-                cancelled += 1
-        return cancelled

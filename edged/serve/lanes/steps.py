@@ -4,7 +4,7 @@ A pipeline (edged.models.pipeline) is one job of its class's lane: admitted once
 arrival, for its critical path (`Lane.offer`), then run here, step after step, on the
 worker that took it. So a step never queues behind other requests mid-pipeline, its
 intermediate tensors never leave the worker's memory, and its Python steps never run
-on the socket loop. Steps whose inputs are ready together run at once, on the worker
+on a class's loop. Steps whose inputs are ready together run at once, on the worker
 and on threads it started (inheriting its niceness and cores); steps of one model run
 one after another, since a runner is one worker's. Each step's time is learned under
 its own name (`pipeline/step`, by the request's size), for the next request's critical

@@ -18,7 +18,6 @@ from edged.serve.lanes.batching import Job
 class _Call:
     started_ns: int
     jobs: list[Job]
-    on_worker: bool  # False: the loop's own thread, running it aside (edged.serve.lanes.inline)
     charge_ns: int  # its jobs' charged work, summed once: admission reads it on every arrival
     overdue: bool = False  # its jobs were handed to the watchdog's answer once
 
@@ -36,11 +35,9 @@ class OpenCalls:
     """The backend calls a lane is inside, and the worker threads given up on.
 
     Writers, under `_lock`: each thread opens and closes its own call (`begin`, `end`);
-    the watchdog (`overdue`, from the socket loop's tick or the shutdown) marks calls open
-    too long, once each, and abandons the worker threads inside them. A call the loop's
-    own thread runs aside is answered like any other, but that thread is never abandoned:
-    it is the daemon's main thread, no worker replaces it, and its next call is watched
-    afresh.
+    the watchdog (`overdue`, from the daemon's steering thread) marks calls open
+    too long, once each, and abandons the worker threads inside them. (A loop's inline
+    calls are not watched here: see Lane._run_inline.)
     """
 
     def __init__(self) -> None:
@@ -48,9 +45,9 @@ class OpenCalls:
         self._open: dict[int, _Call] = {}
         self._abandoned: set[int] = set()  # idents of worker threads given up on
 
-    def begin(self, jobs: list[Job], now_ns: int, on_worker: bool = True) -> None:
+    def begin(self, jobs: list[Job], now_ns: int) -> None:
         with self._lock:
-            self._open[threading.get_ident()] = _Call(now_ns, jobs, on_worker, sum(job.cost_ns for job in jobs))
+            self._open[threading.get_ident()] = _Call(now_ns, jobs, sum(job.cost_ns for job in jobs))
 
     def end(self) -> None:
         with self._lock:
@@ -67,13 +64,12 @@ class OpenCalls:
                     continue
                 call.overdue = True
                 jobs.extend(call.jobs)
-                if call.on_worker:
-                    self._abandoned.add(ident)
-                    lost += 1
+                self._abandoned.add(ident)
+                lost += 1
         return Overdue(jobs, lost)
 
     def progress(self, now_ns: int) -> tuple[int, int]:
-        """The calls in flight as admission counts them (socket loop, on each arrival):
+        """The calls in flight as admission counts them (the lane's loop, on each arrival):
         how much of the work charged for them is done, by their elapsed time (each at
         most its charge), and that charge whole."""
         if not self._open:

@@ -3,13 +3,12 @@
 It loads and warms every model of the lane, then takes jobs off the lane's queue:
 a job whose deadline passed while it waited is answered DEADLINE_EXCEEDED and not
 run; the rest run alone or, where the class allows, batched with what waits beside
-them. Each result goes to the lane's Answers, which sends the reply from the worker's
-own thread (under the socket's lock, edged.serve.transport.server); the worker writes no
-figure of the lane's own (it counts through the class's stats, under their lock).
+them. Each result goes to the lane's Answers, which hands the reply to the loop that
+owns the request's socket, to send (edged.serve.transport). The worker writes no
+figure of the lane's own: it counts through the class's stats, under their lock.
 
 A class that yields waits for its turn before each call, and sizes the call's batch
-to its cap; a preemptible class's call may be cancelled by a higher arrival, and
-then its jobs wait for their turn again and run again (edged.serve.lanes.precedence).
+to its cap (edged.serve.lanes.precedence).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from edged.backends import Backend, CallStop, Reserving, Runner
+from edged.backends import Backend, Reserving, Runner
 from edged.config.classes import ClassConfig
 from edged.models.pipeline import Step
 from edged.models.repository import ModelEntry
@@ -65,9 +64,6 @@ class Worker:
     answers: Answers
     service: ServiceTimes
     precedence: Precedence
-    # False for the inline path's worker, whose calls run on the socket loop's thread:
-    # the watchdog answers them but never gives up on that thread (edged.serve.lanes.watchdog).
-    on_worker: bool = True
     pipelines: list[ModelEntry] = field(default_factory=list)  # run on workers alone, never on the loop
     runners: dict[str, Runner] = field(default_factory=dict)
     stepper: Stepper | None = None  # the pipelines' steps (edged.serve.lanes.steps)
@@ -152,68 +148,44 @@ class Worker:
         return 1 + max(int((cap_ns - first_ns) // extra_ns), 0) if extra_ns > 0 else sys.maxsize
 
     def run(self, batch: list[Job]) -> None:
-        """Run the batch's live jobs in one backend call and answer each of them; a call
-        cancelled for a higher class runs again, once that class is done, until its
-        jobs are answered or expire."""
-        while True:
-            taken_ns = time.monotonic_ns()
-            live = []
-            for job in batch:
-                if taken_ns > job.deadline_ns:
-                    self.answers.expired(job)
-                else:
-                    live.append(job)
-            if not live or not self._call(live, taken_ns):
-                return
-            batch = live
-            self.precedence.wait_turn(self.klass.order)
-
-    def _call(self, live: list[Job], taken_ns: int) -> bool:
-        """One backend call for `live`; True when it was cancelled and must run again."""
+        """Run the batch's live jobs in one backend call and answer each of them; a job
+        whose deadline passed while it waited is answered, not run."""
+        taken_ns = time.monotonic_ns()
+        live = []
+        for job in batch:
+            if taken_ns > job.deadline_ns:
+                self.answers.expired(job)
+            else:
+                live.append(job)
+        if not live:
+            return
         if live[0].model.pipeline is not None:
             self._run_pipeline(live[0], taken_ns)
-            return False
+            return
         inputs, names = stack(live)
         rows = sum(job.rows for job in live)
         self.answers.stats.call(rows)
         runner = self.runners[live[0].model.name]
-        stop = CallStop() if self.klass.preemptible else None
         clock = price_clock(runner)
         start, priced_from = time.perf_counter_ns(), clock()
-        self.calls.begin(live, time.monotonic_ns(), self.on_worker)
-        if stop is not None:
-            model = live[0].model
-            # A size-priced call is predicted by its jobs' own prices (see _row_cap).
-            if model.signature.sized:
-                predicted_ns = sum(job.cost_ns for job in live)
-            else:
-                predicted_ns = self.service.estimate_ns(model.name, rows)
-            self.precedence.take_off(self.klass.order, stop, predicted_ns, time.monotonic_ns())
+        self.calls.begin(live, time.monotonic_ns())
         try:
-            outputs = runner.run(inputs, names, stop)
+            outputs = runner.run(inputs, names)
         except Exception as exc:
             self.calls.end()
-            if stop is not None:
-                self.precedence.land(stop)
-                if stop.cancelled:
-                    self.answers.stats.preemption(rows, (time.perf_counter_ns() - start) // 1000)
-                    return True
             if len(live) > 1:
                 # Run each alone, so only the request that fails gets INTERNAL.
                 for job in live:
                     self.run([job])
-                return False
+                return
             self.answers.result(live[0], taken_ns, 0, error=f"the backend failed on this request: {exc}")
             log.warning("backend error on %s: %s", live[0].model.name, exc)
-            return False
+            return
         self.calls.end()
-        if stop is not None:
-            self.precedence.land(stop)
         compute_ns = time.perf_counter_ns() - start
         self.service.observe(live[0].model.name, clock() - priced_from, rows, sum(job.elements for job in live))
         for job, result in zip(live, unstack(live, names, outputs)):
             self.answers.result(job, taken_ns, compute_ns, outputs=result)
-        return False
 
     def _run_pipeline(self, job: Job, taken_ns: int) -> None:
         """A pipeline's steps (edged.serve.lanes.steps), watched as one backend call that
@@ -230,7 +202,7 @@ class Worker:
             now_ns = time.monotonic_ns()
             if (late := priced.late(job.deadline_ns - now_ns, step)) is not None:
                 raise StepLate(late)
-            self.calls.begin([job], now_ns, self.on_worker)
+            self.calls.begin([job], now_ns)
 
         self.answers.stats.call(job.rows)
         start = time.perf_counter_ns()

@@ -1,14 +1,13 @@
 """The daemon's ROUTER sockets: binding them (options, ipc socket files, and the errors
-that name what stops a bind), and what the loop keeps of each bound one, its reply's
-send included (edged.serve.transport.server reads and writes them)."""
+that name what stops a bind), and what a loop keeps of each bound one, its reply's
+send included (edged.serve.transport.loop reads and writes them)."""
 
 from __future__ import annotations
 
 import errno
 import os
 import socket
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +26,16 @@ class EndpointError(RuntimeError):
 
 @dataclass(slots=True)
 class Bound:
-    """One bound ROUTER and what the loop keeps of it. Every use of the socket holds
-    `lock`, and only a holder writes `unroutable` (replies whose peer was gone)."""
+    """One bound ROUTER and what its loop keeps of it; used by that loop's thread alone."""
 
     sock: zmq.Socket
     klass: str | None  # the class it takes alone; None: any (a shared endpoint)
-    rank: int  # read before the sockets of a higher rank: its class's place, the shared ones last
+    endpoint: str
     local: bool = False  # an ipc endpoint's: its clients are on this machine
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    unroutable: int = 0
-    higher: tuple[int, ...] = ()  # the sockets, by index, read first: those of a lower rank
+    unroutable: int = 0  # replies whose peer was gone or not reading
 
     def send(self, envelope: list[Any], frames: list[Any]) -> None:
-        """Send one reply (holding `lock`); one whose peer is gone or full is counted."""
+        """Send one reply; one whose peer is gone or full is counted."""
         send = self.sock.send
         try:
             # Frame by frame with plain int flags: send_multipart's enum arithmetic costs
@@ -66,7 +62,9 @@ class SocketOptions:
 def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread: int = 0) -> zmq.Socket:
     """A ROUTER bound on `endpoint`, with the daemon's options, its connections served by
     ZeroMQ's I/O thread number `io_thread`; an ipc socket file gets `ipc_mode` and
-    `ipc_group`. Raises EndpointError, saying why, when it cannot."""
+    `ipc_group`. Raises EndpointError, saying why, when it cannot. Bound on the daemon's
+    main thread, before the loop that owns it starts (a thread's start is the full
+    memory barrier a socket needs to change threads); only that loop uses it after."""
     ipc_path = Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
     if ipc_path is not None:
         _prepare_ipc_path(ipc_path)

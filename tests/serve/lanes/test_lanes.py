@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from support import REPO_ROOT, decoded
 from support.backends import POISON, CountingBackend
-from support.transport import NoSockets
+from support.transport import Replies
 
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.config.classes import ClassConfig
@@ -36,13 +36,17 @@ def models() -> dict[str, ModelEntry]:
     return {m.name: m for m in discover(ROOT / "engines", "onnxruntime")}
 
 
+REPLIES = Replies()  # the module's lanes answer here, each reply labelled by its route's number
+
+
 def make_lane(klass: ClassConfig, models: dict[str, ModelEntry]) -> tuple[Lane, CountingBackend, queue.Queue]:
+    """A started lane, owned by the calling thread (its loop, here)."""
     backend = CountingBackend()
-    replies: queue.Queue = queue.Queue()
-    lane = Lane(klass, list(models.values()), backend, NoSockets(replies))
+    lane = Lane(klass, list(models.values()), backend)
     lane.start()
+    lane.own()
     backend.counting = True  # warm-up runs are not what the tests count
-    return lane, backend, replies
+    return lane, backend, REPLIES.queue
 
 
 def job(model: ModelEntry, x: np.ndarray, route: int, deadline_ms: float = 1000.0) -> Job:
@@ -50,7 +54,7 @@ def job(model: ModelEntry, x: np.ndarray, route: int, deadline_ms: float = 1000.
     name = model.signature.inputs[0].name
     inputs, deadline_ns = {name: x}, now + int(deadline_ms * 1e6)
     rows = model.signature.rows(inputs)
-    return Job(route, route, model, inputs, model.signature.output_names, now, deadline_ns, 0, rows=rows)
+    return Job(REPLIES.route(route), route, model, inputs, model.signature.output_names, now, deadline_ns, 0, rows=rows)
 
 
 def collect(replies: queue.Queue, count: int) -> dict[int, object]:
@@ -72,8 +76,8 @@ def test_expired_job_is_answered_and_never_run(models):
     lane, backend, replies = make_lane(ClassConfig("t", order=0), models)
     try:
         x = np.ones((1, 64), np.float32)
-        lane.place(job(models["mlp-light"], x, route=1, deadline_ms=-1.0))
-        lane.place(job(models["mlp-light"], x, route=2))
+        lane.enqueue(job(models["mlp-light"], x, route=1, deadline_ms=-1.0))
+        lane.enqueue(job(models["mlp-light"], x, route=2))
         got = collect(replies, 2)
     finally:
         lane.stop(2.0)
@@ -91,7 +95,7 @@ def test_bulk_batches_what_waits_up_to_max_batch_rows_and_each_reply_gets_its_ow
     xs = [rng.standard_normal((1 + i % 3, 64)).astype(np.float32) for i in range(16)]
     try:
         for i, x in enumerate(xs):
-            lane.place(job(models["mlp-light"], x, route=i))
+            lane.enqueue(job(models["mlp-light"], x, route=i))
         got = collect(replies, len(xs))
     finally:
         lane.stop(2.0)
@@ -112,16 +116,16 @@ def test_latency_class_takes_what_is_queued_and_never_waits_for_more(models):
     try:
         # The worker is held inside the first call while two more jobs queue behind it.
         backend.gate.clear()
-        lane.place(job(heavy, image, route=1))
+        lane.enqueue(job(heavy, image, route=1))
         assert backend.entered.wait(10), "the first job never reached the backend"
-        lane.place(job(heavy, image, route=2))
-        lane.place(job(heavy, image, route=3))
+        lane.enqueue(job(heavy, image, route=2))
+        lane.enqueue(job(heavy, image, route=3))
         backend.gate.set()
         got = collect(replies, 3)
         assert backend.calls == [1, 2], f"the two queued jobs should share one call: {backend.calls}"
         # A job that finds nothing queued is not held for company: it is answered even
         # though nothing else ever arrives (a worker waiting to fill the batch never would).
-        lane.place(job(heavy, image, route=4))
+        lane.enqueue(job(heavy, image, route=4))
         got.update(collect(replies, 1))
     finally:
         backend.gate.set()
@@ -137,7 +141,7 @@ def test_a_failing_request_gets_internal_and_its_batch_neighbours_their_answers(
     xs[3] = np.full((1, 64), POISON, np.float32)
     try:
         for i, x in enumerate(xs):
-            lane.place(job(models["mlp-light"], x, route=i))
+            lane.enqueue(job(models["mlp-light"], x, route=i))
         got = collect(replies, len(xs))
     finally:
         lane.stop(2.0)
@@ -154,12 +158,12 @@ def test_reject_queued_answers_unavailable_without_running(models):
     heavy = models["cnn-heavy"]
     try:
         # A slow first job holds the only worker while the rest queue up behind it.
-        lane.place(job(heavy, np.zeros((64, 3, 64, 64), np.float32), route=0))
+        lane.enqueue(job(heavy, np.zeros((64, 3, 64, 64), np.float32), route=0))
         end = time.monotonic() + 10
         while not backend.calls and time.monotonic() < end:
             time.sleep(0.001)
         for i in range(1, 6):
-            lane.place(job(heavy, np.zeros((1, 3, 64, 64), np.float32), route=i))
+            lane.enqueue(job(heavy, np.zeros((1, 3, 64, 64), np.float32), route=i))
         rejected = lane.reject_queued("shutting down")
         got = collect(replies, 6)
     finally:
@@ -174,7 +178,7 @@ def test_lane_start_reports_a_model_that_cannot_load(models, tmp_path):
     broken.write_bytes(b"not an onnx file")
     entry = models["mlp-light"]
     bad = replace(entry, variant=replace(entry.variant, path=broken))
-    lane = Lane(ClassConfig("t", order=0), [bad], OnnxRuntimeCpu(), NoSockets())
+    lane = Lane(ClassConfig("t", order=0), [bad], OnnxRuntimeCpu())
     with pytest.raises(Exception, match=r"(?i)protobuf|invalid|load"):
         lane.start()
 
@@ -198,40 +202,39 @@ class ThreadRecordingRunner:
         self.model, self.cuda_graph, self._runner = model, cuda_graph, runner
         self.threads: list[int] = []
 
-    def run(self, inputs, output_names, stop=None):
+    def run(self, inputs, output_names):
         self.threads.append(threading.get_ident())
-        return self._runner.run(inputs, output_names, stop)
+        return self._runner.run(inputs, output_names)
 
     def close(self) -> None:
         self._runner.close()
 
 
-@pytest.mark.parametrize("stand_in", [True, False])
-def test_the_inline_runners_warm_on_the_loop_thread_and_never_capture_a_graph_thread_recording_backend(
-    models, stand_in: bool
+def test_the_inline_runners_are_the_cheap_models_warmed_on_the_loop_thread_with_no_graph_thread_recording_backend(
+    models,
 ):
     """A GPU runtime keeps handles per thread, and ONNX Runtime captures CUDA graphs in
-    global mode: the loop's runners are loaded without a graph, and the cheap ones are
-    called on the loop's thread (this test's) before it serves; the dear one too where it
-    may run there with a stand-in on the sockets, else not at all."""
+    global mode: the loop's runners are loaded without a graph, one per model, and those
+    of the models priced within inline_max_us are called on the loop's thread (this
+    test's) when it takes the lane up; a worker's runners never are."""
     backend = ThreadRecordingBackend()
-    klass = ClassConfig("realtime", order=0, inline_max_us=300, cuda_graph=True, stand_in=stand_in)
-    lane = Lane(klass, list(models.values()), backend, NoSockets())
+    klass = ClassConfig("realtime", order=0, inline_max_us=300, cuda_graph=True)
+    lane = Lane(klass, list(models.values()), backend)
     loader = threading.Thread(target=lane.start)  # the daemon's loader thread
     loader.start()
     loader.join(60)
     try:
-        lane.warm_on_loop()
+        lane.own()
     finally:
         lane.stop(2.0)
     loop = threading.get_ident()
     workers = [r for r in backend.runners if r.cuda_graph]
     inline = {r.model: r for r in backend.runners if not r.cuda_graph}
-    assert len(workers) == len(models) and set(inline) == set(models)  # one worker's, and the loop's own
+    assert len(workers) == len(models) and set(inline) == set(models)
+    assert loop not in inline["cnn-heavy"].threads  # priced over 300 us: not warmed on the loop
     assert all(loop not in r.threads for r in workers)
-    assert loop in inline["mlp-light"].threads
-    # Priced over inline_max_us: on the loop's thread only aside, with the stand-in serving.
-    assert (loop in inline["cnn-heavy"].threads) is stand_in
+    # Warmed where loaded, then called once on the loop's thread, which alone calls it after.
+    assert inline["mlp-light"].threads.count(loop) == 1 and inline["mlp-light"].threads[-1] == loop
 
 
 def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_its_answer(models):
@@ -245,7 +248,8 @@ def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_
             x = np.full((1, 64), value, np.float32)
             frames = encode_request(route, model="mlp-light", klass="realtime", deadline_ms=1000.0, inputs={"x": x})
             request = decoded(frames)
-            lane.offer(route, request, model, *model.signature.measure(request), time.monotonic_ns())
+            measured = model.signature.measure(request)
+            lane.offer(REPLIES.route(route), request, model, *measured, time.monotonic_ns(), inline_ns=300_000)
         got = collect(replies, 2)
     finally:
         lane.stop(2.0)
@@ -282,9 +286,48 @@ def test_a_shed_is_decided_from_the_header_and_the_payload_is_looked_at_only_onc
     try:
         for route, deadline_ms in ((1, 1e-6), (2, 1000.0)):
             request = decoded(encode_request(route, model="mlp-light", deadline_ms=deadline_ms, inputs={"x": x}))
-            outcome = lane.offer(route, request, model, *model.signature.measure(request), time.monotonic_ns())
+            measured = model.signature.measure(request)
+            outcome = lane.offer(REPLIES.route(route), request, model, *measured, time.monotonic_ns())
             assert isinstance(outcome, Shed) == (route == 1), outcome
         got = collect(replies, 1)
     finally:
         lane.stop(2.0)
     assert viewed == [2] and got[2].status is Status.OK
+
+
+def test_a_lane_admits_on_its_owner_loop_alone(models):
+    """Admission state has one writer: the class's loop, which took the lane up (`own`).
+    An offer from any other thread raises, as asyncio's loop checks its thread."""
+    lane, _, _ = make_lane(ClassConfig("t", order=0), {"mlp-light": models["mlp-light"]})
+    model = models["mlp-light"]
+    request = decoded(encode_request(9, model="mlp-light", inputs={"x": np.ones((1, 64), np.float32)}))
+    raised: list[BaseException] = []
+
+    def offer() -> None:
+        try:
+            lane.offer(REPLIES.route(9), request, model, *model.signature.measure(request), time.monotonic_ns())
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    other = threading.Thread(target=offer, name="not-the-loop")
+    other.start()
+    other.join(10)
+    lane.stop(2.0)
+    assert raised and "not on 'not-the-loop'" in str(raised[0])
+    assert lane.stats.received == 0 and REPLIES.queue.empty()
+
+
+def test_the_inline_cap_left_out_follows_the_loops_measured_hand_off_within_a_share_of_the_deadline(models):
+    """What a loop may run itself: a job its two hand-offs to a worker and back would slow
+    by 2% (100 hand-offs, as the loop measures them), never past 1/20 of the class's
+    deadline; as set where set; nothing for a class that waits to fill batches."""
+    backend = CountingBackend()
+    realtime = Lane(ClassConfig("realtime", order=0, deadline_ms=20.0), [], backend)
+    assert realtime.inline_limit_ns(8_000) == 800_000  # a quick box: 0.8 ms
+    assert realtime.inline_limit_ns(5_000) == 500_000
+    assert realtime.inline_limit_ns(40_000) == 1_000_000  # a loaded one, bounded by 20 ms / 20
+    assert realtime.inline_limit_ns(0) == 0  # nothing measured yet: nothing inline
+    fixed = Lane(ClassConfig("standard", order=1, inline_max_us=300), [], backend)
+    assert fixed.inline_limit_ns(40_000) == 300_000
+    bulk = Lane(ClassConfig("bulk", order=2, deadline_ms=5000.0, batch_wait_us=500), [], backend)
+    assert bulk.inline_limit_ns(40_000) == 0

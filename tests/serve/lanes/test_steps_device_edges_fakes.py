@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from support.gpu import MLP
 
-from edged.backends import CallStop, DeviceTensor, KeepsOnDevice, cuda_memory
+from edged.backends import DeviceTensor, KeepsOnDevice, cuda_memory
 from edged.models.pipeline import Pipeline, Ref, Step, waves
 from edged.models.repository import ModelEntry
 from edged.serve.lanes.steps import StepFailed, Stepper
@@ -43,7 +43,7 @@ class FakeHostRunner:
         out = np.sum(arrays, axis=0) * 2 + 1
         return out[:0] if self.empty else out
 
-    def run(self, inputs: dict[str, np.ndarray], names: Sequence[str], stop: CallStop | None = None) -> list[Any]:
+    def run(self, inputs: dict[str, np.ndarray], names: Sequence[str]) -> list[Any]:
         return [self.compute(dict(inputs))]
 
     def close(self) -> None: ...
@@ -64,14 +64,13 @@ class FakeDeviceRunner(FakeHostRunner):
         inputs: dict[str, np.ndarray | DeviceTensor],
         names: Sequence[str],
         keep: Collection[str],
-        stop: CallStop | None = None,
     ) -> list[np.ndarray | DeviceTensor]:
         out = self.compute(dict(inputs))  # the inputs are read (copied) before the run, as on the runners
         self.lender.ran()
         DEVICE[self.staged.device.pointer][: len(out)] = out
         return [self.lender.lend(self.staged, out.shape) if "y" in keep else out.copy()]
 
-    def run(self, inputs: dict[str, np.ndarray], names: Sequence[str], stop: CallStop | None = None) -> list[Any]:
+    def run(self, inputs: dict[str, np.ndarray], names: Sequence[str]) -> list[Any]:
         return self.run_keeping(dict(inputs), names, ())
 
 

@@ -1,0 +1,76 @@
+"""Every socket the daemon binds, grouped by the loop that will own it: a class's own
+sockets (one beside each ipc endpoint, edged.wire.endpoints.class_endpoint) go to that
+class's loop, and the shared endpoints to the default class's loop, which hands
+requests naming another class to that class's loop (edged.serve.dispatch)."""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from edged.config import SecurityConfig
+from edged.serve.transport.binding import Bound, SocketOptions, bind
+from edged.serve.transport.curve import server_keys, start_authenticator
+from edged.wire.endpoints import class_endpoint
+
+log = logging.getLogger("edged.server")
+
+
+class Sockets:
+    """The daemon's ZeroMQ context, its ROUTER sockets and CURVE's authenticator. Bound
+    by the main thread at start-up; each socket is then used by its loop alone
+    (`by_class`), and the context ends once every loop has closed its own (`close`)."""
+
+    def __init__(
+        self,
+        endpoints: tuple[str, ...],
+        max_message_bytes: int,
+        classes: tuple[str, ...],
+        default_class: str,
+        *,
+        class_sockets: bool = True,
+        ipc_mode: int = 0o660,
+        ipc_group: int | None = None,
+        security: SecurityConfig | None = None,
+    ) -> None:
+        # Refuse an unsafe or unreadable key set before anything is bound.
+        curve = server_keys(endpoints, security or SecurityConfig())
+        options = SocketOptions(max_message_bytes, ipc_mode, ipc_group, curve)
+        # A second I/O thread carries the class sockets: the first may be busy copying a burst.
+        self._context = zmq.Context(io_threads=2 if class_sockets else 1)
+        self._authenticator: ThreadAuthenticator | None = None
+        self.by_class: dict[str, list[Bound]] = {name: [] for name in classes}
+        self.endpoints = endpoints
+        try:
+            if curve is not None:
+                # Before any bind: a CURVE socket with no ZAP handler refuses every client.
+                self._authenticator = start_authenticator(self._context, curve.allowed_clients_dir)
+            for klass in classes if class_sockets else ():
+                for shared in endpoints:
+                    if (own := class_endpoint(shared, klass)) is not None:
+                        sock = bind(self._context, own, options, io_thread=1)
+                        self.by_class[klass].append(Bound(sock, klass, own, local=True))
+            for endpoint in endpoints:
+                sock = bind(self._context, endpoint, options)
+                self.by_class[default_class].append(Bound(sock, None, endpoint, local=endpoint.startswith("ipc://")))
+        except Exception:
+            self.close()
+            raise
+        if curve is not None:
+            log.info("tcp endpoints use CURVE; clients served: the keys in %s", curve.allowed_clients_dir)
+
+    @property
+    def ingress(self) -> dict[str, list[str]]:
+        """By class: the endpoints of its own sockets."""
+        own = {klass: [b.endpoint for b in bound if b.klass is not None] for klass, bound in self.by_class.items()}
+        return {klass: endpoints for klass, endpoints in own.items() if endpoints}
+
+    def close(self) -> None:
+        """End the context: after every loop has closed its sockets (a bind that failed
+        midway leaves some open, which this closes too)."""
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
+        self._context.destroy(linger=0)

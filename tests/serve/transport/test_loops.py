@@ -1,0 +1,175 @@
+"""Each socket has one owner (edged.serve.transport.loop): only its loop's thread reads
+and writes it; other threads hand replies over, and none waits for the loop's tick; a
+class's own socket is read while the shared socket's loop is busy; a loop that closes
+answers what reached its sockets first."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from support import bounded
+
+from edged.serve.transport import Route, reply
+from edged.serve.transport.binding import Bound
+from edged.serve.transport.loop import Loop
+from edged.serve.transport.sockets import Sockets
+from edged.wire.endpoints import class_endpoint
+
+CLIENTS = 4
+ROUND_TRIPS = 300
+REPLY_TIMEOUT_MS = 5_000
+
+
+class Echo:
+    """A handler whose replies two worker threads send, as lane workers do."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.read_on: set[int] = set()
+        self.workers = [threading.Thread(target=self._work, daemon=True) for _ in range(2)]
+        for worker in self.workers:
+            worker.start()
+
+    def handle(self, route: Route, frames: list[Any], _received_ns: int, _more: bool) -> None:
+        self.read_on.add(threading.get_ident())
+        self.jobs.put((route, [bytes(frame) for frame in frames]))
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            reply(*job)
+
+    def stop(self) -> None:
+        for _ in self.workers:
+            self.jobs.put(None)
+
+
+@pytest.fixture
+def echo(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Loop, Echo, str, list[int]]]:
+    # A loop sleeps with no timeout: a request that a missed wake-up left waiting fails the test.
+    sent_on: list[int] = []
+    original = Bound.send
+
+    def send(self: Bound, envelope: list[Any], frames: list[Any]) -> None:
+        sent_on.append(threading.get_ident())
+        original(self, envelope, frames)
+
+    monkeypatch.setattr(Bound, "send", send)
+    endpoint = f"ipc://{short_tmp}/echo.sock"
+    sockets = Sockets((endpoint,), 1 << 20, ("only",), "only", class_sockets=False)
+    handler = Echo()
+    loop = Loop("only", sockets.by_class["only"], handler.handle)
+    loop.start()
+    yield loop, handler, endpoint, sent_on
+    loop.close()
+    assert loop.join(5)
+    handler.stop()
+    sockets.close()
+
+
+def test_replies_from_other_threads_are_sent_by_the_loop_and_none_waits_for_the_tick(
+    echo: tuple[Loop, Echo, str, list[int]], context: zmq.Context
+) -> None:
+    loop, handler, endpoint, sent_on = echo
+    failures: list[str] = []
+
+    def client(number: int) -> None:
+        sock = bounded(context.socket(zmq.DEALER), REPLY_TIMEOUT_MS)
+        sock.linger = 0
+        sock.connect(endpoint)
+        try:
+            for i in range(ROUND_TRIPS):
+                sent = [f"{number}".encode(), i.to_bytes(4, "little")]
+                sock.send_multipart(sent)
+                if not sock.poll(REPLY_TIMEOUT_MS) or sock.recv_multipart() != sent:
+                    failures.append(f"client {number}: no or a wrong reply to request {i}")
+                    return
+        finally:
+            sock.close()
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    assert not failures, failures
+    # Read and written on the loop's thread alone, though the workers answered.
+    assert handler.read_on == {loop._thread.ident}
+    assert set(sent_on) == {loop._thread.ident} and len(sent_on) == CLIENTS * ROUND_TRIPS
+    assert loop.unroutable == 0
+
+
+def test_a_class_socket_is_read_while_the_shared_sockets_loop_is_busy(short_tmp: Path, context: zmq.Context) -> None:
+    """The default class's loop owns the shared endpoint; held inside a call there, it
+    delays nothing of realtime's, which its own loop reads."""
+    shared = f"ipc://{short_tmp}/s.sock"
+    sockets = Sockets((shared,), 1 << 20, ("realtime", "standard"), "standard")
+    assert sockets.ingress == {
+        "realtime": [class_endpoint(shared, "realtime")],
+        "standard": [class_endpoint(shared, "standard")],
+    }
+    release, realtime_read = threading.Event(), threading.Event()
+    loops = {
+        "realtime": Loop("realtime", sockets.by_class["realtime"], lambda *_: realtime_read.set()),
+        "standard": Loop("standard", sockets.by_class["standard"], lambda *_: release.wait(10)),
+    }
+    for loop in loops.values():
+        loop.start()
+    busy, fast = bounded(context.socket(zmq.DEALER)), bounded(context.socket(zmq.DEALER))
+    try:
+        busy.connect(shared)
+        fast.connect(class_endpoint(shared, "realtime") or "")
+        busy.send(b"a call that holds the shared loop")
+        time.sleep(0.2)
+        fast.send(b"realtime")
+        assert realtime_read.wait(5), "realtime's request waited for the shared socket's loop"
+        assert not release.is_set()
+    finally:
+        release.set()
+        for loop in loops.values():
+            loop.close()
+            assert loop.join(5)
+        busy.close(linger=0)
+        fast.close(linger=0)
+        sockets.close()
+
+
+def test_a_closing_loop_answers_what_reached_its_sockets_and_sends_what_was_handed_over(
+    short_tmp: Path, context: zmq.Context
+) -> None:
+    """Messages queued in the socket while the loop was busy are each read before it
+    closes; replies handed over before `close` go out; work handed over after is counted lost."""
+    endpoint = f"ipc://{short_tmp}/c.sock"
+    sockets = Sockets((endpoint,), 1 << 20, ("only",), "only", class_sockets=False)
+    hold, read = threading.Event(), []
+
+    def handle(route: Route, frames: list[Any], _received_ns: int, _more: bool) -> None:
+        read.append(bytes(frames[0]))
+        if len(read) == 1:
+            hold.wait(10)
+        reply(route, [b"answer " + bytes(frames[0])])
+
+    loop = Loop("only", sockets.by_class["only"], handle)
+    loop.start()
+    client = bounded(context.socket(zmq.DEALER))
+    client.connect(endpoint)
+    try:
+        for i in range(20):
+            client.send(f"{i}".encode())
+        time.sleep(0.3)  # all of them in the daemon's socket, the loop held on the first
+        loop.close()
+        hold.set()
+        assert loop.join(5)
+        answered = sorted(client.recv() for _ in range(20))
+        assert answered == sorted(f"answer {i}".encode() for i in range(20))
+        loop.call_soon(print, "never run")
+        assert loop.lost == 1
+    finally:
+        client.close(linger=0)
+        sockets.close()
