@@ -26,6 +26,7 @@ from edged.daemon.loading import Loaded, load
 from edged.daemon.systemd import Notifier
 from edged.daemon.trimmer import Trimmer
 from edged.serve.dispatch import Dispatcher
+from edged.serve.fd_intake import FdIntake
 from edged.serve.lanes.lane import Lane
 from edged.serve.prometheus import PrometheusEndpoint
 from edged.serve.stats import ClassStats
@@ -64,6 +65,11 @@ class Daemon:
             classes=tuple(c.name for c in config.classes) if config.class_sockets else (),
         )
         self.dispatcher = Dispatcher(config, self.server, self.lifecycle)
+        try:
+            self.fd_intake = FdIntake(config, self.dispatcher.regions)  # memfd regions ([shm]): a thread of its own
+        except BaseException:
+            self.server.close()
+            raise
         # The socket loop's Steering (edged.serve.transport.server): the dispatcher's own, no call between.
         self.handle, self.spin_deadline_ns = self.dispatcher.handle, self.dispatcher.spin_deadline_ns
         self.prometheus: PrometheusEndpoint | None = None
@@ -303,6 +309,7 @@ class Daemon:
             log.error("%d requests were still inside the backend at exit: answered INTERNAL", cut_short)
         self.server.flush()
         self.server.close()
+        self.fd_intake.close()
         if self.prometheus is not None:
             self.prometheus.close()
         self.notifier.close()

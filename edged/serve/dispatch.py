@@ -45,7 +45,7 @@ class Dispatcher:
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self.reservations: dict[str, LaneReservation] = {}  # by class; empty on a backend that reserves nothing
         self.memory = MemoryPlan()
-        self.regions = Regions(config.shm)  # the clients' shared memory: read and written here alone
+        self.regions = Regions(config.shm)  # the clients' shared memory: here, and edged.serve.fd_intake's thread
         self.fixed_rows = False  # the backend's buffers hold max_batch rows (see edged.backends.fixed_rows)
         self.failed: dict[str, str] = {}  # models not served, and why (server.on_model_failure = "skip")
         # The bytes admitted requests hold: daemon-wide, kept across reloads (its limits are start-up's).

@@ -26,7 +26,9 @@ X = random_input("mlp-light", 3, seed=5)["x"]
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[RunningDaemon]:
-    running = start_daemon("[shm]\nenabled = true\nidle_s = 2\nmax_region_mb = 4\nmax_regions_per_peer = 3\n", tcp=True)
+    # POSIX names trusted: most of these tests register objects by name (test_shm_sealed.py: memfds alone).
+    shm = "enabled = true\ntrust_posix_names = true\nidle_s = 2\nmax_region_mb = 4\nmax_regions_per_peer = 3\n"
+    running = start_daemon(f"[shm]\n{shm}", tcp=True)
     yield running
     running.close()
 
