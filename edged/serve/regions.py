@@ -30,6 +30,7 @@ keep it open, and closed once neither the registry nor any request holds it.
 from __future__ import annotations
 
 import fcntl
+import functools
 import mmap
 import os
 import secrets
@@ -328,13 +329,19 @@ class Regions:
 
 def _map_sealed(fd: int, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> mmap.mmap:
     """`nbytes` of the memfd `fd`, mapped read-write, once its seals say it cannot shrink."""
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         raise refuse(Status.INVALID_ARGUMENT, "not a memfd: send the descriptor memfd_create returned")
-    try:
-        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    except OSError:  # EINVAL: a file of a file system that has no seals
-        message = "not a memfd, so it cannot be sealed: create it with memfd_create(MFD_ALLOW_SEALING)"
-        raise refuse(Status.INVALID_ARGUMENT, message) from None
+    # Every memfd of ordinary pages lives on the kernel's one internal tmpfs. A huge-page
+    # memfd does not: a hole punched in it is refilled from the huge-page pool at the
+    # daemon's next access, and an empty pool is a SIGBUS, seals or not.
+    if info.st_dev != _memfd_device():
+        raise refuse(
+            Status.INVALID_ARGUMENT,
+            "not a memfd of ordinary pages (a file on a file system, a POSIX object, or a huge-page memfd, "
+            "MFD_HUGETLB, whose pool can run dry under the daemon): create it with memfd_create(MFD_ALLOW_SEALING)",
+        )
+    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     if not seals & fcntl.F_SEAL_SHRINK:
         raise refuse(
             Status.INVALID_ARGUMENT,
@@ -353,3 +360,13 @@ def _map_sealed(fd: int, nbytes: int, refuse: Callable[[Status, str], ProtocolEr
             f"the daemon cannot map it for reading and writing ({exc.strerror}): send it open read-write, "
             "and not sealed against writes (the daemon writes outputs there)",
         ) from None
+
+
+@functools.cache
+def _memfd_device() -> int:
+    """The device of the file system every memfd of ordinary pages is on (one of the daemon's own, made once)."""
+    probe = os.memfd_create("edged-probe", os.MFD_CLOEXEC)
+    try:
+        return os.fstat(probe).st_dev
+    finally:
+        os.close(probe)

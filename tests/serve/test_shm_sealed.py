@@ -9,6 +9,7 @@ object by name only where the daemon trusts such clients (`shm.trust_posix_names
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -69,7 +70,7 @@ def memfd_maps(daemon: RunningDaemon, name: str) -> int:
 
 
 def register_fd(conn: socket.socket, fds: list[int], nbytes: int, request_id: int = 1) -> dict[str, Any]:
-    """One shm_register on the memfd socket, as docs/protocol.md shows it: the standard library alone."""
+    """One shm_register on the memfd socket, as docs/protocol.md shows it: the standard library and msgpack."""
     request = {"v": 1, "id": request_id, "op": "shm_register", "name": "edged-test", "bytes": nbytes}
     socket.send_fds(conn, [msgpack.packb(request)], fds)
     return msgpack.unpackb(conn.recv(4096))
@@ -165,8 +166,13 @@ def _with_id(header: bytes, request_id: int) -> bytes:
 def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDaemon, conn: socket.socket) -> None:
     unsealed = os.memfd_create("edged-unsealed", os.MFD_ALLOW_SEALING)
     sealed = os.memfd_create("edged-sealed", os.MFD_ALLOW_SEALING)
-    read_only = -1
+    read_only = huge = -1
+    named = shared_memory.SharedMemory(name=f"edged-fd-{os.getpid()}", create=True, size=4096)
     try:
+        with contextlib.suppress(OSError):  # where the kernel has no huge pages at all
+            huge = os.memfd_create("edged-huge", os.MFD_ALLOW_SEALING | os.MFD_HUGETLB)
+            os.ftruncate(huge, 2 << 20)
+            fcntl.fcntl(huge, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
         os.ftruncate(unsealed, 4096)
         os.ftruncate(sealed, 4096)
         fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
@@ -177,15 +183,20 @@ def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDa
                 "unsealed": register_fd(conn, [unsealed], 4096),
                 "not a memfd": register_fd(conn, [on_disk.fileno()], 4096),
                 "not a file": register_fd(conn, [conn.fileno()], 4096),
+                "posix object": register_fd(conn, [named._fd], 4096),
                 "too short": register_fd(conn, [sealed], 8192),
                 "read-only": register_fd(conn, [read_only], 4096),
                 "no descriptor": register_fd(conn, [], 4096),
                 "two": register_fd(conn, [sealed, sealed], 4096),
             }
+            if huge >= 0:
+                cases["huge pages"] = register_fd(conn, [huge], 2 << 20)
         expected = {
             "unsealed": "memfd 'edged-test': not sealed against shrinking: add F_SEAL_SHRINK",
-            "not a memfd": "not a memfd, so it cannot be sealed",
+            "not a memfd": "not a memfd of ordinary pages (a file on a file system, a POSIX object, or a huge-page",
             "not a file": "not a memfd: send the descriptor memfd_create returned",
+            "posix object": "not a memfd of ordinary pages",
+            "huge pages": "huge-page memfd, MFD_HUGETLB, whose pool can run dry under the daemon",
             "too short": "it is 4096 bytes, fewer than the 8192 registered",
             "read-only": "the daemon cannot map it for reading and writing",
             "no descriptor": "send one descriptor, the memfd, with each shm_register (SCM_RIGHTS); got 0",
@@ -199,9 +210,11 @@ def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDa
         assert reply["status"] == "OK" and reply["id"] == 9 and reply["bytes"] == 4096, reply
         assert memfd_maps(daemon, "edged-sealed") == 1
     finally:
-        for fd in (unsealed, sealed, read_only):
+        for fd in (unsealed, sealed, read_only, huge):
             if fd >= 0:
                 os.close(fd)
+        named.unlink()
+        named.close()
 
 
 def test_a_connection_s_regions_go_when_it_closes(daemon: RunningDaemon, sock: zmq.Socket) -> None:
