@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -161,6 +162,8 @@ def _serve(args: argparse.Namespace) -> int:
     from edged.models.repository import RepositoryError
     from edged.serve.transport.binding import EndpointError
 
+    # A fatal signal (a SIGSEGV in a runtime, a SIGBUS) leaves every thread's traceback on stderr: the journal.
+    faulthandler.enable()
     config = load_config(args.config)
     if args.endpoint:
         config = config.with_endpoints(args.endpoint)

@@ -28,7 +28,7 @@ from edged.client.errors import (
 )
 from edged.client.fleet import EndpointCounters
 from edged.client.keys import ClientKeys
-from edged.client.shm import SharedRegion
+from edged.client.shm import NamedRegion, SharedRegion
 from edged.client.sync import Client
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "EndpointCounters",
     "Internal",
     "InvalidArgument",
+    "NamedRegion",
     "NoReply",
     "NotFound",
     "Overloaded",

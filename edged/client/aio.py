@@ -14,6 +14,7 @@ from edged.client.api import DEFAULT_TIMEOUT_MS, Api, dealer, endpoint_list, now
 from edged.client.call import Call, SendFn
 from edged.client.fleet import Fleet
 from edged.client.keys import ClientKeys
+from edged.client.shm import SharedRegion
 from edged.wire.codec import Reply, decode_reply
 
 
@@ -41,6 +42,7 @@ class AsyncClient(Api):
         self._sockets = [dealer(self._context, e, curve, immediate) for e in self._fleet.endpoints]
         self._class_sockets = {}
         self._regions = []
+        self._fd_channel = None
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
         self._receivers: list[asyncio.Task[None]] = []
 
@@ -74,6 +76,10 @@ class AsyncClient(Api):
                 self._pending.pop(request_id, None)
         return self._outcome(call, parse)
 
+    async def _call_fd(self, region: SharedRegion, owned: bool, parse: Callable[[Reply], Any]) -> Any:
+        # On a thread: the exchange blocks, if only for the daemon's answer, and the loop must not.
+        return parse(await asyncio.to_thread(self._register_fd, region, owned))
+
     def _connect(self, index: int, endpoint: str) -> zmq.asyncio.Socket:
         sock = dealer(self._context, endpoint, None, immediate=True)
         self._receivers.append(asyncio.get_running_loop().create_task(self._receive(sock, index)))
@@ -103,6 +109,8 @@ class AsyncClient(Api):
         for sock in [*self._sockets, *(s for s in self._class_sockets.values() if s is not None)]:
             sock.close(linger=0)
         self._context.term()
+        if self._fd_channel is not None:
+            self._fd_channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -16,7 +16,7 @@ from edged.client.call import Call
 from edged.client.errors import NoReply, raise_for_status
 from edged.client.fleet import EndpointCounters, Fleet
 from edged.client.keys import ClientKeys
-from edged.client.shm import CudaIpcRegion, SharedRegion
+from edged.client.shm import CudaIpcRegion, FdChannel, NamedRegion, SharedRegion
 from edged.wire.codec import Buffer, Reply, ShmRef, Status, encode_request
 from edged.wire.endpoints import class_endpoint, is_tcp
 
@@ -34,6 +34,7 @@ class Api:
     # Per daemon and class: a DEALER on that class's own socket; None where it has none.
     _class_sockets: dict[tuple[int, str], Any]
     _regions: list[SharedRegion]  # registered with the daemon (edged.client.shm)
+    _fd_channel: FdChannel | None  # to the daemon's memfd socket, once a memfd was registered
 
     def _connect(self, index: int, endpoint: str) -> Any:
         """A DEALER on daemon `index`'s `endpoint` (a class's own), read like the others."""
@@ -54,6 +55,22 @@ class Api:
 
     def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         raise NotImplementedError
+
+    def _call_fd(self, region: SharedRegion, owned: bool, parse: Callable[[Reply], Any]) -> Any:
+        """`_register_fd`, waited for as the client waits."""
+        raise NotImplementedError
+
+    def _register_fd(self, region: SharedRegion, owned: bool) -> Reply:
+        """shm_register `region`'s memfd on the daemon's memfd socket (blocking: the
+        daemon's intake thread answers at once); an `owned` region is closed on failure."""
+        if self._fd_channel is None:
+            self._fd_channel = FdChannel(self._fleet.endpoints[0])
+        try:
+            return self._fd_channel.register(region, self.timeout_ms)
+        except BaseException:
+            if owned:
+                region.close()
+            raise
 
     def _request(self, op: str, parse: Callable[[Reply], Any], timeout_ms: float | None = None, **fields: Any) -> Any:
         return self._call(op, fields, timeout_ms or self.timeout_ms, lambda r: parse(raise_for_status(r)))
@@ -143,15 +160,22 @@ class Api:
 
     # --- shared memory (edged.client.shm) ---------------------------------------
 
-    def shared_region(self, size: int, prefix: str = "edged-", group: str | None = None) -> Any:
-        """A new SharedRegion of `size` bytes (see SharedRegion for `group`), registered with
-        the daemon (its [shm] on, an ipc endpoint)."""
-        return self.register(SharedRegion(size, prefix, group), owned=True)
+    def shared_region(self, size: int, prefix: str = "edged-", group: str | None = None, named: bool = False) -> Any:
+        """A new region of `size` bytes, registered with the daemon (its [shm] on, an ipc
+        endpoint): a sealed memfd handed over on the daemon's memfd socket (SharedRegion);
+        with `named`, a POSIX object registered by name, for a daemon that trusts its
+        clients so far (NamedRegion, which `group` is for: a memfd needs none)."""
+        if group is not None and not named:
+            raise ValueError("group applies to a named region (named=True); a memfd is handed to the daemon itself")
+        return self.register(NamedRegion(size, prefix, group) if named else SharedRegion(size, prefix), owned=True)
 
     def register(self, region: SharedRegion, owned: bool = False) -> Any:
-        """Have the daemon map `region` (shm_register); returns it, its handle set. `owned`:
-        the region was made for this call, and is closed if the daemon refuses it."""
-        return self._register(region, {"region": ShmRef(region.name, 0, region.size)}, owned)
+        """Have the daemon map `region` (shm_register): a memfd on the memfd socket, a
+        NamedRegion by its name; returns it, its handle set. `owned`: the region was made
+        for this call, and is closed if the daemon refuses it."""
+        if isinstance(region, NamedRegion):
+            return self._register(region, {"region": ShmRef(region.name, 0, region.size)}, owned)
+        return self._register(region, None, owned)
 
     def register_cuda_ipc(self, ipc_handle: bytes, nbytes: int) -> Any:
         """Have a GPU daemon open `nbytes` of device memory by its CUDA IPC handle (64 bytes,
@@ -159,21 +183,26 @@ class Api:
         fields = {"region": ShmRef("cuda-ipc", 0, nbytes), "cuda_ipc": ipc_handle}
         return self._register(CudaIpcRegion(ipc_handle, nbytes), fields)
 
-    def _register(self, region: SharedRegion | CudaIpcRegion, fields: dict[str, Any], owned: bool = False) -> Any:
-        """shm_register `region` with `fields`; a SharedRegion registered is one whose arrays
-        go by reference (a CudaIpcRegion's inputs are named with its `tensor`)."""
+    def _register(
+        self, region: SharedRegion | CudaIpcRegion, fields: dict[str, Any] | None, owned: bool = False
+    ) -> Any:
+        """shm_register `region` with `fields` (None: a memfd, on the memfd socket); a
+        SharedRegion registered is one whose arrays go by reference (a CudaIpcRegion's
+        inputs are named with its `tensor`)."""
         if len(self._fleet.endpoints) != 1:
             raise ValueError("shared memory needs a client of one endpoint: a region is registered with one daemon")
 
         def registered(reply: Reply) -> SharedRegion | CudaIpcRegion:
             if reply.status is not Status.OK and owned and isinstance(region, SharedRegion):
-                region.close()  # made for this call alone, and refused: nothing is left in /dev/shm
+                region.close()  # made for this call alone, and refused: nothing is left behind
             region.handle = raise_for_status(reply).header["region"]
             if isinstance(region, SharedRegion):
                 self._regions.append(region)
             return region
 
-        return self._call("shm_register", fields, self.timeout_ms, registered)
+        if fields is None and isinstance(region, SharedRegion):
+            return self._call_fd(region, owned, registered)
+        return self._call("shm_register", fields or {}, self.timeout_ms, registered)
 
     def unregister(self, region: SharedRegion | CudaIpcRegion) -> Any:
         """Have the daemon forget `region` (shm_unregister); inputs in it go as frames again."""

@@ -13,6 +13,7 @@ from edged.client.api import DEFAULT_TIMEOUT_MS, Api, dealer, endpoint_list, now
 from edged.client.call import Call, SendFn
 from edged.client.fleet import EndpointCounters, Fleet
 from edged.client.keys import ClientKeys
+from edged.client.shm import SharedRegion
 from edged.wire.codec import Reply, decode_reply
 
 
@@ -43,6 +44,7 @@ class Client(Api):
         self._sockets = [dealer(context, e, curve, immediate) for e in self._fleet.endpoints]
         self._class_sockets = {}
         self._regions = []
+        self._fd_channel = None
         self._daemon_of: dict[zmq.Socket, int] = {}  # every socket: the daemon it reaches, by index
         self._poller = zmq.Poller()
         for index, sock in enumerate(self._sockets):
@@ -79,6 +81,9 @@ class Client(Api):
             call.advance(now_ms(), send)
         return self._outcome(call, parse)
 
+    def _call_fd(self, region: SharedRegion, owned: bool, parse: Callable[[Reply], Any]) -> Any:
+        return parse(self._register_fd(region, owned))
+
     def _read(self, sock: zmq.Socket, call: Call | None, send: SendFn | None) -> None:
         """Every reply waiting on `sock`; one that is not the call's is late, and dropped."""
         counters = self._fleet.counters[self._daemon_of[sock]]
@@ -102,6 +107,8 @@ class Client(Api):
     def close(self) -> None:
         for sock in self._daemon_of:
             sock.close(linger=0)
+        if self._fd_channel is not None:
+            self._fd_channel.close()
 
     def __enter__(self) -> Client:
         return self

@@ -1,6 +1,7 @@
 """The `[shm]` table: tensors in shared memory for local clients (edged.serve.regions).
-Off unless enabled: a local client that may connect can then have the daemon map
-regions it names (docs/operations.md says what it can and cannot do)."""
+Off unless enabled: a local client that may connect can then hand the daemon sealed
+memfds to map, and, only where `trust_posix_names` says such clients are trusted, have
+it map POSIX objects it names (docs/operations.md says what each can and cannot do)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class ShmConfig:
     max_regions_per_peer: int = 8
     max_mb_per_peer: int = 1024  # over all of one client's regions
     idle_s: int = 300  # a region unused this long is unmapped (a client that vanished)
+    # Map POSIX objects by name: a client can shrink one under the daemon (a SIGBUS), so only for trusted clients.
+    trust_posix_names: bool = False
 
     @property
     def max_region_bytes(self) -> int:
@@ -34,6 +37,8 @@ def read_shm(table: dict[str, Any]) -> ShmConfig:
     no_unknown(table, set(ShmConfig.__dataclass_fields__), "shm.")
     enabled = table.get("enabled", defaults.enabled)
     expect(isinstance(enabled, bool), "shm.enabled", enabled, "true or false")
+    trust = table.get("trust_posix_names", defaults.trust_posix_names)
+    expect(isinstance(trust, bool), "shm.trust_posix_names", trust, "true or false")
     prefix = table.get("prefix", defaults.prefix)
     expect(
         isinstance(prefix, str) and bool(NAME.fullmatch(prefix)),
@@ -45,4 +50,4 @@ def read_shm(table: dict[str, Any]) -> ShmConfig:
         key: read_positive_int(table, key, getattr(defaults, key), "shm.")
         for key in ("max_region_mb", "max_regions_per_peer", "max_mb_per_peer", "idle_s")
     }
-    return ShmConfig(enabled=enabled, prefix=prefix, **numbers)
+    return ShmConfig(enabled=enabled, prefix=prefix, trust_posix_names=trust, **numbers)

@@ -35,6 +35,7 @@ from edged.daemon.loading import Loaded, load
 from edged.daemon.systemd import Notifier
 from edged.daemon.trimmer import Trimmer
 from edged.serve.dispatch import Dispatcher, Serving, figures, status_line
+from edged.serve.fd_intake import FdIntake
 from edged.serve.lanes.lane import Lane
 from edged.serve.pending import PendingBytes
 from edged.serve.prometheus import PrometheusEndpoint
@@ -89,6 +90,12 @@ class Daemon:
             dispatcher = Dispatcher(name, self.serving)
             dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, rank)
             self.serving.dispatchers[name] = dispatcher
+        try:
+            # Sealed memfd regions ([shm]) come on unix sockets of their own, served by a thread of its own.
+            self.fd_intake = FdIntake(config, self.serving.regions)
+        except BaseException:
+            self.sockets.close()
+            raise
         self.prometheus: PrometheusEndpoint | None = None
         if config.metrics.prometheus_port:
             try:
@@ -285,10 +292,7 @@ class Daemon:
         self._retiring = [lane for lane in self._retiring if lane not in ended]
         self.trimmer.check(now)
         if now >= self._next_sweep_ns:
-            # On a loop: the regions are theirs to read and write.
-            default = self.serving.dispatchers[self.config.default_class].loop
-            assert default is not None
-            default.call_soon(self.serving.regions.sweep, now)
+            self.serving.regions.sweep(now)
             self._next_sweep_ns = now + SWEEP_EVERY_NS
         if now >= self._next_status_ns and self.lifecycle.open:
             self.notifier.notify(STATUS=status_line(self.serving))
@@ -365,6 +369,7 @@ class Daemon:
             if not dispatcher.loop.join(max(end - time.monotonic(), 1.0)):
                 log.error("the %s loop did not close: it is inside a call that does not return", dispatcher.klass)
         self.sockets.close()
+        self.fd_intake.close()
         if self.prometheus is not None:
             self.prometheus.close()
         self.notifier.close()

@@ -29,7 +29,7 @@ from edged.backends.shared import MemoryPlan, Weights, WeightsHold
 from edged.config import Config
 from edged.models.pipeline import PipelineError
 from edged.models.pipeline_manifest import discover_pipelines
-from edged.models.repository import ModelEntry, RepositoryError, discover, scan
+from edged.models.repository import ModelEntry, RepositoryError, discover, scan, unreadable_file
 from edged.models.warmup import ModelFailure, one_size_warning
 from edged.serve.lanes.lane import Lane
 from edged.serve.lanes.precedence import Precedence
@@ -87,6 +87,14 @@ def load(
         if warning := one_size_warning(model.name, model.signature, model.samples, model.manifest):
             log.warning("%s", warning)
     pipelines = discover_pipelines(pipeline_files, models, fail)
+    # A reload reuses an unchanged file's weights without reading it: refuse what a restart would fail on.
+    unreadable = {model.name: why for model in models if (why := unreadable_file(model))}
+    for name, why in unreadable.items():
+        fail(ModelFailure(name, f"model {name!r}: {why}"))
+        pipelines = _without(pipelines, name, fail)
+    models = [model for model in models if model.name not in unreadable]
+    if not models:
+        raise RepositoryError(f"every model failed to load or warm up: {failed}")
     backend = backend_named(config.backend, config.fallback)
     while True:
         try:

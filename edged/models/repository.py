@@ -225,6 +225,24 @@ def read_specs(manifest: dict[str, Any], key: str, where: str) -> tuple[TensorSp
     return tuple(specs)
 
 
+def unreadable_file(model: ModelEntry) -> str | None:
+    """Why a file `model` is loaded from cannot be opened for reading, or None. Asked at
+    every load: a reload reuses the weights of an unchanged file without reading it, and
+    must refuse what a restart would fail on (edged.daemon.loading)."""
+    variant = model.variant
+    files = [variant.path]
+    if variant.backend == "tensorrt":  # the folder: its engines, the ONNX they were built from, the fallback
+        engines = [variant.path / name for e in variant.engines for name in (e.file, e.source_file)]
+        files = [*dict.fromkeys(engines), *([variant.fallback] if variant.fallback else [])]
+    for path in files:
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            return f"{path} cannot be read ({exc.strerror}): give the daemon's user read access to it"
+    return None
+
+
 def sha256_of(path: Path) -> str:
     """The hex SHA-256 of a file, as a manifest records it for each variant and source."""
     digest = hashlib.sha256()

@@ -69,12 +69,18 @@ class Answers:
         self._backlog.finish(job.cost_ns)
         reply(job.route, frames)
 
-    def expired(self, job: Job, message: str = "its deadline passed while it was queued; it was not run") -> None:
+    def expired(
+        self,
+        job: Job,
+        message: str = "its deadline passed while it was queued; it was not run",
+        ran: tuple[int, int] | None = None,
+    ) -> None:
         """A job whose deadline passed (or, a pipeline's, would pass) before it ran:
-        DEADLINE_EXCEEDED, and counted expired, unless another answered it first."""
+        DEADLINE_EXCEEDED, and counted expired, unless another answered it first.
+        `ran`: a pipeline's (taken ns, compute ns) when steps ran first, timed as compute, not queue."""
         if self._claim(job):
             self.stats.expiry()
-            self._send_unrun(job, Status.DEADLINE_EXCEEDED, message)
+            self._send_unrun(job, Status.DEADLINE_EXCEEDED, message, ran)
 
     def unrun(self, job: Job, status: Status, message: str) -> None:
         """A job that was not run (expired, or refused at shutdown)."""
@@ -91,9 +97,13 @@ class Answers:
                 count += 1
         return count
 
-    def _send_unrun(self, job: Job, status: Status, message: str) -> None:
+    def _send_unrun(self, job: Job, status: Status, message: str, ran: tuple[int, int] | None = None) -> None:
         waited_us = (time.monotonic_ns() - job.received_ns) // 1000
-        timing = timing_us(waited_us, 0, waited_us)
+        if ran is None:
+            timing = timing_us(waited_us, 0, waited_us)
+        else:
+            taken_ns, compute_ns = ran
+            timing = timing_us((taken_ns - job.received_ns) // 1000, compute_ns // 1000, waited_us)
         self._backlog.finish(job.cost_ns)
         reply(job.route, encode_reply(job.request_id, status, error=message, timing_us=timing))
 

@@ -4,30 +4,38 @@ registration, then read as inputs and written as outputs in place, with no copy.
 A region is known by a handle the daemon draws at random (128 bits), not by the
 client's connection: a client's class sockets are other connections, and ZeroMQ's
 own peer ids are small counters another client could set on a socket of its own.
-Limits count the regions of the connection that registered them.
+Limits count the regions of the connection that registered them: a ZeroMQ peer's, or
+a unix connection's on the memfd socket (edged.serve.fd_intake), whose regions are
+forgotten when it closes.
 
-Owned by the socket loop (the thread that serves, which dispatch runs on): it alone
-registers, resolves and sweeps. A request's views keep their region mapped: Python
-unmaps an mmap only once nothing views it, so a region unregistered, swept or replaced
-while a request reads it stays mapped until that request is answered.
+Written by two threads: the socket loop (dispatch: registers by name, resolves,
+unregisters, sweeps; or the stand-in in its place) and the memfd intake's thread
+(registers memfds, forgets a closed connection's). So every use of the table holds
+`_lock`; it is held for microseconds (a lookup, an fstat, an mmap). A request's views
+keep their region mapped: Python unmaps an mmap only once nothing views it, so a
+region unregistered, swept or forgotten while a request reads it stays mapped until
+that request is answered.
+
+A memfd region cannot shrink under the daemon: it is refused unless sealed with
+F_SEAL_SHRINK, a seal no one can remove. A POSIX object mapped by name can be shrunk
+by its client between the size check at each use and the access, a SIGBUS that ends
+the daemon: so names are mapped only with `shm.trust_posix_names` (docs/operations.md).
 
 On a GPU backend a region may instead be a client's device memory, registered by its
 CUDA IPC handle (DeviceRegion): opened once, through the backend (edged.backends.
 OpeningIpc, so this module imports no runtime), read by inputs as DeviceTensors that
 keep it open, and closed once neither the registry nor any request holds it.
-
-What a region cannot be guarded against here: a client that shrinks the object while
-the daemon reads or writes it. The size is checked at every use, but a shrink in the
-instant between the check and the read is a SIGBUS that ends the daemon. So the
-extension is off by default and served on ipc endpoints only (docs/operations.md).
 """
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import mmap
 import os
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +51,9 @@ from edged.wire.shm import IPC_NAME
 from edged.wire.tensors import DTYPES
 
 SHM_ROOT = Path("/dev/shm")
+# Who registered a region: a ZeroMQ connection's routing id, or the number of a unix
+# connection to the memfd socket (an int: no routing id a client sets can equal it).
+Owner = bytes | int
 
 
 def span_end(ref: ShmRef, nbytes: int, region: str, where: str, request_id: RequestId) -> int:
@@ -59,8 +70,8 @@ def span_end(ref: ShmRef, nbytes: int, region: str, where: str, request_id: Requ
 
 @dataclass(slots=True)
 class Region:
-    name: str  # the shared-memory object's
-    owner: bytes  # the connection that registered it
+    name: str  # the shared-memory object's, or the name a memfd's client gave it
+    owner: Owner  # the connection that registered it
     mapping: mmap.mmap
     nbytes: int
     used_ns: int
@@ -81,7 +92,7 @@ class Region:
 class DeviceRegion:
     """A client's device memory, opened by its CUDA IPC handle; read by inputs only."""
 
-    owner: bytes
+    owner: Owner
     memory: DeviceMemory
     nbytes: int
     used_ns: int
@@ -119,12 +130,14 @@ class Slot:
 
 
 class Regions:
-    """The registered regions, by handle, within the limits of `[shm]`."""
+    """The registered regions, by handle, within the limits of `[shm]`; every use of
+    `_regions` holds `_lock` (two threads write it: see the module's docstring)."""
 
     def __init__(self, config: ShmConfig, root: Path = SHM_ROOT) -> None:
         self.config = config
         self._root = root
         self._regions: dict[str, Region | DeviceRegion] = {}
+        self._lock = threading.Lock()
         # How a CUDA IPC region is opened: the backend's open_ipc, set while a GPU backend
         # serves (edged.serve.dispatch); None: the refusal says why, naming `backend`.
         self.open_device: Callable[[bytes, int], DeviceMemory] | None = None
@@ -138,11 +151,38 @@ class Regions:
         def refuse(status: Status, message: str) -> ProtocolError:
             return ProtocolError(status, f"shared-memory object {name!r}: {message}", request_id)
 
+        if not config.trust_posix_names:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                "this daemon maps no shared memory by name ([shm] trust_posix_names = false: a client could shrink "
+                "the object under it); hand it a sealed memfd on its shm socket instead (docs/protocol.md)",
+            )
         if not name.startswith(config.prefix):
             raise refuse(Status.INVALID_ARGUMENT, f"this daemon maps only names that start with {config.prefix!r}")
-        self._check_limits(peer, ref.nbytes, refuse)
-        mapping = self._map(name, ref.nbytes, refuse)
-        return self._add(Region(name, peer, mapping, ref.nbytes, time.monotonic_ns()))
+        with self._lock:
+            self._check_limits(peer, ref.nbytes, refuse)
+            mapping = self._map(name, ref.nbytes, refuse)
+            return self._add(Region(name, peer, mapping, ref.nbytes, time.monotonic_ns()))
+
+    def register_fd(self, owner: int, fd: int, nbytes: int, name: str, request_id: RequestId) -> str:
+        """Map `nbytes` of the memfd `fd` a client handed over (edged.serve.fd_intake) for
+        the unix connection `owner`; its handle. Refused, with a sentence, unless it is a
+        memfd sealed against shrinking and at least `nbytes` long. Raises ProtocolError."""
+
+        def refuse(status: Status, message: str) -> ProtocolError:
+            return ProtocolError(status, f"memfd {name!r}: {message}", request_id)
+
+        with self._lock:
+            self._check_limits(owner, nbytes, refuse)
+            mapping = _map_sealed(fd, nbytes, refuse)
+            return self._add(Region(name, owner, mapping, nbytes, time.monotonic_ns()))
+
+    def forget(self, owner: Owner) -> None:
+        """Forget the regions `owner` registered (its connection closed); each is unmapped
+        once no request reads it."""
+        with self._lock:
+            for handle in [handle for handle, region in self._regions.items() if region.owner == owner]:
+                del self._regions[handle]
 
     def register_ipc(self, peer: bytes, handle: bytes, nbytes: int, local: bool, request_id: RequestId) -> str:
         """Open the device memory a CUDA IPC `handle` exports, `nbytes` long, for `peer`, once;
@@ -158,22 +198,28 @@ class Regions:
                 f"this daemon serves on server.backend = {self.backend!r}, not a GPU backend, so it cannot read "
                 "device memory; register a POSIX shared-memory object instead",
             )
-        self._check_limits(peer, nbytes, refuse)
-        try:
-            memory = self.open_device(handle, nbytes)
-        except BackendError as exc:
-            raise refuse(Status.INVALID_ARGUMENT, str(exc)) from None
-        return self._add(DeviceRegion(peer, memory, nbytes, time.monotonic_ns()))
+        with self._lock:
+            self._check_limits(peer, nbytes, refuse)
+            try:
+                memory = self.open_device(handle, nbytes)
+            except BackendError as exc:
+                raise refuse(Status.INVALID_ARGUMENT, str(exc)) from None
+            return self._add(DeviceRegion(peer, memory, nbytes, time.monotonic_ns()))
 
     def unregister(self, handle: str, local: bool, request_id: RequestId) -> None:
         self._check_open(local, request_id)
-        if self._regions.pop(handle, None) is None:
-            raise ProtocolError(Status.NOT_FOUND, f"no region {handle!r} is registered", request_id)
+        with self._lock:
+            if self._regions.pop(handle, None) is None:
+                raise ProtocolError(Status.NOT_FOUND, f"no region {handle!r} is registered", request_id)
 
     def resolve(self, request: Request, local: bool) -> dict[str, Slot]:
         """Point the request's shared-memory inputs at their bytes (`shm_views`) and return
         where its outputs go; raises ProtocolError for any reference that does not hold."""
         self._check_open(local, request.id)
+        with self._lock:
+            return self._resolve(request)
+
+    def _resolve(self, request: Request) -> dict[str, Slot]:
         now_ns = time.monotonic_ns()
         for name, ref in request.shm_inputs.items():
             region = self._region(ref, request.id, now_ns)
@@ -199,15 +245,17 @@ class Regions:
     def sweep(self, now_ns: int) -> None:
         """Forget the regions unused for shm.idle_s: their clients are likely gone."""
         idle_ns = self.config.idle_s * 1_000_000_000
-        for handle in [handle for handle, region in self._regions.items() if now_ns - region.used_ns > idle_ns]:
-            del self._regions[handle]
+        with self._lock:
+            for handle in [handle for handle, region in self._regions.items() if now_ns - region.used_ns > idle_ns]:
+                del self._regions[handle]
 
     def figures(self) -> dict[str, Any]:
-        regions = self._regions.values()
+        with self._lock:
+            regions = list(self._regions.values())
         return {"regions": len(regions), "bytes": sum(region.nbytes for region in regions)}
 
     def _add(self, region: Region | DeviceRegion) -> str:
-        """Register `region` under a new handle (128 random bits), and return it."""
+        """Register `region` under a new handle (128 random bits), and return it (`_lock` held)."""
         handle = "r" + secrets.token_hex(16)
         self._regions[handle] = region
         return handle
@@ -226,8 +274,8 @@ class Regions:
                 request_id,
             )
 
-    def _check_limits(self, peer: bytes, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> None:
-        """shm.max_region_mb, and the peer's regions (both kinds together) against its limits."""
+    def _check_limits(self, peer: Owner, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> None:
+        """shm.max_region_mb, and the peer's regions (every kind together) against its limits (`_lock` held)."""
         config = self.config
         if nbytes > config.max_region_bytes:
             raise refuse(
@@ -277,3 +325,48 @@ class Regions:
             return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+
+
+def _map_sealed(fd: int, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> mmap.mmap:
+    """`nbytes` of the memfd `fd`, mapped read-write, once its seals say it cannot shrink."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise refuse(Status.INVALID_ARGUMENT, "not a memfd: send the descriptor memfd_create returned")
+    # Every memfd of ordinary pages lives on the kernel's one internal tmpfs. A huge-page
+    # memfd does not: a hole punched in it is refilled from the huge-page pool at the
+    # daemon's next access, and an empty pool is a SIGBUS, seals or not.
+    if info.st_dev != _memfd_device():
+        raise refuse(
+            Status.INVALID_ARGUMENT,
+            "not a memfd of ordinary pages (a file on a file system, a POSIX object, or a huge-page memfd, "
+            "MFD_HUGETLB, whose pool can run dry under the daemon): create it with memfd_create(MFD_ALLOW_SEALING)",
+        )
+    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    if not seals & fcntl.F_SEAL_SHRINK:
+        raise refuse(
+            Status.INVALID_ARGUMENT,
+            "not sealed against shrinking: add F_SEAL_SHRINK (fcntl F_ADD_SEALS, on a memfd made with "
+            "MFD_ALLOW_SEALING) before sending it, so that it cannot be cut short while the daemon uses it",
+        )
+    # Sealed: the size read now can only grow, so the mapping never reaches past the end.
+    size = os.fstat(fd).st_size
+    if size < nbytes:
+        raise refuse(Status.INVALID_ARGUMENT, f"it is {size} bytes, fewer than the {nbytes} registered")
+    try:
+        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as exc:
+        raise refuse(
+            Status.INVALID_ARGUMENT,
+            f"the daemon cannot map it for reading and writing ({exc.strerror}): send it open read-write, "
+            "and not sealed against writes (the daemon writes outputs there)",
+        ) from None
+
+
+@functools.cache
+def _memfd_device() -> int:
+    """The device of the file system every memfd of ordinary pages is on (one of the daemon's own, made once)."""
+    probe = os.memfd_create("edged-probe", os.MFD_CLOEXEC)
+    try:
+        return os.fstat(probe).st_dev
+    finally:
+        os.close(probe)

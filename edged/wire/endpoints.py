@@ -1,6 +1,6 @@
 """What an endpoint string says: tcp or not, whether a tcp one binds to loopback only,
-and where a class's own socket sits beside an ipc one. Shared by the daemon (binding,
-CURVE) and the clients, which both may import it."""
+and where a class's own socket and the memfd socket sit beside an ipc one. Shared by
+the daemon (binding, CURVE) and the clients, which both may import it."""
 
 from __future__ import annotations
 
@@ -32,3 +32,13 @@ def class_endpoint(endpoint: str, klass: str) -> str | None:
         return None
     path = PurePosixPath(endpoint[len("ipc://") :])
     return f"ipc://{path.with_name(f'{path.stem}-{klass}{path.suffix}')}"
+
+
+def shm_socket_path(endpoint: str) -> str | None:
+    """Where the daemon takes sealed memfds beside the ipc `endpoint` (docs/protocol.md,
+    "Shared memory"): ipc://DIR/NAME.sock gives DIR/NAME.shm.sock. None for tcp. Not
+    NAME-shm.sock: that is where a class named "shm" has its own socket."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    path = PurePosixPath(endpoint[len("ipc://") :])
+    return str(path.with_name(f"{path.stem}.shm.sock"))

@@ -93,3 +93,40 @@ def test_an_unreadable_repository_is_refused_as_unreadable(repository: Path) -> 
         assert f"model repository {repository} cannot be read (Permission denied)" in running.log()
     finally:
         running.close()
+
+
+def test_a_reload_refuses_a_model_file_it_cannot_read_even_where_it_would_reuse_the_weights(
+    repository: Path,
+) -> None:
+    """Unchanged, model.onnx's weights would be reused without a read: the reload must
+    still refuse what a restart would fail on."""
+    running = serve(repository)
+    try:
+        onnx = repository / "mlp-light" / "model.onnx"
+        onnx.chmod(0)
+        os.kill(running.pid, signal.SIGHUP)
+        # Refused; or, red before issue 37, "reloaded: now serving" with the file unread.
+        outcomes = ("reload refused", "reloaded: now serving")
+        wait_for(lambda: any(line in running.log() for line in outcomes), 60, f"one of {outcomes} in the log")
+        log = running.log()
+        assert "reload refused" in log, log[-2000:]
+        assert f"model 'mlp-light': {onnx} cannot be read (Permission denied)" in log, log[-2000:]
+        with Client(running.ipc) as client:  # the previous configuration serves on
+            assert client.infer("mlp-light", random_input("mlp-light", 1, 0))["scores"].shape == (1, 10)
+    finally:
+        running.close()
+
+
+def test_with_skip_a_model_file_it_cannot_read_is_served_as_failed(repository: Path) -> None:
+    running = serve(repository, 'on_model_failure = "skip"\n')
+    try:
+        (repository / "mlp-light" / "model.onnx").chmod(0)
+        reload(running, "reloaded: now serving")
+        with Client(running.ipc) as client:
+            failed = client.health()["failed_models"]
+            assert "model.onnx cannot be read (Permission denied)" in failed.get("mlp-light", ""), failed
+            with pytest.raises(NotFound):
+                client.infer("mlp-light", random_input("mlp-light", 1, 0))
+            assert client.infer("cnn-heavy", random_input("cnn-heavy", 1, 0))["logits"].shape == (1, 10)
+    finally:
+        running.close()

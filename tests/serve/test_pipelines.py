@@ -222,6 +222,11 @@ def test_a_step_that_would_end_past_the_deadline_ends_the_request_once_naming_it
         with pytest.raises(DeadlineExceeded) as late:
             client.infer("slow", {"x": x}, klass="standard", deadline_ms=150)
         assert "step 'light' (model mlp-light) would end past the deadline" in str(late.value)
+        # The steps that ran (the 300 ms wait) are compute, not queue: the worker took it at once.
+        assert late.value.reply is not None
+        timing = late.value.reply.header["timing_us"]
+        assert timing["compute"] >= 300_000 and timing["queue"] < 100_000, timing
+        assert timing["total"] >= timing["queue"] + timing["compute"], timing
         # One reply, and the lane serves on: a quick request right after is answered.
         quick = client.infer("slow", {"x": np.zeros((1, 64), np.float32)}, klass="standard", deadline_ms=2000)
     assert quick["scores"].shape == (1, 10)

@@ -26,7 +26,9 @@ X = random_input("mlp-light", 3, seed=5)["x"]
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[RunningDaemon]:
-    running = start_daemon("[shm]\nenabled = true\nidle_s = 2\nmax_region_mb = 4\nmax_regions_per_peer = 3\n", tcp=True)
+    # POSIX names trusted: most of these tests register objects by name (test_shm_sealed.py: memfds alone).
+    shm = "enabled = true\ntrust_posix_names = true\nidle_s = 2\nmax_region_mb = 4\nmax_regions_per_peer = 3\n"
+    running = start_daemon(f"[shm]\n{shm}", tcp=True)
     yield running
     running.close()
 
@@ -60,10 +62,11 @@ def register(sock: zmq.Socket, name: str, nbytes: int, request_id: int = 1) -> t
     return reply.status, reply.header.get("region") or reply.header.get("error", "")
 
 
-def test_inputs_and_outputs_in_shared_memory_answer_as_frames_do(daemon: RunningDaemon) -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["memfd", "posix-name"])
+def test_inputs_and_outputs_in_shared_memory_answer_as_frames_do(daemon: RunningDaemon, named: bool) -> None:
     with Client(daemon.ipc) as client:
         expected = client.infer("mlp-light", {"x": X})["scores"]
-        region = client.shared_region(1 << 20)
+        region = client.shared_region(1 << 20, named=named)
         try:
             x, scores = region.array(X.shape), region.array(expected.shape)
             x[:] = X

@@ -209,7 +209,7 @@ class Worker:
         try:
             outputs = self.stepper.run(pipeline, job.inputs, job.rows, job.elements, before_step)
         except StepLate as exc:
-            self.answers.expired(job, str(exc))
+            self.answers.expired(job, str(exc), ran=(taken_ns, time.perf_counter_ns() - start))
             return
         except StepFailed as exc:
             self.answers.result(job, taken_ns, 0, error=str(exc))

@@ -67,7 +67,7 @@ def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread:
     memory barrier a socket needs to change threads); only that loop uses it after."""
     ipc_path = Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
     if ipc_path is not None:
-        _prepare_ipc_path(ipc_path)
+        prepare_ipc_path(ipc_path)
     sock = context.socket(zmq.ROUTER)
     sock.linger = 0
     # Without it a ROUTER drops a reply to a gone or full peer in silence; with
@@ -89,23 +89,24 @@ def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread:
         if old_umask is not None:
             os.umask(old_umask)
     if ipc_path is not None:
-        _restrict_ipc_socket(ipc_path, options)
+        restrict_ipc_socket(ipc_path, options.ipc_mode, options.ipc_group)
     return sock
 
 
-def _restrict_ipc_socket(path: Path, options: SocketOptions) -> None:
+def restrict_ipc_socket(path: Path, mode: int, group: int | None) -> None:
+    """Give an ipc socket file (the memfd socket's too: edged.serve.fd_intake) its mode and group."""
     try:
-        os.chmod(path, options.ipc_mode)
-        if options.ipc_group is not None:
-            os.chown(path, -1, options.ipc_group)
+        os.chmod(path, mode)
+        if group is not None:
+            os.chown(path, -1, group)
     except OSError as exc:
         raise EndpointError(
-            f"cannot set mode {options.ipc_mode:o} and group {options.ipc_group} on ipc socket {path}: {exc}; "
+            f"cannot set mode {mode:o} and group {group} on ipc socket {path}: {exc}; "
             "check server.ipc_mode and server.ipc_group (the daemon must belong to the group it gives the socket)"
         ) from None
 
 
-def _prepare_ipc_path(path: Path) -> None:
+def prepare_ipc_path(path: Path) -> None:
     """Create the socket's folder, and refuse to steal a socket another daemon serves."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():

@@ -1,0 +1,252 @@
+"""Shared memory a client cannot shrink under the daemon (issue 37): sealed memfds handed
+over on the memfd socket (edged.serve.fd_intake), on a real daemon over real sockets.
+
+A client that truncates its region while the daemon reads or writes it used to end
+the daemon with a SIGBUS; sealed, the truncation fails and the daemon serves on. What
+is not sealed, not a memfd, or not there is refused with a sentence, and a POSIX
+object by name only where the daemon trusts such clients (`shm.trust_posix_names`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing import shared_memory
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from support import (
+    RunningDaemon,
+    connect,
+    exchange,
+    nothing_more,
+    random_input,
+    receive_or_death,
+    start_daemon,
+    wait_for,
+)
+
+from edged.client import Client
+from edged.wire.codec import ShmRef, encode_request
+from edged.wire.endpoints import shm_socket_path
+from edged.wire.shm import ShmTensor
+
+X = random_input("mlp-light", 3, seed=11)["x"]
+IMAGE = random_input("cnn-heavy", 2, seed=12)["image"]
+SHRINKING_S = 3.0  # how long requests run against a region another thread tries to truncate
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[RunningDaemon]:
+    """Shared memory on, POSIX names not trusted: the default beside enabled = true."""
+    running = start_daemon("[shm]\nenabled = true\nmax_regions_per_peer = 3\n")
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def sock(daemon: RunningDaemon) -> Iterator[zmq.Socket]:
+    context = zmq.Context()
+    dealer = connect(context, daemon.ipc)
+    yield dealer
+    dealer.close(linger=0)
+    context.term()
+
+
+def memfd_maps(daemon: RunningDaemon, name: str) -> int:
+    """How many of the daemon's mappings are of the memfd `name`."""
+    return Path(f"/proc/{daemon.pid}/maps").read_text().count(f"/memfd:{name} ")
+
+
+def register_fd(conn: socket.socket, fds: list[int], nbytes: int, request_id: int = 1) -> dict[str, Any]:
+    """One shm_register on the memfd socket, as docs/protocol.md shows it: the standard library and msgpack."""
+    request = {"v": 1, "id": request_id, "op": "shm_register", "name": "edged-test", "bytes": nbytes}
+    socket.send_fds(conn, [msgpack.packb(request)], fds)
+    return msgpack.unpackb(conn.recv(4096))
+
+
+@pytest.fixture
+def conn(daemon: RunningDaemon) -> Iterator[socket.socket]:
+    """A raw connection to the daemon's memfd socket."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(10)
+    sock.connect(shm_socket_path(daemon.ipc) or "")
+    yield sock
+    sock.close()
+
+
+def test_a_client_truncating_its_region_in_a_loop_cannot_stop_the_daemon(
+    daemon: RunningDaemon, sock: zmq.Socket
+) -> None:
+    with Client(daemon.ipc) as client:
+        region = client.shared_region(1 << 20)
+        x, image = region.array(X.shape), region.array(IMAGE.shape)
+        scores, logits = region.array((3, 10)), region.array((2, 10))
+        x[:], image[:] = X, IMAGE
+        want_scores = client.infer("mlp-light", {"x": X})["scores"]
+        want_logits = client.infer("cnn-heavy", {"image": IMAGE})["logits"]
+        size = region.size
+        requests = [
+            encode_request(0, model="mlp-light", inputs={"x": region.tensor(x)}),
+            encode_request(
+                0,
+                model="cnn-heavy",
+                inputs={"image": region.tensor(image)},
+                outputs_shm={"logits": region.ref(logits)},
+            ),
+            encode_request(0, model="mlp-light", inputs={"x": X}, outputs_shm={"scores": region.ref(scores)}),
+        ]
+        shrunk: list[str] = []
+        refused = 0
+        stop = threading.Event()
+
+        def shrink() -> None:
+            # What used to be a SIGBUS: the object cut to nothing while the daemon reads
+            # it, then grown back so that the next request's size check passes again.
+            nonlocal refused
+            while not stop.is_set():
+                try:
+                    os.ftruncate(region.fd, 0)
+                    shrunk.append("ftruncate(0) succeeded")
+                    os.ftruncate(region.fd, size)
+                except PermissionError as exc:
+                    assert exc.errno == errno.EPERM
+                    refused += 1
+
+        shrinker = threading.Thread(target=shrink)
+        shrinker.start()
+        replies: dict[int, str] = {}
+        sent = 0
+        try:
+            end = time.monotonic() + SHRINKING_S
+            while time.monotonic() < end and daemon.alive():
+                window = list(range(sent, sent + 6))  # some in flight at once, on the lanes
+                for request_id in window:
+                    frames = requests[request_id % len(requests)]
+                    sock.send_multipart([_with_id(frames[0], request_id), *frames[1:]], copy=False)
+                sent += len(window)
+                for _ in window:
+                    reply = receive_or_death(sock, daemon)
+                    request_id = reply.header["id"]
+                    assert request_id not in replies, f"a second reply to {request_id}"
+                    replies[request_id] = f"{reply.status} {reply.header.get('error', '')}".strip()
+        finally:
+            stop.set()
+            shrinker.join()
+        assert nothing_more(sock)
+        assert not shrunk, f"the sealed region shrank: {shrunk[:1]}"
+        assert refused > 0
+        assert daemon.alive(), daemon.log()[-3000:]
+        assert sorted(replies) == list(range(sent))
+        assert set(replies.values()) == {"OK"}, {v for v in replies.values() if v != "OK"}
+        print(f"{sent} requests, each answered once, while ftruncate was refused {refused} times")
+        np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+        assert client.health()["ready"]
+        client.unregister(region)
+        del x, image, scores, logits
+        region.close()
+
+
+def _with_id(header: bytes, request_id: int) -> bytes:
+    return msgpack.packb({**msgpack.unpackb(header), "id": request_id})
+
+
+def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDaemon, conn: socket.socket) -> None:
+    unsealed = os.memfd_create("edged-unsealed", os.MFD_ALLOW_SEALING)
+    sealed = os.memfd_create("edged-sealed", os.MFD_ALLOW_SEALING)
+    read_only = huge = -1
+    named = shared_memory.SharedMemory(name=f"edged-fd-{os.getpid()}", create=True, size=4096)
+    try:
+        with contextlib.suppress(OSError):  # where the kernel has no huge pages at all
+            huge = os.memfd_create("edged-huge", os.MFD_ALLOW_SEALING | os.MFD_HUGETLB)
+            os.ftruncate(huge, 2 << 20)
+            fcntl.fcntl(huge, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        os.ftruncate(unsealed, 4096)
+        os.ftruncate(sealed, 4096)
+        fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        read_only = os.open(f"/proc/self/fd/{sealed}", os.O_RDONLY)
+        with tempfile.TemporaryFile() as on_disk:
+            os.ftruncate(on_disk.fileno(), 4096)
+            cases = {
+                "unsealed": register_fd(conn, [unsealed], 4096),
+                "not a memfd": register_fd(conn, [on_disk.fileno()], 4096),
+                "not a file": register_fd(conn, [conn.fileno()], 4096),
+                "posix object": register_fd(conn, [named._fd], 4096),
+                "too short": register_fd(conn, [sealed], 8192),
+                "read-only": register_fd(conn, [read_only], 4096),
+                "no descriptor": register_fd(conn, [], 4096),
+                "two": register_fd(conn, [sealed, sealed], 4096),
+            }
+            if huge >= 0:
+                cases["huge pages"] = register_fd(conn, [huge], 2 << 20)
+        expected = {
+            "unsealed": "memfd 'edged-test': not sealed against shrinking: add F_SEAL_SHRINK",
+            "not a memfd": "not a memfd of ordinary pages (a file on a file system, a POSIX object, or a huge-page",
+            "not a file": "not a memfd: send the descriptor memfd_create returned",
+            "posix object": "not a memfd of ordinary pages",
+            "huge pages": "huge-page memfd, MFD_HUGETLB, whose pool can run dry under the daemon",
+            "too short": "it is 4096 bytes, fewer than the 8192 registered",
+            "read-only": "the daemon cannot map it for reading and writing",
+            "no descriptor": "send one descriptor, the memfd, with each shm_register (SCM_RIGHTS); got 0",
+            "two": "got 1 and more, which the daemon closed",
+        }
+        for case, reply in cases.items():
+            assert reply["status"] == "INVALID_ARGUMENT" and expected[case] in reply["error"], (case, reply)
+        # Nothing of it is mapped, and the same connection registers a sealed memfd.
+        assert memfd_maps(daemon, "edged-unsealed") == 0
+        reply = register_fd(conn, [sealed], 4096, request_id=9)
+        assert reply["status"] == "OK" and reply["id"] == 9 and reply["bytes"] == 4096, reply
+        assert memfd_maps(daemon, "edged-sealed") == 1
+    finally:
+        for fd in (unsealed, sealed, read_only, huge):
+            if fd >= 0:
+                os.close(fd)
+        named.unlink()
+        named.close()
+
+
+def test_a_connection_s_regions_go_when_it_closes(daemon: RunningDaemon, sock: zmq.Socket) -> None:
+    fd = os.memfd_create("edged-closing", os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, 4096)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.settimeout(10)
+        conn.connect(shm_socket_path(daemon.ipc) or "")
+        handles = [register_fd(conn, [fd], 4096, i)["region"] for i in range(3)]
+        reply = register_fd(conn, [fd], 4096, 4)
+        assert reply["status"] == "INVALID_ARGUMENT" and "shm.max_regions_per_peer" in reply["error"], reply
+        x = ShmTensor(ShmRef(handles[0], 0, 256), "float32", (1, 64))
+        assert exchange(sock, encode_request(5, model="mlp-light", inputs={"x": x})).status == "OK"
+        assert memfd_maps(daemon, "edged-closing") == 3
+        conn.close()
+        wait_for(lambda: memfd_maps(daemon, "edged-closing") == 0, 5, "the closed connection's regions unmapped")
+        reply = exchange(sock, encode_request(6, model="mlp-light", inputs={"x": x}))
+        assert reply.status == "INVALID_ARGUMENT" and "is registered" in reply.header["error"]
+    finally:
+        os.close(fd)
+
+
+def test_a_posix_name_is_refused_unless_the_daemon_trusts_such_clients(daemon: RunningDaemon, sock: zmq.Socket) -> None:
+    obj = shared_memory.SharedMemory(name=f"edged-named-{os.getpid()}", create=True, size=4096)
+    try:
+        reply = exchange(sock, encode_request(1, "shm_register", region=ShmRef(obj.name.lstrip("/"), 0, 4096)))
+        assert reply.status == "INVALID_ARGUMENT", reply.header
+        assert "[shm] trust_posix_names = false" in reply.header["error"], reply.header
+        with Client(daemon.ipc) as client, pytest.raises(ValueError, match="group applies to a named region"):
+            client.shared_region(4096, group="edged")
+    finally:
+        obj.unlink()
+        obj.close()
