@@ -12,9 +12,12 @@ server and the client in bench/paths.py):
   naive again   a second naive server, the same code in its own process: the control.
                 Its ratios to the first are what two identical servers differ by in this
                 run, on this box; a ratio of edged's inside that band is not a difference
-  edged         the daemon, same requests, same raw DEALER client, default configuration
+  edged         the daemon, same requests, same raw DEALER client, default configuration;
+                the requests name no class (the default class, on the shared endpoint)
+  edged_realtime the same daemon, realtime on its own socket (as the client library sends it)
   edged_baseline given --baseline DIR: the daemon of another checkout (a worktree of an
-                earlier commit, say), default configuration: before and after, one run
+                earlier commit, say), default configuration, default class: before and
+                after, one run
   pytriton      a Triton server through PyTriton, given --triton-python: an interpreter
                 with nvidia-pytriton installed (see compare_triton.py)
 Round trips are closed-loop (one request at a time), timed in the client, in many
@@ -46,10 +49,15 @@ from paths import MODEL_INPUTS, MODELS, ROOT, WARMUP, InProcess, RoundTrips, dea
 from edged.loadgen.launch import DaemonProcess, checkout_program, cpu_seconds
 from edged.loadgen.sweep import Stream, format_table, progress_to_stderr, run_load
 from edged.wire.codec import encode_request
+from edged.wire.endpoints import class_endpoint
 
-PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged")
+PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged", "edged_realtime")
 # Each set beside the naive server, round by round and pooled; naive_again is the control.
-COMPARED = ("edged", "naive_again")
+COMPARED = ("edged", "edged_realtime", "naive_again")
+# The class each edged path's requests name: edged takes the default class on the shared
+# endpoint (what a client that names none gets); edged_realtime is realtime on its own
+# socket (what the client library does when it names the class).
+PATH_CLASS = {"edged": None, "edged_realtime": "realtime", "edged_baseline": None}
 WARMUP_BETWEEN = 20  # before each later round's: a path idles while the others run
 
 
@@ -117,7 +125,7 @@ def saturation_rps(endpoint: str, model: str, seconds: float = 3.0, window: int 
 
 def at_naive_capacity(endpoints: dict[str, str], duration: float, rounds: int) -> dict[str, Any]:
     """Open-loop Poisson load at the naive server's own saturation rate, offered to the
-    naive server and to edged in turn (realtime class, its deadline). The heavy model
+    naive server and to edged in turn (edged's default class, its deadline). The heavy model
     only: the naive server completes about 20,000 light requests a second, more than
     one Python generator can offer on time (its send lag is in the figures)."""
     results: dict[str, Any] = {}
@@ -126,7 +134,7 @@ def at_naive_capacity(endpoints: dict[str, str], duration: float, rounds: int) -
         row: dict[str, Any] = {"naive_capacity_rps": round(capacity, 1)}
         for r in range(rounds):
             for path in ("naive_server", "edged") if r % 2 == 0 else ("edged", "naive_server"):
-                stream = Stream("realtime", model, capacity, None)
+                stream = Stream("standard", model, capacity, None)
                 (summary,) = run_load(endpoints[path], [stream], MODEL_INPUTS, duration, seed=r)
                 row.setdefault(path, []).append(summary)
                 lat = summary["latency_us"]
@@ -189,6 +197,7 @@ def main() -> None:
     results["compared"] = compared
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder, contextlib.ExitStack() as stack:
         endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in names[1:]}
+        endpoints["edged_realtime"] = class_endpoint(endpoints["edged"], "realtime") or ""
         helpers = [helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server", "naive_again")]
         clients: list[RoundTrips] = []
         try:
@@ -201,7 +210,7 @@ def main() -> None:
                 each.wait_serving()
             idle_s = 3.0 if args.quick else 10.0
             results["edged_idle_cpu_percent"] = idle_cpu_percent(daemon.process.pid, idle_s)
-            clients = [RoundTrips(endpoints[path]) for path in names[1:]]
+            clients = [RoundTrips(endpoints[path], PATH_CLASS.get(path)) for path in names[1:]]
             paths = {"in_process": InProcess(), **dict(zip(names[1:], clients))}
             results["unloaded"] = interleaved(paths, runs, args.rounds, compared)
             results["at_naive_capacity"] = at_naive_capacity(endpoints, duration / 2, 2)
@@ -278,7 +287,11 @@ def _spread(ratios: list[float]) -> dict[str, float]:
 def _machine() -> dict[str, Any]:
     import onnxruntime
 
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
     return {
+        "cpu": fields.get("Model name", "").strip(),
+        "cpu_flags": [f for f in fields.get("Flags", "").split() if f.startswith(("avx", "amx")) or "vnni" in f],
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "onnxruntime": onnxruntime.__version__,

@@ -68,9 +68,11 @@ class RoundTrips:
     """Closed-loop round trips of one protocol request, raw frames, timed here: one
     DEALER per server, so every server meets the same client."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, klass: str | None = "realtime") -> None:
+        """`klass`: the class each request names; None: none (the daemon's default class)."""
         self._sock = dealer(endpoint)
         self._endpoint = endpoint
+        self._klass = klass
 
     def __call__(self, model: str, runs: int, warmup: int) -> list[float]:
         """`runs` round trips' times in microseconds, after `warmup` not counted."""
@@ -80,8 +82,8 @@ class RoundTrips:
         """Each counted round trip's time (us) and its reply's header frame."""
         name, shape = MODELS[model]
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-        # The realtime class: what a latency-bound client would use (the naive server has no classes).
-        frames = [bytes(f) for f in encode_request(1, model=model, klass="realtime", inputs={name: x})]
+        # The naive server has no classes; edged's requests name one or take its default.
+        frames = [bytes(f) for f in encode_request(1, model=model, klass=self._klass, inputs={name: x})]
         sock, samples = self._sock, []
         for i in range(runs + warmup):
             start = time.perf_counter_ns()
