@@ -53,7 +53,7 @@ class ClassConfig:
     @property
     def gives_way(self) -> bool:
         """Whether the lane yields to higher classes or runs niced: the lane a burst read
-        by the socket loop starves first, whose pace admission watches as it goes and
+        by a loop starves first, whose pace admission watches as it goes and
         trusts only as far as it has seen it (edged.serve.admission.Backlog.outlook)."""
         return self.yields or self.nice > 0
 
@@ -107,14 +107,14 @@ def resolve_caps(classes: list[ClassConfig]) -> tuple[ClassConfig, ...]:
     )
 
 
-# From this many usable cores on, the highest class and the socket loop get cores of
+# From this many usable cores on, the highest class and the daemon's threads get cores of
 # their own by default (see resolve_cores); below it, every lane may run anywhere.
 SPLIT_FROM_CORES = 6
 
 
 def resolve_cores(classes: tuple[ClassConfig, ...], usable: list[int]) -> tuple[ClassConfig, ...]:
     """Where no class names its cores, on a machine with SPLIT_FROM_CORES or more: the
-    highest class gets a quarter of them (at least 2), shared with the socket loop
+    highest class gets a quarter of them (at least 2), shared with the daemon's threads
     (edged.daemon.daemon pins it there), and every other class the rest, so bulk never
     computes on realtime's cores or starves the loop."""
     if len(usable) < SPLIT_FROM_CORES or any(c.cpu_affinity for c in classes):

@@ -81,14 +81,14 @@ def checkout_program(checkout: str) -> list[str]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """The CPU time a process has used, user and system (/proc/PID/stat): what the spin's
-    cost is measured by."""
+    """The CPU time a process has used, user and system (/proc/PID/stat): what a
+    benchmark's figure of the daemon's CPU use is read from."""
     return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
-    """The CPU time of each of a process's threads: its main thread (the daemon's socket
-    loop) as "main", the others by their kernel name (ZeroMQ's "ZMQbg/IO/0", ...), the
+    """The CPU time of each of a process's threads: its main thread (the daemon's steering
+    thread) as "main", the others by their kernel name (ZeroMQ's "ZMQbg/IO/0", ...), the
     same names summed."""
     seconds: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():

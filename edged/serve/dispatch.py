@@ -176,7 +176,10 @@ class Dispatcher:
                 request.id,
             )
         assert self.loop is not None
-        inline_ns = 0 if more else lane.inline_limit_ns(self.loop.handoff_ns)
+        # With requests behind it, a job goes to a worker, which may batch them; but the
+        # highest class's latency is worth more than a batch: its loop runs them in turn.
+        top = lane.klass.order == self.serving.config.classes[0].order
+        inline_ns = 0 if more and not top else lane.inline_limit_ns(self.loop.handoff_ns)
         outcome = lane.offer(route, request, model, rows, elements, received_ns, slots, inline_ns)
         if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.

@@ -1,8 +1,8 @@
 """An optional Prometheus endpoint: the stats op's figures, in Prometheus's text format.
 
 Off unless `metrics.prometheus_port` is set. It serves from prometheus_client's own
-HTTP thread and, only when scraped, asks the socket loop (the figures' one owner)
-for the stats op's figures, so the request path gains nothing. prometheus_client is
+HTTP thread and, only when scraped, reads the stats op's figures there (each class's
+under its stats lock), so the request path gains nothing. prometheus_client is
 imported here only when the endpoint starts: it is an optional extra
 (`pip install 'edged[prometheus]'`).
 
@@ -28,7 +28,7 @@ CLASS_COUNTERS = (
     ("admitted", "edged_requests_admitted", "Requests admitted to their class's queue."),
     ("backend_calls", "edged_backend_calls", "Backend calls (one call may carry a batch of requests)."),
     ("backend_rows", "edged_backend_rows", "Rows handed to the backend."),
-    ("inline", "edged_requests_inline", "Requests run on the socket loop itself (the inline path)."),
+    ("inline", "edged_requests_inline", "Requests run on their class's loop itself (the inline path)."),
     ("late_completed", "edged_requests_late", "Requests answered OK after their deadline had passed."),
 )
 

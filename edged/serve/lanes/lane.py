@@ -3,7 +3,8 @@ queue (its crew: edged.serve.lanes.crew) and its admission state. `offer` prices
 request, lets admission decide (edged.serve.admission), and sheds it at once or places
 the job in one of its class's ways:
 - inline: on the class's loop thread, now, when the lane is idle, no request waits
-  behind it on its socket, and the job is priced within what the loop may run itself
+  behind it on its socket (the highest class's loop runs those in turn too: see
+  edged.serve.dispatch), and the job is priced within what the loop may run itself
   (`inline_limit_ns`: a job that two hand-offs to a worker and back would slow by 2%);
 - a worker of the class, which a class with `batch_wait_us` (bulk's batcher) lets wait
   that long to fill a batch.
