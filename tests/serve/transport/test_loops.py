@@ -18,7 +18,7 @@ from support import bounded
 
 from edged.serve.transport import Route, reply
 from edged.serve.transport.binding import Bound
-from edged.serve.transport.loop import Loop
+from edged.serve.transport.loop import RECEIVE_BURST, Loop
 from edged.serve.transport.sockets import Sockets
 from edged.wire.endpoints import class_endpoint
 
@@ -160,14 +160,17 @@ def test_a_closing_loop_answers_what_reached_its_sockets_and_sends_what_was_hand
     client = bounded(context.socket(zmq.DEALER))
     client.connect(endpoint)
     try:
-        for i in range(20):
+        # More than a loop reads in two turns (RECEIVE_BURST each): the last are read only
+        # by the closing loop's last turn.
+        sent = 3 * RECEIVE_BURST + 8
+        for i in range(sent):
             client.send(f"{i}".encode())
         time.sleep(0.3)  # all of them in the daemon's socket, the loop held on the first
         loop.close()
         hold.set()
         assert loop.join(5)
-        answered = sorted(client.recv() for _ in range(20))
-        assert answered == sorted(f"answer {i}".encode() for i in range(20))
+        answered = sorted(client.recv() for _ in range(sent))
+        assert answered == sorted(f"answer {i}".encode() for i in range(sent))
         loop.call_soon(print, "never run")
         assert loop.lost == 1
     finally:
