@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 from edged.config.classes import ClassConfig
 
-# Admission keeps 1/this of the queued work ahead in hand (20%): see admit().
+# Admission keeps 1/this of the queued work ahead, and of the request's own price, in
+# hand (20%): see admit().
 QUEUE_SLACK_DIVISOR = 5
 
 
@@ -221,11 +222,13 @@ def admit(
     # The estimate of a long queue errs by a share of its length, and a job admitted with
     # no slack then expires: admission keeps that share in hand.
     ahead_ns = queued_ns + queued_ns // QUEUE_SLACK_DIVISOR
-    if ahead_ns + cost_ns > budget_ns:
-        if cost_ns > budget_ns:
+    own_ns = cost_ns + cost_ns // QUEUE_SLACK_DIVISOR
+    if ahead_ns + own_ns > budget_ns:
+        if own_ns > budget_ns:
             message = (
-                f"class {klass.name!r} cannot meet the deadline: the model alone takes about {cost_ns / 1e6:.3f} ms, "
-                f"more than the {max(budget_ns, 0) / 1e6:.3f} ms left; a retry needs a longer deadline"
+                f"class {klass.name!r} cannot meet the deadline: the model alone takes about {cost_ns / 1e6:.3f} ms "
+                f"({own_ns / 1e6:.3f} with a fifth kept in hand), more than the {max(budget_ns, 0) / 1e6:.3f} ms "
+                "left; a retry needs a longer deadline"
             )
         else:
             message = (
@@ -233,7 +236,7 @@ def admit(
                 f"of this request and {max(budget_ns, 0) / 1e6:.3f} ms are left"
             )
         return Shed(
-            "deadline", message, retry_hint_ms(ahead_ns + cost_ns - budget_ns), beyond_one_run=cost_ns > budget_ns
+            "deadline", message, retry_hint_ms(ahead_ns + own_ns - budget_ns), beyond_one_run=own_ns > budget_ns
         )
     return None
 

@@ -82,6 +82,10 @@ class Answers:
             self.stats.expiry()
             self._send_unrun(job, Status.DEADLINE_EXCEEDED, message, ran)
 
+    def done_unanswered(self, cost_ns: int) -> None:
+        """Work that answers nobody (a re-timing) is done: off the backlog."""
+        self._backlog.finish(cost_ns)
+
     def unrun(self, job: Job, status: Status, message: str) -> None:
         """A job that was not run (expired, or refused at shutdown)."""
         if self._claim(job):

@@ -138,11 +138,15 @@ def test_work_ahead_beyond_what_a_lane_has_seen_its_pace_hold_for_counts_more() 
     assert backlog_of().outlook(start_ns, (0, 0)).trusted_ns == float("inf")  # an idle lane: nothing ahead
 
 
-def test_a_fifth_of_the_work_ahead_is_kept_in_hand() -> None:
-    """A queue estimated at 100 ms may take longer; a job admitted with no slack would expire."""
+def test_a_fifth_of_the_work_ahead_and_of_the_requests_own_price_is_kept_in_hand() -> None:
+    """A queue estimated at 100 ms may take longer, and so may the request itself: a job
+    admitted with no slack would expire."""
     backlog = backlog_of(100 * MS)
     assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=110 * MS) is not None
-    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=121 * MS) is None
+    assert admit(lane(), backlog, cost_ns=1 * MS, budget_ns=122 * MS) is None
+    shed = admit(lane(), backlog_of(), cost_ns=10 * MS, budget_ns=11 * MS)
+    assert shed is not None and "10.000 ms (12.000 with a fifth kept in hand)" in shed.message, shed
+    assert admit(lane(), backlog_of(), cost_ns=10 * MS, budget_ns=12 * MS) is None
 
 
 def test_a_yielding_class_counts_the_higher_classes_work_as_ahead_of_it() -> None:
@@ -316,3 +320,26 @@ def test_time_a_lane_spent_yielding_is_not_taken_for_a_slow_pace() -> None:
     time.sleep(0.015)
     # 15 ms of its own time and nothing answered: now it is slow, and seen so.
     assert backlog.outlook(time.monotonic_ns(), (0, 0)).pace < 0.1
+
+
+def test_a_pipeline_is_priced_whole_where_its_runs_cost_more_than_its_critical_path() -> None:
+    """The steps' prices leave out the bookkeeping between them and the join: a pipeline
+    whose runs measured dearer than its critical path is admitted for what its runs cost."""
+    from support import ENGINES, REPO_ROOT
+
+    from edged.models.pipeline_manifest import discover_pipelines
+    from edged.models.repository import discover
+    from edged.serve.lanes.steps import Priced
+
+    models = discover(ENGINES, "onnxruntime")
+    manifest = REPO_ROOT / "docs" / "examples" / "demo-ensemble" / "pipeline.toml"
+    (entry,) = discover_pipelines([manifest], models, print)
+    pipeline = entry.pipeline
+    assert pipeline is not None
+    service, elements = ServiceTimes(), 3 * 64 * 64
+    for step in pipeline.steps:
+        service.observe(step.key, 1 * MS, 1, elements)
+    path_ns = Priced.of(pipeline, service, 1, elements).span_ns  # no whole run measured yet: the path
+    assert path_ns > 0
+    service.observe(entry.name, path_ns + 3 * MS, 1, elements)
+    assert Priced.of(pipeline, service, 1, elements).span_ns == path_ns + 3 * MS

@@ -18,7 +18,7 @@ from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.watchdog import OpenCalls
-from edged.serve.lanes.worker import STOP, Worker
+from edged.serve.lanes.worker import STOP, Remeasure, Worker
 from edged.serve.pricing import ServiceTimes
 from edged.wire.codec import Status
 
@@ -98,7 +98,9 @@ class Crew:
                 return count
             if isinstance(job, Job):
                 self._answers.unrun(job, Status.UNAVAILABLE, message)
-            count += 1
+                count += 1
+            elif isinstance(job, Remeasure):  # a re-timing nobody waits for: dropped, off the backlog
+                self._answers.done_unanswered(job.cost_ns)
 
     def retire(self) -> None:
         """Let the workers finish every job already queued, then end."""

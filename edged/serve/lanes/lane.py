@@ -160,18 +160,21 @@ class Lane:
         received_ns: int,
         into: dict[str, Any] | None = None,
         inline_ns: int = 0,
+        handoff_ns: float = 0.0,
     ) -> Job | Shed:
         """Admit a checked request of `rows` rows (and `elements`, for a model priced by
         size) and place it, or shed it at once: from its header, its payload untouched.
         `into`: where its outputs go in the client's shared memory (edged.serve.regions);
         `inline_ns`: the dearest job the loop may run itself now (`inline_limit_ns`; 0
-        while other requests wait behind this one, which may then share a worker's call)."""
+        while other requests wait behind this one, which may then share a worker's call);
+        `handoff_ns`: what a hand-off to a worker costs now (a pipeline's price counts it)."""
         if threading.get_ident() != self._owner:
             thread = threading.current_thread().name
             raise RuntimeError(f"class {self.klass.name}'s lane admits on its own loop only, not on {thread!r}")
         self.stats.received += 1  # valid requests only: the invalid are counted daemon-wide
         budget_ns = int((request.deadline_ms or self.klass.deadline_ms) * 1e6)
-        priced = Priced.of(model.pipeline, self.service, rows, elements) if model.pipeline is not None else None
+        pipeline = model.pipeline
+        priced = Priced.of(pipeline, self.service, rows, elements, handoff_ns) if pipeline is not None else None
         cost_ns = priced.span_ns if priced is not None else self.service.charge_ns(model.name, rows, elements)
         now_ns = time.monotonic_ns()
         left_ns = budget_ns - (now_ns - received_ns)
@@ -268,7 +271,9 @@ class Lane:
         ever, since nothing admitted would ever measure it again."""
         if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
             self._last_remeasure_ns = now_ns
-            self._crew.jobs.put(Remeasure(model))
+            cost_ns = self.service.estimate_ns(model.name)
+            self.backlog.add(cost_ns)
+            self._crew.jobs.put(Remeasure(model, cost_ns))
 
     # --- the watchdog (the steering thread, and the shutdown) ---------------
 

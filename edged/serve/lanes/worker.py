@@ -43,9 +43,11 @@ STOP = object()  # queued to end one worker once what is ahead of it is done
 
 @dataclass(frozen=True, slots=True)
 class Remeasure:
-    """Ask a worker to time the model afresh (see Lane.offer)."""
+    """Ask a worker to time the model afresh (see Lane.offer): work of `cost_ns` in the
+    lane's backlog until done, so that what arrives meanwhile is admitted behind it."""
 
     model: ModelEntry
+    cost_ns: int
 
 
 @dataclass(slots=True)
@@ -102,6 +104,7 @@ class Worker:
                 break
             if isinstance(job, Remeasure):
                 self._remeasure(job.model)
+                self.answers.done_unanswered(job.cost_ns)
                 continue
             if self.klass.yields:
                 self.precedence.wait_turn(self.klass.order)
