@@ -88,7 +88,8 @@ def test_sigterm_behind_a_long_inline_call_is_acted_on_at_once_and_every_request
     """A realtime call of about a second runs inline on realtime's loop (the sleeper is
     priced by a short warm-up), three bulk requests wait behind it, then SIGTERM: the
     steering thread drains at once, and each request gets its one reply."""
-    config = f'[server]\nmodel_repository = "{repository}"\n'
+    # A drain long enough for all four on a busy box: each is then answered OK.
+    config = f'[server]\nmodel_repository = "{repository}"\ndrain_timeout_ms = 60000\n'
     running = start_daemon(config + "[classes.realtime]\nstuck_after_ms = 0\n[classes.standard]\n[classes.bulk]\n")
     try:
         sock = connect(context, running.ipc)
