@@ -66,8 +66,7 @@ class Dispatcher:
         and give back the inline runners of the ones they replace."""
         old, self.loaded = self.loaded, loaded
         self._models = {model.name: model for model in loaded.models}
-        assert self.loop is not None
-        loaded.lanes[self.klass].own(self.loop.in_call)
+        loaded.lanes[self.klass].own()
         if old is not None:
             old.lanes[self.klass].disown()
         self.generation = generation

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -88,7 +87,6 @@ class Lane:
             self._inline_cap_ns = int(klass.deadline_ms * 1e6 / INLINE_SHARE)
         self._inline: Worker | None = None  # runners of the owner's own: never shared with a worker
         self._owner: int | None = None  # the loop thread that admits (`own`)
-        self._in_call: Callable[[bool], None] = lambda _: None
         self._last_remeasure_ns = 0
 
     # --- life cycle --------------------------------------------------------
@@ -105,14 +103,12 @@ class Lane:
             worker.load(pin=False)  # the loop's thread keeps its own settings
             self._inline = worker
 
-    def own(self, in_call: Callable[[bool], None] = lambda _: None) -> None:
+    def own(self) -> None:
         """Become the lane of the calling thread, the class's loop, which alone admits to
-        it from now on; `in_call(True)` and `in_call(False)` bracket each inline call (the
-        loop's turn is set aside meanwhile: edged.serve.transport.turns). Each inline
-        runner of a model priced within the cap makes one call here first: a runtime keeps
-        per-thread state (ONNX Runtime's CUDA handles) that a first call would make mid-request."""
+        it from now on. Each inline runner of a model priced within the cap makes one call
+        here first: a runtime keeps per-thread state (ONNX Runtime's CUDA handles) that a
+        first call would make mid-request."""
         self._owner = threading.get_ident()
-        self._in_call = in_call
         for model in self._inline.models if self._inline is not None else ():
             if self.service.estimate_ns(model.name) <= self._inline_cap_ns:
                 self._inline.runners[model.name].run(model.samples[0].inputs(), model.signature.output_names)
@@ -247,15 +243,12 @@ class Lane:
         self.stats.call(job.rows)
         clock = price_clock(runner)
         start_ns, priced_from = time.monotonic_ns(), clock()
-        self._in_call(True)
         try:
             outputs = dict(zip(job.output_names, runner.run(job.inputs, job.output_names)))
         except Exception as exc:
-            self._in_call(False)
             log.warning("backend error on %s: %s", name, exc)
             self._answers.result(job, start_ns, 0, error=f"the backend failed on this request: {exc}")
             return
-        self._in_call(False)
         price_ns = clock() - priced_from
         self._answers.result(job, start_ns, time.monotonic_ns() - start_ns, outputs=outputs)
         self.service.observe(name, price_ns, job.rows, job.elements)

@@ -106,14 +106,6 @@ class Loop:
             target, work = self._outgoing.popitem()
             target._take(work)
 
-    def in_call(self, inside: bool) -> None:
-        """Around a backend call on this loop's thread (an inline job): the call leaves the
-        interpreter lock free, so the lower loops need not wait for it (edged.serve.transport.turns)."""
-        if inside:
-            self._turns.sleep(self._rank)
-        else:
-            self._turns.wake(self._rank)
-
     def _give_way(self) -> None:
         """Between two messages or callables: wait while a higher class's loop is awake."""
         if self._turns.higher_awake(self._rank):
