@@ -34,8 +34,9 @@ from edged.daemon.lifecycle import Lifecycle, State
 from edged.daemon.loading import Loaded, load
 from edged.daemon.systemd import Notifier
 from edged.daemon.trimmer import Trimmer
-from edged.serve.dispatch import Dispatcher, Serving, figures, status_line
+from edged.serve.dispatch import Dispatcher, Serving
 from edged.serve.fd_intake import FdIntake
+from edged.serve.figures import figures, status_line
 from edged.serve.lanes.lane import Lane
 from edged.serve.pending import PendingBytes
 from edged.serve.prometheus import PrometheusEndpoint
