@@ -19,6 +19,11 @@ from edged.backends import Runner, computes_on_caller
 # requests, light enough to ignore one outlier (see Average).
 EWMA_WEIGHT = 0.1
 
+# What a bound (`ServiceTimes.bound_ns`) keeps above a model's price: this many times
+# its calls' mean deviation from their price, as TCP's retransmission timer keeps four
+# of a round trip's (RFC 6298): a run past it is rare, whatever the spread of the box.
+SPREADS = 4
+
 # Input sizes remembered per size-priced model, the least recently seen dropped first:
 # enough for a few image or chunk sizes in rotation, few enough to republish per call.
 SIZES_KEPT = 8
@@ -57,6 +62,7 @@ class ServiceTimes:
         self._extra_row_ns: dict[str, Average] = {}
         self._measured: dict[str, dict[int, Average]] = {}  # by model: elements -> call ns; workers only
         self._sizes: dict[str, SizeCosts] = {}  # by model: what admission reads, replaced whole
+        self._spread: dict[str, float] = {}  # by model: calls' mean deviation from their price, relative to it
         self._lock = threading.Lock()  # between its writers: the lane's workers and the loop's thread
 
     def observe(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
@@ -78,6 +84,17 @@ class ServiceTimes:
                     del table[next(iter(table))]
                 self._sizes[model] = SizeCosts.of({size: average.value for size, average in table.items()})
 
+    def observe_spread(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
+        """`observe`, and how far the call was from its price, for `bound_ns`: a pipeline's
+        served runs (not its warm-up's, whose first is cold and which no hand-off precedes)."""
+        expected = self.charge_ns(model, rows, elements)
+        if expected > 0:
+            deviation = abs(call_ns - expected) / expected
+            with self._lock:
+                spread = self._spread.get(model, deviation)
+                self._spread[model] = spread + EWMA_WEIGHT * (deviation - spread)
+        self.observe(model, call_ns, rows, elements)
+
     def estimate_ns(self, model: str, rows: int = 1) -> int:
         return int(_value(self._first_row_ns, model, 0.0) + (rows - 1) * self.extra_row_ns(model))
 
@@ -93,6 +110,11 @@ class ServiceTimes:
             return rows * sizes.estimate_ns(elements // max(rows, 1))
         return int(rows * max(_value(self._first_row_ns, model, 0.0), self.extra_row_ns(model)))
 
+    def bound_ns(self, model: str, rows: int, elements: int = 0) -> int:
+        """What a job costs at most, but rarely: its price and SPREADS times the mean
+        deviation of the model's calls from their prices."""
+        return int(self.charge_ns(model, rows, elements) * (1 + SPREADS * self._spread.get(model, 0.0)))
+
     def measured(self, model: str, rows: int, elements: int) -> bool:
         """Whether a request is priced from measurements rather than extrapolated: its
         rows no larger than a size measured (always, for a model priced per row alone)."""
@@ -105,7 +127,7 @@ class ServiceTimes:
         """What the lane charges, by model, as the stats op shows it (any thread): per
         row by size for a size-priced model, with how a larger size is priced
         ("line": through the two largest measured; "guess": see SizeCosts.beyond_ns);
-        else a call's first row and each further row."""
+        else a call's first row and each further row; for a pipeline, its runs' `spread` (`bound_ns`)."""
         shown: dict[str, dict[str, Any]] = {}
         # Copied in one step each (the workers add models meanwhile), then deduplicated in order.
         for model in dict.fromkeys([*self._first_row_ns, *self._sizes]):
@@ -118,6 +140,8 @@ class ServiceTimes:
             else:
                 by_size = {str(size): round(cost / 1e6, 3) for size, cost in zip(sizes.sizes, sizes.costs_ns)}
                 shown[model] = {"row_ms_by_elements": by_size, "past_largest": "line" if sizes.slope_ns else "guess"}
+            if model in self._spread:  # a pipeline's: its whole runs' spread, which its bound keeps in hand
+                shown[model]["spread"] = round(self._spread[model], 3)
         return shown
 
     def extra_row_ns(self, model: str) -> float:

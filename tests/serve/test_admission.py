@@ -343,3 +343,28 @@ def test_a_pipeline_is_priced_whole_where_its_runs_cost_more_than_its_critical_p
     assert path_ns > 0
     service.observe(entry.name, path_ns + 3 * MS, 1, elements)
     assert Priced.of(pipeline, service, 1, elements).span_ns == path_ns + 3 * MS
+
+
+def test_a_pipeline_whose_runs_vary_is_priced_at_what_its_runs_rarely_exceed() -> None:
+    """Priced at the average of runs that vary, half the requests whose deadline falls
+    just past it would be admitted, then expire; the bound keeps their spread in hand."""
+    from support import ENGINES, REPO_ROOT
+
+    from edged.models.pipeline_manifest import discover_pipelines
+    from edged.models.repository import discover
+    from edged.serve.lanes.steps import Priced
+
+    models = discover(ENGINES, "onnxruntime")
+    manifest = REPO_ROOT / "docs" / "examples" / "demo-ensemble" / "pipeline.toml"
+    (entry,) = discover_pipelines([manifest], models, print)
+    assert entry.pipeline is not None
+    service, elements = ServiceTimes(), 3 * 64 * 64
+    for step in entry.pipeline.steps:
+        service.observe(step.key, MS // 10, 1, elements)
+    runs = [2 * MS, 4 * MS] * 30  # the whole runs: 2 or 4 ms, never more
+    for run_ns in runs:
+        service.observe_spread(entry.name, run_ns, 1, elements)
+    average = service.charge_ns(entry.name, 1, elements)
+    assert 2 * MS < average < 4 * MS
+    assert Priced.of(entry.pipeline, service, 1, elements).span_ns >= max(runs)
+    assert service.prices()[entry.name]["spread"] > 0

@@ -44,6 +44,8 @@ class Job:
     device: bool = False
     # A pipeline's: its steps as admission priced them, which its worker checks the time left against.
     priced: Priced | None = None
+    # Admitted while a worker of its lane waited for work: that worker's wake-up is part of its time.
+    wakes: bool = False
     answered: bool = False  # written by edged.serve.answers only, under its claim
 
     def fits_with(self, other: Job) -> bool:

@@ -209,6 +209,7 @@ class Lane:
             into=into or {},
             device=bool(request.device_inputs),
             priced=priced,
+            wakes=self.backlog.depth < self.klass.workers,
         )
         if not self.backlog.depth and self._inline_fits(job, inline_ns):
             self.backlog.add(cost_ns)

@@ -48,7 +48,7 @@ class StepLate(Exception):
 class Priced:
     """A pipeline as one request sees it, priced once: each step's price on the lane, by
     the request's size, and from each step on, the time to the pipeline's end; and the
-    whole pipeline's own price, as its runs measured it (`whole_ns`), and the hand-off
+    whole pipeline's own bound, as its runs measured it (`whole_ns`), and the hand-off
     to a worker before it starts."""
 
     pipeline: Pipeline
@@ -61,17 +61,16 @@ class Priced:
     def of(cls, pipeline: Pipeline, service: ServiceTimes, rows: int, elements: int, handoff_ns: float = 0.0) -> Priced:
         """`handoff_ns`: what a hand-off to a worker costs now (the loop's measure of its own)."""
         prices = {step.name: service.charge_ns(step.key, rows, elements) for step in pipeline.steps}
-        whole_ns = service.charge_ns(pipeline.name, rows, elements)
+        whole_ns = service.bound_ns(pipeline.name, rows, elements)
         return cls(pipeline, prices, pipeline.tails(prices), whole_ns, int(handoff_ns))
 
     @property
     def span_ns(self) -> int:
-        """What the request costs: its critical path's steps, or the whole pipeline as its
-        runs measured it where dearer, for that covers what the steps' prices leave out
-        (the bookkeeping between steps, the wait for a parallel branch, the join): priced
-        at its critical path alone, a pipeline of 1.34 ms was admitted at 1.08 ms. A pipeline
-        always runs on a worker: the hand-off to it comes first."""
-        return max(self.pipeline.span_ns(self.tails), self.whole_ns) + self.handoff_ns
+        """What the request costs: its critical path's steps after the hand-off to a worker,
+        or, where dearer, what its whole runs cost at most but rarely (their price and
+        spread: ServiceTimes.bound_ns), for that covers what the steps' prices leave out (the
+        hand-off, the bookkeeping between steps, the wait for a parallel branch, the join)."""
+        return max(self.pipeline.span_ns(self.tails) + self.handoff_ns, self.whole_ns)
 
     def late(self, left_ns: int, start: Step | None = None) -> str | None:
         """Why the pipeline (from `start` on) cannot end within `left_ns`, naming the first
