@@ -8,8 +8,8 @@ Limits count the regions of the connection that registered them: a ZeroMQ peer's
 a unix connection's on the memfd socket (edged.serve.fd_intake), whose regions are
 forgotten when it closes.
 
-Written by two threads: the socket loop (dispatch: registers by name, resolves,
-unregisters, sweeps; or the stand-in in its place) and the memfd intake's thread
+Written by several threads: the serving loops (dispatch: registers by name, resolves,
+unregisters), the steering thread (sweeps) and the memfd intake's thread
 (registers memfds, forgets a closed connection's). So every use of the table holds
 `_lock`; it is held for microseconds (a lookup, an fstat, an mmap). A request's views
 keep their region mapped: Python unmaps an mmap only once nothing views it, so a
