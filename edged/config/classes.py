@@ -29,6 +29,10 @@ class ClassConfig:
     # meanwhile. None: derived as it serves (edged.serve.lanes.lane.Lane.inline_limit_ns).
     inline_max_us: int | None = None
     threads: int = 1  # ONNX Runtime intra-op threads of this lane's sessions
+    # With threads other than 1: the pool's threads spin between the pieces of a call
+    # (as an in-process session does, and as fast), and stop when the call ends. False:
+    # they sleep there, slower calls, and the cores go back to other classes mid-call.
+    threads_spin: bool = True
     cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
     stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
@@ -170,7 +174,7 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             values["inline_max_us"] = read_int(settings, "inline_max_us", 0, prefix, 0)
         values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
-        for key in ("cuda_graph", "yields"):
+        for key in ("cuda_graph", "yields", "threads_spin"):
             flag = settings.get(key, getattr(base, key))
             expect(isinstance(flag, bool), prefix + key, flag, "true or false")
             values[key] = flag

@@ -83,6 +83,7 @@ def test_every_setting_is_read() -> None:
         max_batch = 4
         batch_wait_us = 10
         threads = 2
+        threads_spin = false
         cpu_affinity = [0]
         nice = 5
         stream_priority = -2
@@ -97,7 +98,7 @@ def test_every_setting_is_read() -> None:
     assert config.limits == Limits(max_header_bytes=512, max_tensors=2, max_tensor_elements=1000)
     (fast,) = config.classes
     assert (fast.name, fast.order, fast.queue_capacity, fast.deadline_ms) == ("fast", 0, 3, 2.5)
-    assert (fast.workers, fast.max_batch, fast.batch_wait_us, fast.threads) == (2, 4, 10, 2)
+    assert (fast.workers, fast.max_batch, fast.batch_wait_us, fast.threads, fast.threads_spin) == (2, 4, 10, 2, False)
     assert (fast.cpu_affinity, fast.nice, fast.stream_priority, fast.arena_cap_mb) == ((0,), 5, -2, 64)
 
 
@@ -182,6 +183,7 @@ INVALID = {
     ),
     "affinity negative": (klass("realtime", "cpu_affinity = [-1]"), "classes.realtime.cpu_affinity"),
     "yields a string": (klass("bulk", 'yields = "yes"'), "classes.bulk.yields"),
+    "threads_spin a string": (klass("bulk", 'threads_spin = "no"'), "classes.bulk.threads_spin"),
     "preemptible removed": (klass("bulk", "preemptible = true"), "classes.bulk.preemptible was removed"),
     "cap negative": (klass("bulk", "max_call_ms = -1"), "classes.bulk.max_call_ms"),
     "cap a string": (klass("bulk", 'max_call_ms = "5"'), "classes.bulk.max_call_ms"),
