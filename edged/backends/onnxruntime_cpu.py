@@ -66,9 +66,11 @@ def cpu_session(
         options.add_session_config_entry("session.disable_quant_qdq", "1")
     # A pool that sleeps between the pieces of a call is woken through the kernel for
     # each of them, and a call is slower than in-process (docs/engines.md, "Threads").
-    # Spinning keeps pace; stopped when the last call returns, the pool burns nothing
-    # between calls (without the stop, 16 ms of CPU in the half second after a cnn-heavy
-    # call), so the other classes pay only while this lane computes.
+    # Spinning keeps pace where the pool has its cores to itself, and on a busy box holds
+    # the core the thread it waits for needs: so a lane spins by default only on cores of
+    # its own (edged.config.classes.resolve_spin). Stopped when the last call returns, the
+    # pool burns nothing between calls (without the stop, 16 ms of CPU in the half second
+    # after a cnn-heavy call), so the other classes pay only while this lane computes.
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if spin:
         options.add_session_config_entry("session.force_spinning_stop", "1")
@@ -85,7 +87,7 @@ def session_key(model: ModelEntry, lane: ClassConfig, fused: bool) -> Key:
 
 def lane_spins(lane: ClassConfig) -> bool:
     """Whether `lane`'s sessions have a pool, and it spins (`classes.NAME.threads_spin`)."""
-    return lane.threads != 1 and lane.threads_spin
+    return lane.threads != 1 and bool(lane.threads_spin)
 
 
 def lane_session(model: ModelEntry, lane: ClassConfig, fused: bool) -> ort.InferenceSession:

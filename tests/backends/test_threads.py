@@ -15,7 +15,7 @@ from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu, OnnxRuntimeCpuRunner
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry, entries_of
 
-BULK = ClassConfig("bulk", order=2, threads=2)
+BULK = ClassConfig("bulk", order=2, threads=2, threads_spin=True)
 IMAGE = np.random.default_rng(3).standard_normal((1, 3, 64, 64)).astype(np.float32)
 
 
@@ -48,9 +48,9 @@ def test_a_lane_with_a_pool_spins_in_its_calls_and_burns_nothing_between_them(cn
         runner.close()
 
 
-def test_threads_spin_false_and_one_thread_never_spin(cnn: ModelEntry) -> None:
+def test_threads_spin_false_or_left_out_and_one_thread_never_spin(cnn: ModelEntry) -> None:
     backend = OnnxRuntimeCpu()
-    for lane in (replace(BULK, threads_spin=False), replace(BULK, threads=1)):
+    for lane in (replace(BULK, threads_spin=False), replace(BULK, threads_spin=None), replace(BULK, threads=1)):
         runner = backend.load(cnn, lane)
         try:
             assert spins(runner) == "0", lane
