@@ -38,7 +38,7 @@ SESSIONS: Shared[ort.InferenceSession] = Shared()  # the process's: a reload's b
 
 
 def cpu_session(
-    path: Path, precision: str, *, fused: bool = True, threads: int = 1, quiet: bool = False
+    path: Path, precision: str, *, fused: bool = True, threads: int = 1, spin: bool = False, quiet: bool = False
 ) -> ort.InferenceSession:
     """A CPU session for a model file of `precision`.
 
@@ -47,6 +47,8 @@ def cpu_session(
     is what TensorRT computes from the same file (it accumulates INT8 products in 32 bits).
     `quiet` logs nothing, not even a failed call: for `edged import`, whose tries of sizes
     a model refuses are expected, each of which would print ONNX Runtime's error log.
+    `spin` (with a pool: `threads` other than 1) lets the pool's threads spin between the
+    pieces of a call, as ONNX Runtime does by default, and stop when the call ends.
     """
     options = ort.SessionOptions()
     # threads=1 runs the graph on the calling thread, so a lane's niceness and core
@@ -62,8 +64,16 @@ def cpu_session(
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if not fused:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    # Spinning pool threads would burn the cores that other lanes need.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # A pool that sleeps between the pieces of a call is woken through the kernel for
+    # each of them, and a call is slower than in-process (docs/engines.md, "Threads").
+    # Spinning keeps pace where the pool has its cores to itself, and on a busy box holds
+    # the core the thread it waits for needs: so a lane spins by default only on cores of
+    # its own (edged.config.classes.resolve_spin). Stopped when the last call returns, the
+    # pool burns nothing between calls (without the stop, 16 ms of CPU in the half second
+    # after a cnn-heavy call), so the other classes pay only while this lane computes.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.log_severity_level = 4 if quiet else 3
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
@@ -72,11 +82,17 @@ def session_key(model: ModelEntry, lane: ClassConfig, fused: bool) -> Key:
     """The key of the session `lane` runs `model` on. A session with a pool of its own
     (threads != 1) is shared within its lane only."""
     owner = None if lane.threads == 1 else lane.name
-    return file_key(model.variant.path, model.variant.precision, fused, lane.threads, owner)
+    return file_key(model.variant.path, model.variant.precision, fused, lane.threads, lane_spins(lane), owner)
+
+
+def lane_spins(lane: ClassConfig) -> bool:
+    """Whether `lane`'s sessions have a pool, and it spins (`classes.NAME.threads_spin`)."""
+    return lane.threads != 1 and bool(lane.threads_spin)
 
 
 def lane_session(model: ModelEntry, lane: ClassConfig, fused: bool) -> ort.InferenceSession:
-    return cpu_session(model.variant.path, model.variant.precision, fused=fused, threads=lane.threads)
+    path, precision = model.variant.path, model.variant.precision
+    return cpu_session(path, precision, fused=fused, threads=lane.threads, spin=lane_spins(lane))
 
 
 class OnnxRuntimeCpuRunner:

@@ -45,6 +45,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="without --shape, write the manifest even where the model accepts no realistic size (an image "
         "of 64 pixels a side, 16 steps, 256 samples), only smaller ones, which price real inputs far too high",
     )
+    importer.add_argument(
+        "--pin",
+        action="store_true",
+        help="accept only the size given with --shape (once per input): each dynamic dimension after the first "
+        "is written fixed in the manifest, so a request of another size is refused INVALID_ARGUMENT, naming it",
+    )
     importer.add_argument("--replace", action="store_true", help="overwrite a folder of that name")
     importer.set_defaults(run=run)
 
@@ -64,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or args.model.stem
     try:
         samples, data = parse_shapes(args.shape), parse_data(args.data)
+        if args.pin and len(samples) != 1:
+            raise RepositoryError("--pin takes the one size to accept, given with --shape INPUT=1x3x320x320, once")
         source = read_source(args.model)
         check_free(repository, name, args.replace)
         if not samples:
@@ -71,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             plan = plan_sizes(source, input_specs(source), data, probe, args.allow_tiny_warmup, say=print)
             if plan is not None:
                 samples, data = plan.samples, plan.data
-        manifest = write_folder(args.model, source, repository, name, samples, data, args.replace)
+        manifest = write_folder(args.model, source, repository, name, samples, data, args.replace, args.pin)
         model = entries_of(manifest, "onnxruntime")[0]
     except (RepositoryError, ModelFailure) as exc:
         print(f"edged: {exc}", file=sys.stderr)

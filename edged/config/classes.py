@@ -29,6 +29,10 @@ class ClassConfig:
     # meanwhile. None: derived as it serves (edged.serve.lanes.lane.Lane.inline_limit_ns).
     inline_max_us: int | None = None
     threads: int = 1  # ONNX Runtime intra-op threads of this lane's sessions
+    # With threads other than 1: the pool's threads spin between the pieces of a call (as
+    # an in-process session's do), and stop when the call ends; else they sleep there.
+    # None: spin where the lane has cores of its own (resolve_spin).
+    threads_spin: bool | None = None
     cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
     stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
@@ -124,13 +128,30 @@ def resolve_cores(classes: tuple[ClassConfig, ...], usable: list[int]) -> tuple[
     return tuple(replace(c, cpu_affinity=own if i == 0 else rest) for i, c in enumerate(classes))
 
 
+def resolve_spin(classes: tuple[ClassConfig, ...]) -> tuple[ClassConfig, ...]:
+    """Each threads_spin left out made true where the lane has cores of its own: its
+    cpu_affinity, at least as many cores as its threads, named by no other class (a class
+    that names none runs anywhere). A pool spinning on cores another lane computes on
+    takes them from it, and on a busy box a spinning thread holds the core that the
+    thread it waits for needs (docs/engines.md, "Threads")."""
+    resolved = []
+    for c in classes:
+        if c.threads_spin is None:
+            mine = set(c.cpu_affinity)
+            others = [o.cpu_affinity for o in classes if o is not c]
+            own = bool(mine) and len(mine) >= c.threads and all(o and not mine & set(o) for o in others)
+            c = replace(c, threads_spin=own)
+        resolved.append(c)
+    return tuple(resolved)
+
+
 def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
 def resolved(classes: list[ClassConfig]) -> tuple[ClassConfig, ...]:
     """The classes in order, with every derived setting made a number for this machine."""
-    return resolve_cores(resolve_caps(classes), usable_cores())
+    return resolve_spin(resolve_cores(resolve_caps(classes), usable_cores()))
 
 
 @functools.cache
@@ -170,6 +191,10 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             values["inline_max_us"] = read_int(settings, "inline_max_us", 0, prefix, 0)
         values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
         values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
+        if "threads_spin" in settings:
+            spin = settings["threads_spin"]
+            expect(isinstance(spin, bool), prefix + "threads_spin", spin, "true or false (left out: see threads)")
+            values["threads_spin"] = spin
         for key in ("cuda_graph", "yields"):
             flag = settings.get(key, getattr(base, key))
             expect(isinstance(flag, bool), prefix + key, flag, "true or false")

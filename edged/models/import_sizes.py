@@ -8,6 +8,9 @@ metadata may name a real size ("imgsz", "max_length", "sample_rate"). The sizes
 themselves are found by running the model on a ladder of them: those it accepts are
 kept, and it warms up at two or three realistic ones, so that a model whose cost
 follows its input's size is priced from real points, never from 1x1 pixels alone.
+The metadata's size joins the ladder, which climbs on past it: a model exported at
+320 pixels with dynamic axes takes 640 too, and a client that sends 640 is priced
+from a measured call, not from a guess past 320. It is warmed up at that size too.
 """
 
 from __future__ import annotations
@@ -107,8 +110,10 @@ def plan_sizes(
             "warmed up there alone, it would be priced for real inputs as many times dearer as they are larger, "
             "and shed in every class. Give the sizes it serves with --shape, or --allow-tiny-warmup to write it anyway"
         )
-    chosen = _pick(realistic or accepted)
-    why = "the smallest realistic size it took, the largest and one between" if len(chosen) > 2 else "all it took"
+    named = [rung for rung in realistic if any(hints.get(name) == size for name, size in rung.items())]
+    chosen = _pick(realistic or accepted, named[0] if named else None)
+    between = "the metadata's" if named and len(chosen) > 2 else "one between"
+    why = f"the smallest realistic size it took, the largest and {between}" if len(chosen) > 2 else "all it took"
     if not realistic:
         why = "below a real input's size: --allow-tiny-warmup was given"
     say(f"  warming up at {_sizes(chosen)} ({why})")
@@ -193,9 +198,7 @@ def _guess_scalars(
 
 
 def _ladder(kind: Kind, hint: int | None) -> tuple[int, ...]:
-    if hint is None:
-        return kind.ladder
-    return tuple(sorted({*(size for size in kind.ladder if size < hint), hint}))
+    return kind.ladder if hint is None else tuple(sorted({*kind.ladder, hint}))
 
 
 def _used(kinds: dict[str, dict[int, str]]) -> list[str]:
@@ -249,11 +252,14 @@ def _shapes(
     }
 
 
-def _pick(rungs: list[dict[str, int]]) -> list[dict[str, int]]:
-    """The smallest, the largest and the one nearest their geometric mean between them."""
+def _pick(rungs: list[dict[str, int]], named: dict[str, int] | None) -> list[dict[str, int]]:
+    """The smallest, the largest and between them the metadata's size (`named`), or
+    else the one nearest their geometric mean."""
     if len(rungs) <= 2:
         return rungs
     low, high = rungs[0], rungs[-1]
+    if named is not None and named not in (low, high):
+        return [low, named, high]
     middle = min(rungs[1:-1], key=lambda rung: abs(math.log(_size(rung)) - math.log(_size(low) * _size(high)) / 2))
     return [low, middle, high]
 

@@ -95,6 +95,23 @@ def input_specs(model: onnx.ModelProto) -> list[TensorSpec]:
     return [TensorSpec(spec["name"], spec["dtype"], tuple(spec["shape"])) for spec in read_specs(model)[0]]
 
 
+def pinned(spec: dict[str, Any], sizes: dict[str, list[int]]) -> dict[str, Any]:
+    """`spec` with each dynamic dimension after the first fixed at its size in `sizes`: the
+    manifest's shape is what the daemon checks a request against. The first stays dynamic
+    (the batch: requests of one size still stack)."""
+    shape = spec["shape"]
+    if -1 not in shape[1:]:
+        return spec
+    given = sizes.get(spec["name"])
+    if given is None or len(given) != len(shape):
+        raise RepositoryError(
+            f"--pin fixes {spec['name']!r} {shape} at the size given: add --shape {spec['name']}="
+            + "x".join(str(max(d, 1)) for d in shape)
+            + " with its sizes"
+        )
+    return {**spec, "shape": [d if d != -1 or axis == 0 else given[axis] for axis, d in enumerate(shape)]}
+
+
 def check_free(repository: Path, name: str, replace: bool) -> Path:
     """REPOSITORY/NAME, refused where it exists and `replace` was not given."""
     folder = repository / name
@@ -111,9 +128,13 @@ def write_folder(
     samples: list[dict[str, list[int]]],
     data: dict[str, str | float],
     replace: bool,
+    pin: bool = False,
 ) -> Path:
-    """Copy `source` into REPOSITORY/NAME/model.onnx beside a manifest; returns the manifest's path."""
+    """Copy `source` into REPOSITORY/NAME/model.onnx beside a manifest; returns the manifest's path.
+    `pin`: the inputs accept the one sample's size alone (see `pinned`)."""
     inputs, outputs = read_specs(model)
+    if pin:
+        inputs = [pinned(spec, samples[0]) for spec in inputs]
     folder = check_free(repository, name, replace)
     if folder.exists():
         shutil.rmtree(folder)

@@ -83,6 +83,7 @@ def test_every_setting_is_read() -> None:
         max_batch = 4
         batch_wait_us = 10
         threads = 2
+        threads_spin = false
         cpu_affinity = [0]
         nice = 5
         stream_priority = -2
@@ -97,7 +98,7 @@ def test_every_setting_is_read() -> None:
     assert config.limits == Limits(max_header_bytes=512, max_tensors=2, max_tensor_elements=1000)
     (fast,) = config.classes
     assert (fast.name, fast.order, fast.queue_capacity, fast.deadline_ms) == ("fast", 0, 3, 2.5)
-    assert (fast.workers, fast.max_batch, fast.batch_wait_us, fast.threads) == (2, 4, 10, 2)
+    assert (fast.workers, fast.max_batch, fast.batch_wait_us, fast.threads, fast.threads_spin) == (2, 4, 10, 2, False)
     assert (fast.cpu_affinity, fast.nice, fast.stream_priority, fast.arena_cap_mb) == ((0,), 5, -2, 64)
 
 
@@ -182,6 +183,7 @@ INVALID = {
     ),
     "affinity negative": (klass("realtime", "cpu_affinity = [-1]"), "classes.realtime.cpu_affinity"),
     "yields a string": (klass("bulk", 'yields = "yes"'), "classes.bulk.yields"),
+    "threads_spin a string": (klass("bulk", 'threads_spin = "no"'), "classes.bulk.threads_spin"),
     "preemptible removed": (klass("bulk", "preemptible = true"), "classes.bulk.preemptible was removed"),
     "cap negative": (klass("bulk", "max_call_ms = -1"), "classes.bulk.max_call_ms"),
     "cap a string": (klass("bulk", 'max_call_ms = "5"'), "classes.bulk.max_call_ms"),
@@ -276,9 +278,9 @@ def test_the_example_config_names_every_key_at_its_default() -> None:
         defaults
     )
     raw = tomllib.loads(example.read_text())
-    # inline_max_us's default follows the deadlines: the tables explain it in comments, and
-    # written out it would not follow a deadline changed beside it.
-    keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name", "inline_max_us"}
+    # inline_max_us's default follows the deadlines, threads_spin's the cores: the tables
+    # explain them in comments, and written out they would not follow a change beside them.
+    keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name", "inline_max_us", "threads_spin"}
     for name, table in raw["classes"].items():
         assert set(table) == keys, f"classes.{name} lacks {sorted(keys - set(table))}, or has more"
 
@@ -293,6 +295,26 @@ def test_on_six_cores_or_more_realtime_and_the_loop_get_cores_of_their_own() -> 
     assert resolve_cores(defaults, list(range(6)))[0].cpu_affinity == (0, 1)
     named = parse(klass("realtime", "cpu_affinity = [0]")).classes
     assert resolve_cores(named, list(range(16))) == named  # a class that names its cores takes over
+
+
+def test_a_pool_spins_by_default_only_on_cores_of_its_own() -> None:
+    from edged.config.classes import resolve_spin
+
+    def spins(*affinities: tuple[int, ...]) -> list[bool | None]:
+        names = ("realtime", "standard", "bulk")
+        classes = [
+            ClassConfig(n, order=i, threads=2, cpu_affinity=a) for i, (n, a) in enumerate(zip(names, affinities))
+        ]
+        return [c.threads_spin for c in resolve_spin(tuple(classes))]
+
+    assert spins((), (), ()) == [False, False, False]  # every lane runs anywhere
+    assert spins((0, 1), (2, 3), ()) == [False, False, False]  # bulk runs anywhere: on theirs too
+    assert spins((0, 1), (2, 3), (2, 3)) == [True, False, False]  # standard and bulk share theirs
+    assert spins((0, 1), (2, 3), (4,)) == [True, True, False]  # one core for two threads
+    # Every default class may run on any core of this box, or bulk shares with standard.
+    three = "[classes.realtime]\n[classes.standard]\n[classes.bulk]\nthreads = 2\n"
+    assert parse(three).classes[2].threads_spin is False
+    assert parse(three + "threads_spin = true\n").classes[2].threads_spin is True
 
 
 def test_the_inline_cap_is_as_set_or_left_to_the_daemon() -> None:

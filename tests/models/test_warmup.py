@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import ENGINES, RunningDaemon, run_edged, short_dir
-from support.stream_models import padder, reshaper, run_in_process, set_warmup, streamer, tiny_image
+from support.stream_models import detector, padder, reshaper, run_in_process, set_warmup, streamer, tiny_image
 
 from edged.client import AsyncClient, Client
 from edged.models.repository import RepositoryError, entries_of
@@ -104,6 +104,20 @@ def test_import_without_shapes_finds_sizes_the_model_accepts(repository: Path) -
     assert len(lengths) >= 2 and all(batch == 1 and samples >= 256 for batch, samples in lengths), lengths
     assert "tried samples: 1 (refused), 2 (refused), 16, " in done.stdout
     assert "to choose others: --shape x=1x" in done.stdout
+
+
+def test_the_ladder_climbs_past_the_metadatas_size_and_warms_up_there_too(repository: Path) -> None:
+    """An image model exported at imgsz 320 with dynamic axes takes 640 as well: a client
+    sending 640 is priced from a measured call, not a guess past 320."""
+    source = detector(repository / "src" / "detector.onnx")
+    done = run_edged("import", str(source), "--repository", str(repository))
+    assert done.returncode == 0, done.stderr
+    assert "tried pixels a side: 1 (refused), 2 (refused), 16, 64, 224, 320, 640\n" in done.stdout
+    assert "warming up at 64, 320 and 640 pixels a side (the smallest realistic size it took, the largest and the" in (
+        done.stdout
+    )
+    warmup = json.loads((repository / "detector" / "manifest.json").read_text())["warmup"]
+    assert [sample["shapes"]["x"] for sample in warmup] == [[1, 3, 64, 64], [1, 3, 320, 320], [1, 3, 640, 640]]
 
 
 def test_a_model_that_takes_only_tiny_sizes_is_refused_unless_asked(repository: Path) -> None:

@@ -11,6 +11,8 @@
   images of 1 or 2 pixels a side only, as a model that cannot serve a real size.
 - `reshaper`: y = Reshape(x, [-1, k]) (zeros kept as zeros), x [batch, samples], k a 0-d
   int64: at k = 0, edged's fill, it refuses every size; at 16, any multiple of 16.
+- `detector`: a 3x3 convolution, x [batch, 3, height, width], its metadata's `imgsz`
+  "[320, 320]" as an exported detector's: it takes any size of 3 pixels a side or more.
 """
 
 from __future__ import annotations
@@ -119,6 +121,24 @@ def reshaper(path: Path) -> Path:
         weights,
     )
     return _save(graph, path)
+
+
+def detector(path: Path) -> Path:
+    kernel = numpy_helper.from_array(np.full((4, 3, 3, 3), 0.1, dtype=np.float32), "kernel")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "kernel"], ["y"])],
+        "detector",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, "h", "w"])],
+        [kernel],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    helper.set_model_props(model, {"imgsz": "[320, 320]", "task": "detect"})
+    onnx.checker.check_model(model, full_check=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return path
 
 
 def set_warmup(manifest: Path, warmup: list[dict]) -> None:
