@@ -69,7 +69,7 @@ class Priced:
         """What the request costs: its critical path's steps, or the whole pipeline as its
         runs measured it where dearer, for that covers what the steps' prices leave out
         (the bookkeeping between steps, the wait for a parallel branch, the join): priced
-        at its critical path alone, a pipeline of 1.34 ms was admitted at 1.08 ms. A pipeline
+        at its critical path alone, a pipeline was admitted below what its runs cost. A pipeline
         always runs on a worker: the hand-off to it comes first."""
         return max(self.pipeline.span_ns(self.tails), self.whole_ns) + self.handoff_ns
 
