@@ -1,43 +1,32 @@
-"""The docs are checked: what README.md and docs/*.md show is what the code does.
+"""Every command README.md and docs/*.md show is run or parsed.
 
-- Every command they show is run or parsed. Quick ones run for real: each `--help`, the
-  console sessions (`$ edged ...`, against a daemon this test starts, their output
-  compared with numbers masked), and the Python clients of the README and of the
-  protocol's worked example. The rest are parsed against what they name (KINDS below
-  says how, and why not run): a renamed flag, a removed script or extra turns it red.
-- Every relative link resolves: the file exists, and an #anchor matches a heading.
-- Every promise in protocol.md's "What the daemon promises" and operations.md's "Stop
-  and drain" names the test that holds it, and every `tests/FILE.py::test_name` named
-  anywhere in the docs exists.
+Quick ones run for real: each `--help`, the console sessions (`$ edged ...` against the
+docs' endpoint, here a daemon this test starts; their output compared with numbers
+masked), and the Python clients of the README and of the protocol's worked example. The
+rest are parsed against what they name (KINDS says how, and why they are not run): a
+renamed flag, a removed script or extra turns this red.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import io
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from support import REPO_ROOT, RunningDaemon, run_edged
+from support.docs import DOCS, DOCS_ENDPOINT, Block, Command, blocks, flagged, program, shown_commands
 
 from edged.cli.commands import build_parser
-from edged.config.file import load_config
 
-DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
-SHELLS = {"sh", "bash", "shell", "console"}
-# The endpoint the docs' sessions and clients use; the test's daemon's replaces it.
-DOCS_ENDPOINT = "ipc:///tmp/docs.sock"
 # Python blocks run for real: whole programs, not fragments (a fragment, such as a shared
 # memory call on a model the demo repository lacks, is shown, not run).
 RUNNABLE_PYTHON = {
@@ -74,134 +63,6 @@ SYSTEM = {
     "systemd-analyze",
 }
 REPO_PATH = re.compile(r"^(?:systemd|deploy|docs|engines|bench|build_scripts|tests|clients)/")
-TEST_REFERENCE = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
-
-
-@dataclass(frozen=True)
-class Block:
-    doc: Path
-    heading: str
-    lang: str
-    text: str
-    line: int
-
-    @property
-    def where(self) -> str:
-        return f"{self.doc.relative_to(REPO_ROOT)}:{self.line}"
-
-
-def blocks(doc: Path) -> list[Block]:
-    """The fenced code blocks of a page, each with the heading it sits under."""
-    found, heading, fence, lang, start, body = [], "", None, "", 0, []
-    for number, line in enumerate(doc.read_text().splitlines(), 1):
-        if fence is None:
-            if line.startswith("```"):
-                fence, lang, start, body = "```", line[3:].strip().split(" ")[0], number, []
-            elif line.startswith("#"):
-                heading = line.lstrip("#").strip()
-        elif line.startswith(fence):
-            found.append(Block(doc, heading, lang, "\n".join(body), start))
-            fence = None
-        else:
-            body.append(line)
-    return found
-
-
-def prose(doc: Path) -> str:
-    """A page without its fenced blocks: where its links and headings are."""
-    return re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.M | re.S)
-
-
-# --- commands --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Command:
-    argv: tuple[str, ...]
-    where: str
-    synopsis: bool  # a usage line with placeholders: checked by its flags only
-    output: str | None = None  # a console session's expected output
-
-
-def logical_lines(text: str) -> list[str]:
-    """Shell lines, a backslash continuation or an open quote joined to the next line."""
-    lines, pending = [], ""
-    for line in text.splitlines():
-        pending = f"{pending}\n{line}" if pending else line
-        if pending.endswith("\\"):
-            pending = pending[:-1]
-            continue
-        try:
-            shlex.split(pending, comments=True)
-        except ValueError:
-            continue
-        lines.append(pending)
-        pending = ""
-    assert not pending, f"an unclosed quote: {pending!r}"
-    return lines
-
-
-def is_synopsis(words: list[str]) -> bool:
-    return any(
-        "[" in w or "]" in w or "|" in w or w == "..." or re.fullmatch(r"[A-Z][A-Z0-9_.]*(=\S*)?", w) for w in words
-    )
-
-
-def split_commands(line: str, where: str, output: str | None = None) -> list[Command]:
-    words = shlex.split(line, comments=True)
-    commands, current = [], []
-    for word in [*words, "&&"]:
-        if word in ("&&", "||", ";", "|", "&"):
-            if current:
-                commands.append(Command(tuple(current), where, is_synopsis(current), output))
-            current = []
-        else:
-            current.append(word.removesuffix("&").removesuffix(";"))
-    return commands
-
-
-def shown_commands() -> list[Command]:
-    """Every command of README.md and docs/*.md: shell blocks, console sessions, and
-    inline code that starts with `edged ` or runs a script of the repository."""
-    found: list[Command] = []
-    for doc in DOCS:
-        for block in blocks(doc):
-            is_session = any(line.startswith("$ ") for line in block.text.splitlines())
-            if is_session:
-                found += session_commands(block)
-            elif block.lang in SHELLS:
-                for line in logical_lines(block.text):
-                    found += split_commands(line, block.where)
-        for span in re.findall(r"`([^`\n]+)`", prose(doc)):
-            if re.match(r"(\.venv/bin/)?(edged [a-z-]|python3? (bench|build_scripts)/)", span):
-                for command in split_commands(span, f"{doc.relative_to(REPO_ROOT)} (inline)"):
-                    found.append(Command(command.argv, command.where, True))
-    return found
-
-
-def session_commands(block: Block) -> list[Command]:
-    """A console session: `$ COMMAND` lines, each followed by the output it prints."""
-    found, command, output = [], None, []
-    for line in [*block.text.splitlines(), "$ "]:
-        if line.startswith("$ "):
-            if command is not None:
-                text = "\n".join(output)
-                found += split_commands(command, block.where, text if text != "[...]" else None)
-            command, output = line[2:].strip() or None, []
-        else:
-            output.append(line)
-    return found
-
-
-def program(argv: tuple[str, ...]) -> tuple[str, list[str]]:
-    """The program, with a virtual environment's bin/ and KEY=VALUE assignments taken off."""
-    words = list(argv)
-    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
-        words.pop(0)
-    name = words[0].rsplit("/bin/", 1)[-1] if "/bin/" in words[0] else words[0]
-    return name, words[1:]
-
-
 COMMANDS = shown_commands()
 
 
@@ -240,10 +101,6 @@ def check_edged_synopsis(args: list[str]) -> list[str]:
         subcommands = subparsers(parser)
     problems += [f"{flag} is not an option of {parser.prog}" for flag in flagged(words) - flags_of(parser)]
     return problems
-
-
-def flagged(words: list[str]) -> set[str]:
-    return {w.split("=")[0] for w in words if re.fullmatch(r"--?[a-z][\w-]*(=.*)?", w)}
 
 
 def parse_edged(args: list[str]) -> str | None:
@@ -497,101 +354,3 @@ def exists(path: str) -> bool:
     if braces:
         return all(exists(path.replace(braces.group(0), choice)) for choice in braces.group(1).split(","))
     return any(REPO_ROOT.glob(path.rstrip("/"))) if "*" in path else (REPO_ROOT / path.rstrip("/")).exists()
-
-
-# --- links ------------------------------------------------------------------------------
-
-
-def slug(heading: str) -> str:
-    """The anchor GitHub gives a heading."""
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text.replace("`", ""))
-    return text.replace(" ", "-")
-
-
-def anchors(doc: Path) -> set[str]:
-    seen: dict[str, int] = {}
-    found = set()
-    for line in prose(doc).splitlines():
-        if match := re.match(r"#{1,6} (.+)", line):
-            base = slug(match.group(1))
-            count = seen.get(base, 0)
-            seen[base] = count + 1
-            found.add(base if count == 0 else f"{base}-{count}")
-    return found
-
-
-@pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(REPO_ROOT)))
-def test_every_relative_link_resolves_to_a_file_and_a_heading(doc: Path) -> None:
-    problems = []
-    for target in re.findall(r"\]\(([^)\s]+)\)", prose(doc)):
-        if re.match(r"[a-z]+:", target):
-            continue
-        path, _, anchor = target.partition("#")
-        file = (doc.parent / path).resolve() if path else doc
-        if not file.exists():
-            problems.append(f"{target}: no such file")
-        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
-            problems.append(f"{target}: no heading #{anchor} in {file.name}")
-    assert not problems, "\n".join(problems)
-
-
-# --- promises ---------------------------------------------------------------------------
-
-
-def section(doc: Path, title: str) -> str:
-    text = prose(doc)
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else None]
-
-
-def promises(text: str) -> list[str]:
-    """The items of a section: each bullet or numbered step, and each paragraph outside a list."""
-    items, current = [], []
-    for line in text.splitlines()[2:]:
-        starts_item = re.match(r"(- |\d+\. )", line)
-        if (starts_item or not line.strip()) and current:
-            items.append(" ".join(current))
-            current = []
-        if line.strip():
-            current.append(line.strip())
-    if current:
-        items.append(" ".join(current))
-    return [item for item in items if not item.startswith("#")]
-
-
-@pytest.mark.parametrize(
-    ("doc", "title"), [("docs/protocol.md", "What the daemon promises"), ("docs/operations.md", "Stop and drain")]
-)
-def test_every_promise_names_the_test_that_holds_it(doc: str, title: str) -> None:
-    unheld = [item for item in promises(section(REPO_ROOT / doc, title)) if not TEST_REFERENCE.search(item)]
-    assert not unheld, f"{doc}, {title!r}: promises that name no test (tests/FILE.py::test_name):\n" + "\n".join(unheld)
-
-
-def test_every_test_the_docs_name_exists() -> None:
-    problems = []
-    for doc in DOCS:
-        for path, name in TEST_REFERENCE.findall(doc.read_text()):
-            file = REPO_ROOT / path
-            if not file.is_file():
-                problems.append(f"{doc.name}: no file {path}")
-                continue
-            defined = {
-                node.name
-                for node in ast.walk(ast.parse(file.read_text()))
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-            }
-            if name not in defined:
-                problems.append(f"{doc.name}: {path} has no {name}")
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("unit", ["edged.service", "edged@.service"])
-def test_the_units_stop_timeout_outlasts_the_drain_and_the_stop_grace(unit: str) -> None:
-    """operations.md, "Stop and drain": systemd waits longer than the daemon may take to
-    stop, with the built-in settings and with the example configuration's."""
-    text = (REPO_ROOT / "systemd" / unit).read_text()
-    timeout_s = int(re.search(r"^TimeoutStopSec=(\d+)s$", text, flags=re.M).group(1))
-    for config in (load_config(None), load_config(REPO_ROOT / "systemd" / "edged.toml")):
-        assert timeout_s * 1000 > config.drain_timeout_ms + config.stop_grace_ms
