@@ -3,7 +3,7 @@
 Every call's status is checked and a failure becomes a CudaError naming the call
 and CUDA's own error string. cuda-python is imported lazily, so the CPU daemon
 never needs it. Written against cuda-python's documented runtime API; not yet
-run on a GPU (see the README's CUDA section).
+run on a GPU (see docs/gpu.md, "The CUDA backend").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One session per model file and session settings, shared by every runner in the process
 that asks for the same (edged.backends.shared): a model's weights, packed, held once.
 A session per runner held a copy per worker per class, plus the inline path's: four or
-more times the model (bench/weights_sharing.py: 786 MiB for four runners of a 192 MiB
+more times the model (bench/weights_sharing.py, 2026-11-25: 786 MiB for four runners of a 192 MiB
 model; one session called from four threads, 202). Shared initializers
 (`SessionOptions.add_initializer`) save nothing here: MatMul pre-packs its weights, and
 each session keeps its own packed copy, since the Python API has no pre-packed weights

@@ -17,6 +17,9 @@ Returning freed messages at once instead (a fixed `M_MMAP_THRESHOLD` below their
 was tried and not kept: RSS 1.2x after the burst, but every message then costs an mmap
 on ZeroMQ's thread and an munmap on the loop (the loop's CPU in the burst 0.66-0.75 s
 against 0.5), and a large tensor faults in every page on every request.
+
+The figures: bench/burst.py on the 2-core VM, 2026-11-25 (docs/benchmarks-history.md,
+"Bursts: what the burst leaves resident, given back").
 """
 
 from __future__ import annotations

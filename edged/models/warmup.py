@@ -140,7 +140,8 @@ def tiled(sample: WarmupSample, signature: Signature, max_batch: int) -> list[tu
     where requests are batched (its rows repeated), so both ends of the estimate are seeded.
     A model whose cost follows its input's size is priced per row size, whatever the
     batch, so its sample is not tiled: the OCR detector warmed up at 320 and 640 pixels
-    square took 36.7 s to start on the built-in classes tiled to 4, 8 and 16 rows, 3.4 s not."""
+    square took 36.7 s to start on the built-in classes tiled to 4, 8 and 16 rows, 3.4 s not
+    (the 2-core VM, 2026-11-23)."""
     first = sample.inputs()
     rows = next(iter(first.values())).shape[0] if signature.batchable else 1
     calls = [(first, rows)]

@@ -49,7 +49,8 @@ LIVE_MIN_NS = 10_000_000
 # UNPROVEN_FACTOR times over. A burst is read and admitted within a few ms,
 # before any sample can show what reading it does to the lane (on two cores, niced bulk
 # workers beside a socket loop reading one were seen to take 70-130 ms over a 2 ms
-# call): admitted at the ideal pace, a third of such a burst expired in the queue. A
+# call; bench/burst.py, 2026-11-25): admitted at the ideal pace, a third of such a burst
+# expired in the queue. A
 # long deadline still admits a long queue; a short one, only what the lane has earned.
 TRUST_RATIO = 4
 TRUST_MIN_NS = 20_000_000

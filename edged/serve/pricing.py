@@ -38,9 +38,10 @@ def price_clock(runner: Runner) -> Callable[[], int]:
     A price is what a call costs with a core to itself; how much of a core the lane gets
     is its pace (edged.serve.admission.Backlog), measured apart. Priced by the wall, a
     niced lane's calls starved through a burst (2 ms of compute over 25-37 ms) raised
-    its prices tenfold: admission then counted the starvation twice, and preemption,
-    predicting each call's end from that price, cancelled calls that were nearly done,
-    up to 169 a burst (docs/benchmarks.md, "Bursts: prices by the CPU")."""
+    its prices tenfold: admission then counted the starvation twice, and preemption (since
+    removed), predicting each call's end from that price, cancelled calls that were nearly
+    done, up to 169 a burst (bench/burst.py, 2026-11-25: docs/benchmarks-history.md,
+    "Bursts: prices by the CPU")."""
     return time.thread_time_ns if computes_on_caller(runner) else time.perf_counter_ns
 
 
@@ -190,14 +191,16 @@ class SizeCosts:
 
         With two sizes measured, the line through the last two, extended: what they
         justify, a fixed part and a part per element (for the OCR detector warmed up at
-        320 and 640 pixels square, 960 was priced within 5x of its compute). With one
+        320 and 640 pixels square, 960 was priced within 5x of its compute, 2026-11-25;
+        docs/models.md, "What a request costs", has later runs). With one
         size, or two whose costs fell with size (noise), how the cost grows is unknown,
         and the price is a guess: the geometric mean of the least it can cost, the cost
         measured, and the most, that cost in proportion to size, which is that cost times
         the square root of the size's ratio. In proportion alone, a 1x1-pixel warm-up
         priced a 320x480 image at minutes, shed it for ever, never ran it, so never
         measured it; the mean prices it at about 0.25 s, and it runs in a 5 s deadline
-        (then measured), while a 960x960 image in 20 ms (about 0.6 s) is shed unrun."""
+        (then measured), while a 960x960 image in 20 ms (about 0.6 s) is shed unrun (the
+        pricing test's procedure on PP-OCRv4's detector, 2026-11-25)."""
         largest = self.sizes[-1]
         if self.slope_ns:
             return int(max(self.costs_ns[-1] + self.slope_ns * (elements - largest), self.top_ns))
