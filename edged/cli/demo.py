@@ -8,8 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edged.client import Client
+from edged.client import Client, EdgedError
 from edged.loadgen.launch import DaemonProcess
+
+# The demo's requests are realtime's, with a deadline a busy box can keep: the class's
+# own 20 ms is a control loop's, and a newcomer's laptop, mid-build, would see its
+# first requests refused (an honest refusal, but not what the demo is for).
+DEADLINE_MS = 1000.0
 
 
 def run_demo(requests: int) -> int:
@@ -38,17 +43,28 @@ def _show_model(client: Client, model: dict, requests: int, rng: np.random.Gener
         f"\nmodel {model['name']} ({model['backend']}, {model['precision']}): "
         f"{spec['name']}{spec['shape']} -> {[o['name'] + str(o['shape']) for o in model['outputs']]}"
     )
-    reply = client.infer_reply(model["name"], {spec["name"]: x}, klass="realtime")
+    try:
+        reply = client.infer_reply(model["name"], {spec["name"]: x}, klass="realtime", deadline_ms=DEADLINE_MS)
+    except EdgedError as exc:  # the daemon answered, with a refusal: say which, and go on
+        print(f"  refused: {exc}")
+        return
     for name, array in reply.outputs.items():
         print(f"  {name} = {np.array2string(array[0], precision=3, max_line_width=100)}")
-    inside, round_trip = [], []
+    inside, round_trip, refused = [], [], 0
     for _ in range(requests):
         start = time.perf_counter_ns()
-        reply = client.infer_reply(model["name"], {spec["name"]: x}, klass="realtime")
+        try:
+            reply = client.infer_reply(model["name"], {spec["name"]: x}, klass="realtime", deadline_ms=DEADLINE_MS)
+        except EdgedError:
+            refused += 1
+            continue
         round_trip.append((time.perf_counter_ns() - start) / 1000)
         inside.append(reply.header["timing_us"]["total"])
+    if not round_trip:
+        print(f"  {requests} realtime requests, one at a time: all refused (the box is too busy)")
+        return
     p50, p99 = np.percentile(round_trip, [50, 99])
     print(
         f"  {requests} realtime requests, one at a time: round trip p50 {p50:.0f} us, p99 {p99:.0f} us "
-        f"(inside the daemon p50 {np.percentile(inside, 50):.0f} us)"
+        f"(inside the daemon p50 {np.percentile(inside, 50):.0f} us)" + (f", {refused} refused" if refused else "")
     )
