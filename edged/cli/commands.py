@@ -61,6 +61,29 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--name", default="edged", help="file name stem (default: edged)")
     keygen.set_defaults(run=_keygen)
 
+    config = commands.add_parser("config", help="check a config file without starting, or explain every key")
+    action = config.add_mutually_exclusive_group(required=True)
+    action.add_argument(
+        "--check",
+        type=Path,
+        metavar="FILE",
+        help="check FILE as start-up does: exit 0 printing 'FILE: ok', or exit 2 with start-up's error",
+    )
+    action.add_argument(
+        "--explain",
+        nargs="?",
+        const="",
+        metavar="KEY",
+        help="each key's type, default, valid values and meaning; or only a table's (server) or a key's "
+        "(classes.bulk.nice)",
+    )
+    action.add_argument(
+        "--markdown",
+        action="store_true",
+        help="the same reference in Markdown: docs/configuration.md (edged config --markdown > docs/configuration.md)",
+    )
+    config.set_defaults(run=_config)
+
     from edged.cli.importer import add_parser as add_import
 
     add_import(commands)
@@ -195,6 +218,19 @@ def _keygen(args: argparse.Namespace) -> int:
         print(f"edged: {exc}", file=sys.stderr)
         return 1
     print(f"public key: {public}\nsecret key: {secret}")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from edged.config.reference import explain, markdown
+
+    if args.check is not None:
+        load_config(args.check)  # a ConfigError is printed and exits 2 in main(), as at start-up
+        print(f"{args.check}: ok")
+    elif args.markdown:
+        print(markdown(), end="")
+    else:
+        print(explain(args.explain), end="")
     return 0
 
 
