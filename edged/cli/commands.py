@@ -93,12 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_build(commands)
 
     for name, helptext in (
-        ("models", "list the served models"),
-        ("health", "the daemon's state"),
-        ("stats", "per-class counters and latency percentiles"),
+        ("models", "a line per served model: its tensors and what a row costs on each class's lane (ms)"),
+        ("health", "the daemon's state, and a line per class: its lane and its sockets"),
+        ("stats", "a line per class: queued, completed, shed, expired, failed, latency p50/p99/p99.9 (ms)"),
     ):
         sub = commands.add_parser(name, help=helptext)
         _endpoint_option(sub)
+        sub.add_argument("--json", action="store_true", help="print the daemon's reply as JSON (for scripts)")
         sub.set_defaults(run=_control, op=name)
         if name == "health":
             from edged.cli.probe import PROBES
@@ -235,15 +236,22 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace) -> int:
+    from edged.cli.tables import health_table, models_table, stats_table
+
     with _client(args) as client:
         result = getattr(client, args.op)()
-    if getattr(args, "probe", None):
-        from edged.cli.probe import verdict
+        if getattr(args, "probe", None):
+            from edged.cli.probe import verdict
 
-        passed, line = verdict(args.probe, result)
-        print(line)
-        return 0 if passed else 1
-    print(json.dumps(result, indent=2))
+            passed, line = verdict(args.probe, result)
+            print(line)
+            return 0 if passed else 1
+        if args.json:
+            print(json.dumps(result, indent=2))
+        elif args.op == "models":
+            print(models_table(result, client.stats(), client.health()))
+        else:
+            print(stats_table(result) if args.op == "stats" else health_table(result))
     return 0
 
 
