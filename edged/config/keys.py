@@ -213,8 +213,13 @@ METRICS = Section(
             wanted='an address such as "127.0.0.1"',
         ),
     ),
-    notes="A scrape reads the stats op's figures on its own thread (nothing is added to the request path); "
-    "docs/operations.md lists the metrics.",
+    notes="A scrape reads the stats op's figures on its own thread (nothing is added to the request path): "
+    "`edged_requests_total{class,outcome}` (outcome: `completed`, `failed`, `expired`, `shed_queue_full`, "
+    "`shed_deadline`), `edged_requests_received_total`, `edged_requests_admitted_total`, "
+    "`edged_backend_calls_total`, `edged_backend_rows_total` and `edged_queue_depth` by class, "
+    "`edged_latency_seconds{class,stage,quantile}` and `edged_latency_max_seconds{class,stage}` (percentiles "
+    "since start-up, stages `queue`, `compute`, `total`), `edged_invalid_requests_total`, "
+    "`edged_unroutable_replies_total`, `edged_state{state}`, and the process's own `process_*` metrics.",
 )
 
 SHM = Section(

@@ -132,17 +132,37 @@ def _selected(query: str | None) -> list[tuple[Section, list[Key]]]:
     raise ConfigError(f"unknown key {query}: the tables are {known}, e.g. server.log_level or classes.bulk.nice")
 
 
+def _wrap(text: str, indent: int, width: int, more: int = 0) -> list[str]:
+    """Plain text (no Markdown code marks) wrapped at `width`, later lines `more` deeper."""
+    return textwrap.wrap(
+        text.replace("`", ""), width, initial_indent=" " * indent, subsequent_indent=" " * (indent + more)
+    )
+
+
 def explain(query: str | None = None, width: int = 88) -> str:
     """The reference for a terminal: every key (or those of one table or key), a header
     line with its type, default and valid values, then its meaning."""
     out: list[str] = []
     for section, keys in _selected(query):
+        whole = len(keys) > 1
         out.append(f"[{section.name}]")
-        if section.intro and len(keys) > 1:
-            out += [*textwrap.wrap(section.intro, width, initial_indent="  ", subsequent_indent="  "), ""]
+        if section.intro and whole:
+            out += [*_wrap(section.intro, 2, width), ""]
         for key in keys:
-            valid = f"; {key.valid}" if key.valid else ""
-            out.append(f"  {key.name} = {default_text(section, key)}  ({key.type}{valid})")
-            out += textwrap.wrap(key.help.replace("`", ""), width, initial_indent="      ", subsequent_indent="      ")
+            about = f"({key.type}; {key.valid})" if key.valid else f"({key.type})"
+            # A value reads as TOML (name = value); a default in words gets a line of its own.
+            if key.default:
+                out += [*_wrap(f"{key.name}  {about}", 2, width, 4), *_wrap(f"default: {key.default}", 6, width)]
+            else:
+                out += _wrap(f"{key.name} = {default_text(section, key)}  {about}", 2, width, 4)
+            out += _wrap(key.help, 6, width)
+        if section.notes and whole:
+            out += ["", *_wrap(section.notes, 2, width)]
+        if section.name == "classes.NAME" and whole:
+            differ, rows = built_in_classes()
+            out += ["", "  The built-in classes differ from these defaults in:"]
+            for name, *values in rows:
+                out += _wrap(f"{name}: " + ", ".join(f"{k} = {v}" for k, v in zip(differ, values)), 4, width, 2)
+            out += ["", *_wrap(_removed(), 2, width)]
         out.append("")
     return "\n".join(out)

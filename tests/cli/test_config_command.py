@@ -65,7 +65,9 @@ def test_explain_prints_every_key_with_its_default_and_valid_values() -> None:
     for section in SECTIONS:
         assert f"[{section.name}]\n" in done.stdout
         for key in section.keys:
-            assert f"\n  {key.name} = " in done.stdout, f"{section.name}.{key.name}"
+            # "name = value  (type; valid values)", or, a default in words, "name  (...)" and "default: ..."
+            shown = f"\n  {key.name}  (" + f"{key.type}; {key.valid}"[:20] if key.default else f"\n  {key.name} = "
+            assert shown in done.stdout, f"{section.name}.{key.name}"
 
 
 def test_explain_of_one_key_prints_that_key() -> None:
