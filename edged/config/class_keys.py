@@ -112,14 +112,18 @@ CLASS = Section(
             "cuda_graph",
             "boolean",
             "GPU backends: capture one CUDA graph per batch size at start-up and replay it per call (shapes fixed "
-            "but the batch). Each capture runs alone, so other runners' CUDA work waits for it. Unused on the CPU.",
+            "but the batch). Each capture runs alone, so other runners' CUDA work waits for it (on a reload the "
+            "serving lanes pause that long per size); the loops' inline runners never capture. Unused on the CPU.",
             wanted=BOOL,
         ),
         Key(
             "stuck_after_ms",
             "integer",
             "The lane's watchdog: a backend call still open after this long has its requests answered INTERNAL "
-            "and its worker replaced (health shows the lane recovering until the new worker serves); 0: never.",
+            "and its worker replaced (health shows the lane recovering until the new worker serves; the call's "
+            "late result is dropped, counted as late_dropped); 0: never. A call a loop runs inline is not answered "
+            "so (its reply would leave through that loop): a loop stuck inside one stops systemd's watchdog "
+            'instead (docs/operations.md, "Start, ready, watchdog").',
             low=0,
         ),
         Key(
