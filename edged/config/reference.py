@@ -93,7 +93,7 @@ def markdown() -> str:
     out = [
         "# Configuration reference",
         "",
-        f"<!-- Generated from edged/config/keys.py: edit the keys there, then run `{REGENERATE}`. -->",
+        f"<!-- Generated from edged/config/keys.py and class_keys.py: edit the keys there, then `{REGENERATE}`. -->",
         "",
         INTRO.replace("\n", " "),
     ]
