@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 
 from edged.loadgen.fleet import format_fleet, run_fleet
@@ -15,10 +16,19 @@ from edged.loadgen.isolation import format_isolation, plot_isolation, run_isolat
 from edged.loadgen.launch import DaemonProcess
 from edged.loadgen.sweep import Stream, format_table, plot, progress_to_stderr, run_sweep
 
+NO_MATPLOTLIB = (
+    "edged bench --png needs matplotlib, which is not installed: pip install 'edged[bench]' "
+    "(from a checkout: pip install -e '.[bench]')"
+)
+
 
 def run_bench(args: argparse.Namespace) -> int:
     """`edged bench`: a sweep against one daemon (started here unless --endpoint names one),
     the isolation scenario, or a fleet of several endpoints."""
+    # Checked before the run, not after it has been spent.
+    if args.png is not None and not _matplotlib():
+        print(NO_MATPLOTLIB, file=sys.stderr)
+        return 2
     if args.isolation:
         return _bench_isolation(args)
     streams = [Stream.parse(text) for text in args.mix or ["realtime:mlp-light:200", "bulk:cnn-heavy:200"]]
@@ -40,6 +50,14 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.png:
         plot(steps, str(args.png))
     return 0
+
+
+def _matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _bench_fleet(args: argparse.Namespace, streams: list[Stream]) -> int:

@@ -61,6 +61,29 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--name", default="edged", help="file name stem (default: edged)")
     keygen.set_defaults(run=_keygen)
 
+    config = commands.add_parser("config", help="check a config file without starting, or explain every key")
+    action = config.add_mutually_exclusive_group(required=True)
+    action.add_argument(
+        "--check",
+        type=Path,
+        metavar="FILE",
+        help="check FILE as start-up does: exit 0 printing 'FILE: ok', or exit 2 with start-up's error",
+    )
+    action.add_argument(
+        "--explain",
+        nargs="?",
+        const="",
+        metavar="KEY",
+        help="each key's type, default, valid values and meaning; or only a table's (server) or a key's "
+        "(classes.bulk.nice)",
+    )
+    action.add_argument(
+        "--markdown",
+        action="store_true",
+        help="the same reference in Markdown: docs/configuration.md (edged config --markdown > docs/configuration.md)",
+    )
+    config.set_defaults(run=_config)
+
     from edged.cli.importer import add_parser as add_import
 
     add_import(commands)
@@ -70,12 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_build(commands)
 
     for name, helptext in (
-        ("models", "list the served models"),
-        ("health", "the daemon's state"),
-        ("stats", "per-class counters and latency percentiles"),
+        ("models", "a line per served model: its tensors and what a row costs on each class's lane (ms)"),
+        ("health", "the daemon's state, and a line per class: its lane and its sockets"),
+        ("stats", "a line per class: queued, completed, shed, expired, failed, latency p50/p99/p99.9 (ms)"),
     ):
         sub = commands.add_parser(name, help=helptext)
         _endpoint_option(sub)
+        sub.add_argument("--json", action="store_true", help="print the daemon's reply as JSON (for scripts)")
         sub.set_defaults(run=_control, op=name)
         if name == "health":
             from edged.cli.probe import PROBES
@@ -198,16 +222,36 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace) -> int:
+    from edged.config.reference import explain, markdown
+
+    if args.check is not None:
+        load_config(args.check)  # a ConfigError is printed and exits 2 in main(), as at start-up
+        print(f"{args.check}: ok")
+    elif args.markdown:
+        print(markdown(), end="")
+    else:
+        print(explain(args.explain), end="")
+    return 0
+
+
 def _control(args: argparse.Namespace) -> int:
+    from edged.cli.tables import health_table, models_table, stats_table
+
     with _client(args) as client:
         result = getattr(client, args.op)()
-    if getattr(args, "probe", None):
-        from edged.cli.probe import verdict
+        if getattr(args, "probe", None):
+            from edged.cli.probe import verdict
 
-        passed, line = verdict(args.probe, result)
-        print(line)
-        return 0 if passed else 1
-    print(json.dumps(result, indent=2))
+            passed, line = verdict(args.probe, result)
+            print(line)
+            return 0 if passed else 1
+        if args.json:
+            print(json.dumps(result, indent=2))
+        elif args.op == "models":
+            print(models_table(result, client.stats(), client.health()))
+        else:
+            print(stats_table(result) if args.op == "stats" else health_table(result))
     return 0
 
 

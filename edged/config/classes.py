@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from edged.config.settings import ConfigError, expect, no_unknown, read_int
+from edged.config.class_keys import CLASS
+from edged.config.settings import ConfigError, expect, no_unknown, read_bool, read_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +155,11 @@ def resolved(classes: list[ClassConfig]) -> tuple[ClassConfig, ...]:
     return resolve_spin(resolve_cores(resolve_caps(classes), usable_cores()))
 
 
+def built_in() -> tuple[ClassConfig, ...]:
+    """The built-in classes with their caps derived, before any machine's cores are divided."""
+    return resolve_caps(list(_BUILT_IN))
+
+
 @functools.cache
 def default_classes() -> tuple[ClassConfig, ...]:
     """The built-in classes, resolved for this machine."""
@@ -169,7 +175,6 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         prefix = f"classes.{name}."
         expect(isinstance(settings, dict), f"classes.{name}", settings, "a table")
         base = defaults.get(name, ClassConfig(name, order=len(classes)))
-        known = {f.name for f in fields(ClassConfig)} - {"name"}
         if "reserved_memory_mb" in settings:
             raise ConfigError(
                 f"{prefix}reserved_memory_mb is now {prefix}arena_cap_mb: it caps ONNX Runtime's memory arena, "
@@ -179,32 +184,22 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         for key, why in REMOVED.items():
             if key in settings:
                 raise ConfigError(f"{prefix}{key} was removed: {why}; delete the key")
-        no_unknown(settings, known, prefix)
+        no_unknown(settings, CLASS.names, prefix)
         values: dict[str, Any] = {}
-        for key in ("order", "workers", "max_batch", "queue_capacity"):
-            minimum = 0 if key == "order" else 1
-            values[key] = read_int(settings, key, getattr(base, key), prefix, minimum)
-        for key in ("batch_wait_us", "threads", "arena_cap_mb", "stuck_after_ms", "sm_count"):
-            values[key] = read_int(settings, key, getattr(base, key), prefix, 0)
-        # Left out, it is derived as the daemon serves (edged.serve.lanes.lane).
-        if "inline_max_us" in settings:
-            values["inline_max_us"] = read_int(settings, "inline_max_us", 0, prefix, 0)
-        values["nice"] = read_int(settings, "nice", base.nice, prefix, -20, 19)
-        values["stream_priority"] = read_int(settings, "stream_priority", base.stream_priority, prefix, -10, 10)
-        if "threads_spin" in settings:
-            spin = settings["threads_spin"]
-            expect(isinstance(spin, bool), prefix + "threads_spin", spin, "true or false (left out: see threads)")
-            values["threads_spin"] = spin
-        for key in ("cuda_graph", "yields"):
-            flag = settings.get(key, getattr(base, key))
-            expect(isinstance(flag, bool), prefix + key, flag, "true or false")
-            values[key] = flag
+        for key in CLASS.keys:
+            # Left out, inline_max_us and threads_spin stay None: derived (edged.serve.lanes.lane, resolve_spin).
+            if key.name not in settings and getattr(base, key.name, 0) is None:
+                continue
+            if key.type == "boolean":
+                values[key.name] = read_bool(settings, key, getattr(base, key.name), prefix)
+            elif key.type == "integer":
+                values[key.name] = read_int(settings, key, getattr(base, key.name), prefix)
         cap = settings.get("max_call_ms", base.max_call_ms)
         expect(
             cap is None or (isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 <= cap <= 3_600_000),
             prefix + "max_call_ms",
             cap,
-            "a number of milliseconds, 0 for no cap (leave it out: a quarter of the highest class's deadline)",
+            CLASS["max_call_ms"].valid,
         )
         values["max_call_ms"] = None if cap is None else float(cap)
         deadline = settings.get("deadline_ms", base.deadline_ms)
@@ -212,7 +207,7 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and 0 < deadline <= 3_600_000,
             prefix + "deadline_ms",
             deadline,
-            "a number of milliseconds above 0 and at most 3600000 (an hour)",
+            CLASS["deadline_ms"].valid,
         )
         values["deadline_ms"] = float(deadline)
         affinity = settings.get("cpu_affinity", list(base.cpu_affinity))

@@ -10,12 +10,13 @@ import grp
 import os
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from edged.config.classes import ClassConfig, default_classes, parse_classes
-from edged.config.settings import ConfigError, expect, no_unknown, read_int, read_positive_int, subtable
+from edged.config.keys import LIMITS, METRICS, SECURITY, SERVER
+from edged.config.settings import ConfigError, expect, no_unknown, read_bool, read_int, subtable
 from edged.config.shm import ShmConfig, read_shm
 from edged.wire.codec import Limits
 
@@ -111,58 +112,32 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     """Build a Config from a parsed TOML document, checking every key."""
     no_unknown(raw, {"server", "limits", "classes", "security", "metrics", "shm"}, "")
     server = subtable(raw, "server")
-    no_unknown(
-        server,
-        {
-            "endpoints",
-            "model_repository",
-            "default_class",
-            "backend",
-            "fallback",
-            "drain_timeout_ms",
-            "stop_grace_ms",
-            "log_level",
-            "models",
-            "max_message_bytes",
-            "ipc_mode",
-            "ipc_group",
-            "class_sockets",
-            "on_model_failure",
-            "gpu_headroom_mb",
-            "memory_limit_mb",
-        },
-        "server.",
-    )
+    no_unknown(server, SERVER.names, "server.")
     endpoints = server.get("endpoints", [default_endpoint()])
     _check_endpoints(endpoints, "server.endpoints")
     repository = server.get("model_repository")
     if repository is None:
         repo_path = default_repository()
     else:
-        expect(isinstance(repository, str), "server.model_repository", repository, "a path string")
+        expect(isinstance(repository, str), "server.model_repository", repository, SERVER["model_repository"].valid)
         repo_path = (base_dir / repository).resolve()
     log_level = server.get("log_level", "info")
-    expect(
-        log_level in ("debug", "info", "warning", "error"),
-        "server.log_level",
-        log_level,
-        'one of "debug", "info", "warning", "error"',
-    )
+    expect(log_level in ("debug", "info", "warning", "error"), "server.log_level", log_level, SERVER["log_level"].valid)
     models = server.get("models", [])
     expect(
         isinstance(models, list) and all(isinstance(m, str) for m in models),
         "server.models",
         models,
-        "a list of model names (empty: serve every model in the repository)",
+        SERVER["models"].valid,
     )
     backend = server.get("backend", "onnxruntime")
-    expect(isinstance(backend, str), "server.backend", backend, 'a backend name such as "onnxruntime"')
+    expect(isinstance(backend, str), "server.backend", backend, SERVER["backend"].valid)
     fallback = server.get("fallback")
     expect(
         fallback is None or (fallback == "onnxruntime" and backend == "tensorrt"),
         "server.fallback",
         fallback,
-        '"onnxruntime", with server.backend = "tensorrt" (or leave it out: no fallback)',
+        SERVER["fallback"].valid,
     )
 
     on_model_failure = server.get("on_model_failure", "stop")
@@ -170,16 +145,10 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         on_model_failure in ("stop", "skip"),
         "server.on_model_failure",
         on_model_failure,
-        '"stop" (a model that fails to load or warm up stops start-up) or "skip" (serve the others)',
+        SERVER["on_model_failure"].valid,
     )
 
-    class_sockets = server.get("class_sockets", True)
-    expect(
-        isinstance(class_sockets, bool),
-        "server.class_sockets",
-        class_sockets,
-        "true (beside each ipc endpoint, a socket per class) or false (the shared sockets only)",
-    )
+    class_sockets = read_bool(server, SERVER["class_sockets"], True, "server.")
     classes = parse_classes(raw.get("classes", {}))
     default_class = server.get("default_class", "standard")
     names = [c.name for c in classes]
@@ -190,15 +159,15 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         default_class=default_class,
         backend=backend,
         fallback=fallback,
-        drain_timeout_ms=read_positive_int(server, "drain_timeout_ms", 5000, "server."),
-        stop_grace_ms=read_positive_int(server, "stop_grace_ms", 20_000, "server."),
+        drain_timeout_ms=read_int(server, SERVER["drain_timeout_ms"], 5000, "server."),
+        stop_grace_ms=read_int(server, SERVER["stop_grace_ms"], 20_000, "server."),
         log_level=log_level,
         models=tuple(models),
         on_model_failure=on_model_failure,
-        gpu_headroom_mb=read_int(server, "gpu_headroom_mb", 256, "server.", 0),
-        memory_limit_mb=read_int(server, "memory_limit_mb", 0, "server.", 0),
+        gpu_headroom_mb=read_int(server, SERVER["gpu_headroom_mb"], 256, "server."),
+        memory_limit_mb=read_int(server, SERVER["memory_limit_mb"], 0, "server."),
         limits=_limits(subtable(raw, "limits")),
-        max_message_bytes=read_positive_int(server, "max_message_bytes", 64 * 1024 * 1024, "server."),
+        max_message_bytes=read_int(server, SERVER["max_message_bytes"], 64 * 1024 * 1024, "server."),
         ipc_mode=_ipc_mode(server.get("ipc_mode", 0o660)),
         ipc_group=_ipc_group(server.get("ipc_group")),
         class_sockets=class_sockets,
@@ -211,14 +180,14 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
 
 def _ipc_mode(value: Any) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777
-    expect(ok, "server.ipc_mode", value, "permission bits in TOML's octal notation, such as 0o660")
+    expect(ok, "server.ipc_mode", value, SERVER["ipc_mode"].valid)
     return value
 
 
 def _ipc_group(value: Any) -> int | None:
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
         return value
-    expect(isinstance(value, str), "server.ipc_group", value, "a group name or number")
+    expect(isinstance(value, str), "server.ipc_group", value, SERVER["ipc_group"].valid)
     try:
         return grp.getgrnam(value).gr_gid
     except KeyError:
@@ -228,52 +197,43 @@ def _ipc_group(value: Any) -> int | None:
 
 
 def _security(table: dict[str, Any], base_dir: Path) -> SecurityConfig:
-    no_unknown(table, {f.name for f in fields(SecurityConfig)}, "security.")
-    key_file = _existing(table, "server_secret_key_file", base_dir, Path.is_file, "a key file")
-    clients_dir = _existing(table, "allowed_clients_dir", base_dir, Path.is_dir, "a folder of client keys")
+    no_unknown(table, SECURITY.names, "security.")
+    key_file = _existing(table, "server_secret_key_file", base_dir, Path.is_file)
+    clients_dir = _existing(table, "allowed_clients_dir", base_dir, Path.is_dir)
     # Encryption without a list of clients would serve anyone who has the server's public key.
     if (key_file is None) != (clients_dir is None):
         raise ConfigError(
             "security.server_secret_key_file and security.allowed_clients_dir go together: set both to use CURVE"
         )
-    allow_plain = table.get("allow_plain_tcp", False)
-    expect(isinstance(allow_plain, bool), "security.allow_plain_tcp", allow_plain, "true or false")
+    allow_plain = read_bool(table, SECURITY["allow_plain_tcp"], False, "security.")
     return SecurityConfig(key_file, clients_dir, allow_plain)
 
 
-def _existing(
-    table: dict[str, Any], key: str, base_dir: Path, exists: Callable[[Path], bool], what: str
-) -> Path | None:
+def _existing(table: dict[str, Any], key: str, base_dir: Path, exists: Callable[[Path], bool]) -> Path | None:
     value = table.get(key)
     if value is None:
         return None
     ok = isinstance(value, str) and exists(base_dir / value)
-    expect(ok, "security." + key, value, f"the path of {what} (`edged keygen` writes keys)")
+    expect(ok, "security." + key, value, SECURITY[key].valid)
     return (base_dir / value).resolve()
 
 
 def _metrics(table: dict[str, Any]) -> MetricsConfig:
-    no_unknown(table, {f.name for f in fields(MetricsConfig)}, "metrics.")
+    no_unknown(table, METRICS.names, "metrics.")
     host = table.get("prometheus_host", "127.0.0.1")
-    expect(isinstance(host, str) and host != "", "metrics.prometheus_host", host, 'an address such as "127.0.0.1"')
-    port = read_int(table, "prometheus_port", 0, "metrics.", 0, 65535)
+    expect(isinstance(host, str) and host != "", "metrics.prometheus_host", host, METRICS["prometheus_host"].valid)
+    port = read_int(table, METRICS["prometheus_port"], 0, "metrics.")
     return MetricsConfig(prometheus_port=port, prometheus_host=host)
 
 
 def _limits(table: dict[str, Any]) -> Limits:
     defaults = Limits()
-    known = {f.name for f in fields(Limits)}
-    no_unknown(table, known, "limits.")
-    return Limits(**{name: read_positive_int(table, name, getattr(defaults, name), "limits.") for name in known})
+    no_unknown(table, LIMITS.names, "limits.")
+    return Limits(**{key.name: read_int(table, key, getattr(defaults, key.name), "limits.") for key in LIMITS.keys})
 
 
 def _check_endpoints(endpoints: Any, key: str) -> None:
-    expect(
-        isinstance(endpoints, list) and endpoints,
-        key,
-        endpoints,
-        'a non-empty list such as ["ipc:///run/edged/edged.sock"]',
-    )
+    expect(isinstance(endpoints, list) and endpoints, key, endpoints, SERVER["endpoints"].valid)
     for endpoint in endpoints:
         expect(
             isinstance(endpoint, str) and endpoint.startswith(("ipc://", "tcp://")),

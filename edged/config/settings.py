@@ -1,12 +1,55 @@
-"""Typed readers for the tables of a TOML config: each refusal names the key and the fix."""
+"""Typed readers for the tables of a TOML config: each refusal names the key and the fix.
+
+Each key is defined once, as a Key (edged.config.keys): what it holds, what a valid
+value is and what it means. The readers here check against it, and the reference
+(edged.config.reference) is written from it, so the two cannot drift apart."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+BOOL = "true or false"
 
 
 class ConfigError(ValueError):
     """A setting that cannot be used; the message names the key and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One setting: its type, the values it takes, and its meaning."""
+
+    name: str
+    type: str  # as the reference names it: "integer", "number", "boolean", "string", ...
+    help: str
+    wanted: str = ""  # a valid value, as a refusal's fix words it; for integers, from low and high
+    low: int | None = None
+    high: int | None = None
+    default: str | None = None  # the default in words, where the built-in value alone would mislead
+
+    @property
+    def valid(self) -> str:
+        if self.wanted or self.low is None:
+            return self.wanted
+        return f"an integer >= {self.low}" if self.high is None else f"an integer from {self.low} to {self.high}"
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A TOML table and its keys, with what the reference says before and after them."""
+
+    name: str  # "server", or "classes.NAME" for the tables of one pattern
+    keys: tuple[Key, ...]
+    intro: str = ""
+    notes: str = ""
+
+    @property
+    def names(self) -> set[str]:
+        return {key.name for key in self.keys}
+
+    def __getitem__(self, name: str) -> Key:
+        return next(key for key in self.keys if key.name == name)
 
 
 def subtable(raw: dict[str, Any], key: str) -> dict[str, Any]:
@@ -21,16 +64,19 @@ def no_unknown(table: dict[str, Any], known: set[str], prefix: str) -> None:
             raise ConfigError(f"unknown key {prefix}{key}: known keys here are {', '.join(sorted(known))}")
 
 
-def read_int(table: dict[str, Any], key: str, default: int, prefix: str, low: int, high: int | None = None) -> int:
-    value = table.get(key, default)
-    bounds = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+def read_int(table: dict[str, Any], key: Key, default: int, prefix: str) -> int:
+    """The integer at `key`, within the key's low and high."""
+    value = table.get(key.name, default)
+    low, high = key.low if key.low is not None else 0, key.high
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
-    expect(ok, prefix + key, value, bounds)
+    expect(ok, prefix + key.name, value, key.valid)
     return value
 
 
-def read_positive_int(table: dict[str, Any], key: str, default: int, prefix: str) -> int:
-    return read_int(table, key, default, prefix, 1)
+def read_bool(table: dict[str, Any], key: Key, default: bool, prefix: str) -> bool:
+    value = table.get(key.name, default)
+    expect(isinstance(value, bool), prefix + key.name, value, key.valid)
+    return value
 
 
 def expect(ok: bool, key: str, value: Any, wanted: str) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from edged.config.settings import expect, no_unknown, read_positive_int
+from edged.config.keys import SHM
+from edged.config.settings import expect, no_unknown, read_bool, read_int
 from edged.wire.shm import NAME
 
 
@@ -34,20 +35,13 @@ class ShmConfig:
 
 def read_shm(table: dict[str, Any]) -> ShmConfig:
     defaults = ShmConfig()
-    no_unknown(table, set(ShmConfig.__dataclass_fields__), "shm.")
-    enabled = table.get("enabled", defaults.enabled)
-    expect(isinstance(enabled, bool), "shm.enabled", enabled, "true or false")
-    trust = table.get("trust_posix_names", defaults.trust_posix_names)
-    expect(isinstance(trust, bool), "shm.trust_posix_names", trust, "true or false")
+    no_unknown(table, SHM.names, "shm.")
+    enabled = read_bool(table, SHM["enabled"], defaults.enabled, "shm.")
+    trust = read_bool(table, SHM["trust_posix_names"], defaults.trust_posix_names, "shm.")
     prefix = table.get("prefix", defaults.prefix)
-    expect(
-        isinstance(prefix, str) and bool(NAME.fullmatch(prefix)),
-        "shm.prefix",
-        prefix,
-        "a non-empty name prefix of letters, digits, '.', '_' or '-' (no '/')",
-    )
+    expect(isinstance(prefix, str) and bool(NAME.fullmatch(prefix)), "shm.prefix", prefix, SHM["prefix"].valid)
     numbers = {
-        key: read_positive_int(table, key, getattr(defaults, key), "shm.")
+        key: read_int(table, SHM[key], getattr(defaults, key), "shm.")
         for key in ("max_region_mb", "max_regions_per_peer", "max_mb_per_peer", "idle_s")
     }
     return ShmConfig(enabled=enabled, prefix=prefix, trust_posix_names=trust, **numbers)

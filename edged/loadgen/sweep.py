@@ -202,6 +202,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def progress_to_stderr(line: str) -> None:
+    """A terminal redraws one line in place (a carriage return starts each); a file or a
+    pipe, where carriage returns would run every line into one, gets each on its own."""
+    if not sys.stderr.isatty():
+        line = line.lstrip("\r")
+        if not line.strip():
+            return  # the newline that ends a step's redrawn line
+        line = line if line.endswith("\n") else line + "\n"
     sys.stderr.write(line)
     sys.stderr.flush()
 

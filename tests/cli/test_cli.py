@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 from support import Reference, RunningDaemon
 
+from edged.client import Client
+
 TIMING_LINE = re.compile(r"^timing \(us, inside the daemon\): queue \d+, compute \d+, total \d+$", re.M)
 
 
@@ -27,28 +29,84 @@ def edged(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
-def test_models_prints_the_served_models_as_json(daemon: RunningDaemon) -> None:
-    result = edged("models", "--endpoint", daemon.ipc)
+def test_models_json_prints_the_served_models_as_the_daemon_sends_them(daemon: RunningDaemon) -> None:
+    result = edged("models", "--json", "--endpoint", daemon.ipc)
     assert result.returncode == 0, result.stderr
     models = {model["name"]: model for model in json.loads(result.stdout)}
     assert set(models) == {"mlp-light", "cnn-heavy"}
     assert models["mlp-light"]["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 64]}]
+    assert result.stdout == json.dumps(models_of(daemon), indent=2) + "\n"
 
 
-def test_health_prints_serving(daemon: RunningDaemon) -> None:
-    result = edged("health", "--endpoint", daemon.tcp)
+def test_health_json_prints_serving(daemon: RunningDaemon) -> None:
+    result = edged("health", "--json", "--endpoint", daemon.tcp)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["state"] == "serving"
 
 
-def test_stats_prints_every_class(daemon: RunningDaemon) -> None:
-    result = edged("stats", "--endpoint", daemon.ipc)
+def test_stats_json_prints_every_class(daemon: RunningDaemon) -> None:
+    result = edged("stats", "--json", "--endpoint", daemon.ipc)
     assert result.returncode == 0, result.stderr
     assert set(json.loads(result.stdout)["classes"]) == {"realtime", "standard", "bulk"}
 
 
+def columns(table: str) -> list[dict[str, str]]:
+    """The rows of a table printed as `kubectl get` prints one: headers over columns
+    two spaces apart (a header may hold one space: "P99 MS")."""
+    lines = table.splitlines()
+    starts = [0, *(m.end() for m in re.finditer(r"\S {2,}(?=\S)", lines[0]))]
+    bounds = list(zip(starts, [*starts[1:], None]))
+    cut = [[line[a:b].strip() for a, b in bounds] for line in lines]
+    return [dict(zip(cut[0], row)) for row in cut[1:]]
+
+
+def test_models_prints_a_line_per_model_with_its_tensors_and_price(daemon: RunningDaemon) -> None:
+    result = edged("models", "--endpoint", daemon.ipc)
+    assert result.returncode == 0, result.stderr
+    rows = {row["NAME"]: row for row in columns(result.stdout)}
+    assert set(rows) == {"mlp-light", "cnn-heavy"}
+    light = rows["mlp-light"]
+    assert (light["BACKEND"], light["PRECISION"]) == ("onnxruntime", "fp32")
+    assert (light["INPUTS"], light["OUTPUTS"]) == ("x float32[-1,64]", "scores float32[-1,10]")
+    with Client(daemon.ipc) as client:
+        prices = client.stats()["classes"]
+    for klass in ("realtime", "standard", "bulk"):
+        # What one row costs on that class's lane, as admission prices it (it moves as it serves).
+        shown, now = float(light[f"{klass.upper()} MS"]), prices[klass]["prices"]["mlp-light"]["first_row_ms"]
+        assert 0 < shown < 10 * max(now, 0.001)
+
+
+def test_stats_prints_a_line_per_class_with_the_counts_and_latency(daemon: RunningDaemon) -> None:
+    with Client(daemon.ipc) as client:
+        for _ in range(3):
+            client.infer("mlp-light", {"x": np.zeros((1, 64), np.float32)}, klass="realtime")
+        figures = client.stats()["classes"]
+    result = edged("stats", "--endpoint", daemon.ipc)
+    assert result.returncode == 0, result.stderr
+    summary, table = result.stdout.split("\n", 1)
+    assert re.fullmatch(r"serving: \d+\.\d MiB resident, \d+ invalid, \d+ unroutable", summary), summary
+    rows = {row["CLASS"]: row for row in columns(table)}
+    assert list(rows) == ["realtime", "standard", "bulk"]
+    realtime = rows["realtime"]
+    # Nothing else is sent to the shared daemon meanwhile: the counts are the daemon's.
+    assert int(realtime["COMPLETED"]) == figures["realtime"]["completed"] >= 3
+    assert int(realtime["SHED"]) == sum(figures["realtime"]["shed"].values())
+    assert float(realtime["P99 MS"]) == round(figures["realtime"]["latency_us"]["total"]["p99"] / 1000, 2) > 0
+    assert len(result.stdout.splitlines()) == 5  # short: a summary, the headers, a line per class
+
+
+def test_health_prints_the_state_and_a_line_per_class(daemon: RunningDaemon) -> None:
+    result = edged("health", "--endpoint", daemon.ipc)
+    assert result.returncode == 0, result.stderr
+    first, table = result.stdout.split("\n", 1)
+    assert re.fullmatch(r"serving, ready, up \d+\.\d s", first), first
+    rows = {row["CLASS"]: row for row in columns(table)}
+    assert {name: row["LANE"] for name, row in rows.items()} == {"realtime": "ok", "standard": "ok", "bulk": "ok"}
+    assert rows["bulk"]["INGRESS"] == daemon.ipc.replace("d.sock", "d-bulk.sock")
+
+
 def test_endpoint_comes_from_the_environment(daemon: RunningDaemon) -> None:
-    result = edged("health", env={"EDGED_ENDPOINT": daemon.ipc})
+    result = edged("health", "--json", env={"EDGED_ENDPOINT": daemon.ipc})
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["state"] == "serving"
 
@@ -92,3 +150,8 @@ def test_no_daemon_exits_1_saying_no_reply(short_tmp: Path) -> None:
     result = edged("health", "--endpoint", f"ipc://{short_tmp}/nobody.sock", "--timeout-ms", "300")
     assert result.returncode == 1
     assert "no reply" in result.stderr
+
+
+def models_of(daemon: RunningDaemon) -> list[dict[str, object]]:
+    with Client(daemon.ipc) as client:
+        return client.models()

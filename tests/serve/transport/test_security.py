@@ -156,6 +156,7 @@ def test_client_commands_take_curve_keys(curve_daemon: RunningDaemon, keys: Keys
     assert curve_daemon.tcp is not None
     result = run_edged(
         "health",
+        "--json",
         "--endpoint",
         curve_daemon.tcp,
         "--server-key",

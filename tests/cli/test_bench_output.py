@@ -1,0 +1,47 @@
+"""`edged bench` as a script or CI job runs it: its output piped, not on a terminal."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from support import RunningDaemon
+
+PROGRESS = re.compile(r"^ *\d+\.\d s  realtime: \d+ sent, \d+ ok; \d+ in flight$")
+
+
+def test_progress_comes_a_line_at_a_time_when_not_on_a_terminal(daemon: RunningDaemon) -> None:
+    bench = ["bench", "--endpoint", daemon.ipc, "--mix", "realtime:mlp-light:50", "--duration", "3"]
+    done = subprocess.run(
+        [sys.executable, "-m", "edged", *bench],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    # Bytes, not text: reading text would turn each carriage return into a newline.
+    stderr = done.stderr.decode()
+    assert done.returncode == 0, stderr
+    assert "\r" not in stderr
+    lines = stderr.splitlines()
+    assert len(lines) >= 2 and all(PROGRESS.match(line) for line in lines), stderr
+    assert "step x1: offered 50 req/s for 3 s" in done.stdout.decode()
+
+
+def test_png_without_matplotlib_exits_2_before_the_run() -> None:
+    """A child whose `import matplotlib` fails, as where the bench extra is not installed;
+    a run of ten minutes that had started would outlast the timeout."""
+    code = "import sys; sys.modules['matplotlib'] = None; from edged.cli.commands import main; sys.exit(main())"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "bench", "--png", "/tmp/never.png", "--duration", "600"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "edged bench --png needs matplotlib, which is not installed: pip install 'edged[bench]' "
+        "(from a checkout: pip install -e '.[bench]')"
+    ]
+    assert done.stdout == ""
