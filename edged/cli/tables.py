@@ -43,9 +43,8 @@ def stats_table(stats: dict[str, Any]) -> str:
                 str(sum(figures["shed"].values())),
                 str(figures["expired"]),
                 str(figures["failed"]),
-                _ms(total["p50"]),
-                _ms(total["p99"]),
-                _ms(total["p999"]),
+                # None answered after admission yet: no latency, not a latency of 0.
+                *(_ms(total[p]) if figures["completed"] + figures["failed"] else "-" for p in ("p50", "p99", "p999")),
             ]
         )
     return summary + "\n" + table(headers, rows)
