@@ -40,11 +40,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from gpu_checks import Ended, ended
 
 from edged.backends.cuda import cuda_available, device_info
 from edged.loadgen.gpu_scenarios import SCENARIOS, Load, floor, run_scenarios, scenario_numbers
@@ -77,6 +80,7 @@ def main() -> int:
         "--scenarios", type=scenario_numbers, default=None, help="run only these, in this order: 1,2,7,8"
     )
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, ended)
     reason = cuda_available()
     if reason is not None:
         raise SystemExit(f"gpu_bench.py needs a CUDA GPU, and this machine has none usable: {reason}")
@@ -113,7 +117,11 @@ def measure(args: argparse.Namespace, repository: Path) -> int:
         record["repetitions"] = repetitions
         write_json(args.out / "gpu-bench.json", record)
 
-    repetitions = run_scenarios(chosen, load, args.repeats, args.out, save)
+    try:
+        repetitions = run_scenarios(chosen, load, args.repeats, args.out, save)
+    except Ended as exc:  # at its limit: the runs saved so far are summed up all the same
+        record["cut_short"] = str(exc)
+        return summarise(record, record["repetitions"], args)
     try:
         record["floor_us"] = floor(args.realtime_model, runs=5000)
     except Exception as exc:  # the scenarios' figures stand without it
@@ -146,7 +154,9 @@ def summarise(record: dict[str, Any], repetitions: list[list[dict[str, Any]]], a
     failed = [result["scenario"] for result in table if result["failed"]]
     if failed:
         print(f"FAILED runs in: {', '.join(failed)} (their daemon logs: {args.out}/gpu-bench-N-R.log)")
-    return 1 if failed or not record["gpu_figures"]["gpu"] else 0
+    if "cut_short" in record:
+        print(f"CUT SHORT: {record['cut_short']}: the table holds the runs that finished")
+    return 1 if failed or not record["gpu_figures"]["gpu"] or "cut_short" in record else 0
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """Checks of the GPU path that the tests and the benchmark cannot make, on a lent GPU machine.
 
+    python bench/gpu_checks.py preflight [--out DIR]
     python bench/gpu_checks.py stream [--out DIR]
     python bench/gpu_checks.py memory [--out DIR]
     python bench/gpu_checks.py green [--out DIR]
@@ -7,7 +8,9 @@
     python bench/gpu_checks.py ipc [--out DIR]
     python bench/gpu_checks.py edges [--out DIR]
 
-NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs both).
+NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs them all).
+
+preflight: what the machine is, in a few seconds (bench/gpu_check_preflight.py).
 
 stream: that ONNX Runtime launches a lane's kernels on the lane's own stream, the one
 edged hands it as `user_compute_stream`. In this process, a runner for mlp-light (as
@@ -54,8 +57,10 @@ a runner for mlp-light on onnxruntime-cuda runs one input with `run`, then with
 read back, equal `run`'s download and the CPU's within the TF32 bound (the I/O binding
 writes into edged's own buffer); after one more call, reading it must be refused.
 
-Each prints a table and a verdict line last, writes DIR/gpu-checks-NAME.json, and exits
-non-zero on failure (3 where the device cannot run the check at all).
+Each prints a table and a verdict line last, writes DIR/gpu-checks-NAME.json as it goes
+(with an `outcome`; an exception or a SIGTERM adds its `error` to what was written), and
+exits non-zero on failure: 3 (UNSUPPORTED) where a feature the check needs failed in
+CUDA (IPC, green contexts, stream waits: see FEATURE_FAILED), with CUDA's error.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ import argparse
 import importlib
 import json
 import re
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -163,11 +169,23 @@ def unsupported(exc: BaseException) -> str | None:
     return text if FEATURE_FAILED.search(text) else None
 
 
+class Ended(BaseException):
+    """SIGTERM: bench/gpu_verify.sh's `timeout` at a step's limit. A BaseException, so that
+    no `except Exception` of a check or scenario takes it for a failure and goes on."""
+
+
+def ended(signum: int, frame: object) -> None:
+    """SIGTERM as Ended, so that the check's daemons stop on the way out and its JSON
+    records what it had, and the error."""
+    raise Ended("ended by its step's time limit (SIGTERM)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("check", choices=CHECKS)
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu-checks-CHECK.json")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, ended)
     # Each check in a module of its own beside this one (bench/ is on sys.path when run as a script).
     try:
         if args.check != "preflight":  # the preflight reports what there is, GPU or not

@@ -119,6 +119,7 @@ def scenario(spec: Scenario, load: Load, log_path: Path | None = None) -> dict[s
     """One run of `spec` against a fresh daemon. Whatever happens, the daemon's log is kept
     at `log_path` and what it shows is counted; a run that fails returns its error."""
     realtime, bulk = load.streams[0], load.streams[1].scaled(spec.bulk_rate_factor)
+    result: dict[str, Any] = {"scenario": spec.name, "error": "ended before it finished"}
     with tempfile.TemporaryDirectory(prefix="edged-gpu-") as folder:
         log = Path(folder) / "daemon.log"
         try:
@@ -129,7 +130,7 @@ def scenario(spec: Scenario, load: Load, log_path: Path | None = None) -> dict[s
                 row["ok_rows_per_s"] = row["ok"] * stream.rows / load.duration_s
                 # The daemon's own compute time per call, beside the client's round trips.
                 row["compute_p50_us"] = figures[row["class"]]["latency_us"]["compute"]["p50"]
-            result: dict[str, Any] = {
+            result = {
                 "scenario": spec.name,
                 "classes": rows,
                 "gpu_util_pct": utilisation.median,
@@ -139,12 +140,13 @@ def scenario(spec: Scenario, load: Load, log_path: Path | None = None) -> dict[s
             }
         except Exception as exc:  # one scenario's failure must not cost the others' results
             result = {"scenario": spec.name, "error": f"{type(exc).__name__}: {exc}"}
-        text = log.read_text(errors="replace") if log.exists() else ""
-        result["daemon_log_findings"] = log_findings(text)
-        if log_path is not None and log.exists():
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_path.write_text(text)
-            result["daemon_log"] = str(log_path)
+        finally:  # also when the benchmark is ended at its limit (a BaseException) mid-run
+            text = log.read_text(errors="replace") if log.exists() else ""
+            result["daemon_log_findings"] = log_findings(text)
+            if log_path is not None and log.exists():
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                log_path.write_text(text)
+                result["daemon_log"] = str(log_path)
     return result
 
 

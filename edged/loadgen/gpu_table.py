@@ -74,6 +74,8 @@ def busy(results: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def gpu_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Whether these are GPU figures: refused where a served model had a node on the CPU."""
+    if not any(r["classes"] for r in results):
+        return {"gpu": None, "verdict": "GPU figures: UNKNOWN: no run finished"}
     on_cpu = sorted({name for r in results for name in r.get("cpu_nodes", [])})
     if on_cpu:
         return {

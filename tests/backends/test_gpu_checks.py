@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from support import REPO_ROOT
+from support import REPO_ROOT, wait_for
 from support.gpu import MLP, fake_cuda_layer, fake_ort
 
 from edged.backends import onnxruntime_cuda
@@ -70,6 +71,30 @@ def test_gpu_checks_a_check_that_raises_keeps_what_it_wrote_and_adds_its_error(
     assert gpu_checks.main(["edges", "--out", str(tmp_path)]) == 1
     record = json.loads((tmp_path / "gpu-checks-edges.json").read_text())
     assert record == {"runs": [{"ok": True}], "outcome": "FAIL", "error": "RuntimeError: the second run broke"}
+
+
+def test_gpu_checks_a_check_ended_by_its_steps_time_limit_writes_what_it_had_and_why(tmp_path: Path) -> None:
+    """bench/gpu_verify.sh's `timeout` sends SIGTERM: the JSON must not be lost with the process."""
+    script = f"""
+import sys, time, types
+sys.path.insert(0, {str(ROOT / "bench")!r})
+import gpu_checks
+gpu_checks.needs_gpu = lambda check: None
+def run(out):
+    gpu_checks.write(out, "edges", {{"runs": [{{"ok": True}}]}})
+    time.sleep(60)
+sys.modules["gpu_check_edges"] = types.SimpleNamespace(run=run)
+sys.exit(gpu_checks.main(["edges", "--out", {str(tmp_path)!r}]))
+"""
+    check = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = tmp_path / "gpu-checks-edges.json"
+    wait_for(path.exists, 60, "the check's first save")
+    check.send_signal(signal.SIGTERM)
+    _, stderr = check.communicate(timeout=30)
+    assert check.returncode == 1, stderr
+    record = json.loads(path.read_text())
+    assert record["runs"] == [{"ok": True}] and record["outcome"] == "FAIL"
+    assert record["error"] == "Ended: ended by its step's time limit (SIGTERM)"
 
 
 @pytest.mark.parametrize(

@@ -237,6 +237,7 @@ def test_a_run_with_a_model_on_the_cpu_or_unknown_is_not_a_gpu_figure() -> None:
         {"scenario": "c", "classes": [bulk_row()], "cpu_nodes": {"mlp-light": None}},
     ]
     assert gpu_table.gpu_figures(gpu_table.medians([runs[:1]]))["gpu"] is True
+    assert gpu_table.gpu_figures([])["gpu"] is None  # no run finished: nothing to call a GPU figure
     verdict = gpu_table.gpu_figures(gpu_table.medians([runs]))
     assert verdict == {
         "gpu": False,
