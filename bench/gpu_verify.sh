@@ -120,7 +120,7 @@ step() { # step NAME LIMIT_S COMMAND...: under timeout, logged to $work/NAME.log
 }
 
 install_wheels() { # device-wheels' parts in $parts, joined, unpacked and installed into $site
-  if [ -d "$site/onnxruntime" ]; then echo "already installed in $site"; return 0; fi
+  if [ -f "$site/.edged-installed" ]; then echo "already installed in $site"; return 0; fi
   local id
   id=$(ls "$parts" 2>/dev/null | sed -n 's/^w\([0-9]*\)\.tar\.xz\.[0-9][0-9]$/\1/p' | sort -n | tail -n 1)
   [[ -n $id ]] || { echo "no wheel parts (wID.tar.xz.NN) in $parts: make the copy calls first"; return 1; }
@@ -129,7 +129,7 @@ install_wheels() { # device-wheels' parts in $parts, joined, unpacked and instal
     tar -xf - -C "$work/wheels" ||
     { echo "the parts of set $id do not make a whole stream: one is missing (a fresh machine?): start again from p00"; return 1; }
   "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$work"/wheels/*.whl &&
-    rm -rf "$work/wheels" && ls "$site"
+    rm -rf "$work/wheels" && ls "$site" && echo "set $id" >"$site/.edged-installed"
 }
 
 # The machine's CUDA libraries are in its own Python's `nvidia` packages (nvidia/cu13/lib,
@@ -177,6 +177,12 @@ print('cnn-heavy on CUDAExecutionProvider, no node on the CPU')"
     step headline 160 bench headline 1,7,2,8
     ;;
   second)
+    # A machine handed back after call 4 is a fresh one, without the wheels: say so at once.
+    if [ ! -f "$site/.edged-installed" ]; then
+      echo "| installed | FAIL | 0 | no wheels in $site: a fresh machine? make calls 1-4 again |" | tee -a "$summary"
+      pack
+      exit 1
+    fi
     step stream 60 check stream
     step green 30 check green && step bench-green 45 bench bench-green 9
     step edges 30 check edges

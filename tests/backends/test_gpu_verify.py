@@ -62,7 +62,21 @@ def test_gpu_verify_runs_the_steps_asked_for_each_failure_in_its_row_and_json(tm
     in one archive beside the table (2 files a call). Here, with no GPU, the preflight
     reports the missing device in its JSON, the library check names what is missing
     before any session, and a check that needs the device says so in its JSON."""
-    done = verify("second", "--budget", "100", "--steps", "edges", "--out", str(tmp_path / "second"))
+    done = verify("second", "--budget", "100", "--out", str(tmp_path / "fresh"), GPU_VERIFY_SITE=str(tmp_path))
+    assert done.returncode == 1 and rows(done.stdout) == [
+        f"| installed | FAIL | 0 | no wheels in {tmp_path}: a fresh machine? make calls 1-4 again |"
+    ]  # a machine handed back after call 4: nothing else tried
+    (tmp_path / ".edged-installed").write_text("set 1\n")
+    done = verify(
+        "second",
+        "--budget",
+        "100",
+        "--steps",
+        "edges",
+        "--out",
+        str(tmp_path / "second"),
+        GPU_VERIFY_SITE=str(tmp_path),
+    )
     assert rows(done.stdout)[0].startswith("| edges | FAIL(1) |") and "needs a CUDA GPU" in rows(done.stdout)[0]
     assert '"outcome": "FAIL"' in packed(tmp_path / "second" / "gpu-verify-second.tar.gz")["gpu-checks-edges.json"]
     done = verify("first", "--budget", "100", "--steps", "preflight libs", "--out", str(tmp_path / "first"))
