@@ -40,14 +40,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from gpu_checks import Ended, ended
+from gpu_checks import ENDED, Ended, on_sigterm
 
 from edged.backends.cuda import cuda_available, device_info
 from edged.loadgen.gpu_scenarios import SCENARIOS, Load, floor, run_scenarios, scenario_numbers
@@ -80,7 +79,6 @@ def main() -> int:
         "--scenarios", type=scenario_numbers, default=None, help="run only these, in this order: 1,2,7,8"
     )
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, ended)
     reason = cuda_available()
     if reason is not None:
         raise SystemExit(f"gpu_bench.py needs a CUDA GPU, and this machine has none usable: {reason}")
@@ -117,11 +115,15 @@ def measure(args: argparse.Namespace, repository: Path) -> int:
         record["repetitions"] = repetitions
         write_json(args.out / "gpu-bench.json", record)
 
+    def cut_short() -> None:  # at its limit: the runs saved so far are summed up all the same, at once
+        record["cut_short"] = ENDED
+        summarise(record, record["repetitions"], args)
+
+    on_sigterm(cut_short)
     try:
         repetitions = run_scenarios(chosen, load, args.repeats, args.out, save)
-    except Ended as exc:  # at its limit: the runs saved so far are summed up all the same
-        record["cut_short"] = str(exc)
-        return summarise(record, record["repetitions"], args)
+    except Ended:
+        return 1
     try:
         record["floor_us"] = floor(args.realtime_model, runs=5000)
     except Exception as exc:  # the scenarios' figures stand without it

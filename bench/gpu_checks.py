@@ -72,6 +72,7 @@ import re
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,10 +175,20 @@ class Ended(BaseException):
     no `except Exception` of a check or scenario takes it for a failure and goes on."""
 
 
-def ended(signum: int, frame: object) -> None:
-    """SIGTERM as Ended, so that the check's daemons stop on the way out and its JSON
-    records what it had, and the error."""
-    raise Ended("ended by its step's time limit (SIGTERM)")
+ENDED = "ended by its step's time limit (SIGTERM)"
+
+
+def on_sigterm(first: Callable[[], None]) -> None:
+    """At SIGTERM, `first` (write down what there is: the unwinding that follows may not
+    finish within timeout's grace), then Ended, so that the daemons stop on the way out."""
+
+    def ended(signum: int, frame: object) -> None:
+        try:
+            first()
+        finally:
+            raise Ended(ENDED)
+
+    signal.signal(signal.SIGTERM, ended)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("check", choices=CHECKS)
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu-checks-CHECK.json")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, ended)
+    on_sigterm(lambda: write(args.out, args.check, json_of(args.out, args.check) | {"outcome": "FAIL", "error": ENDED}))
     # Each check in a module of its own beside this one (bench/ is on sys.path when run as a script).
     try:
         if args.check != "preflight":  # the preflight reports what there is, GPU or not

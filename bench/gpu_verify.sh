@@ -31,8 +31,9 @@
 # The budget is the caller's: the device time the call may use (never more than status's
 # budget_left_s less the next calls' share); there is no default. Each step runs under
 # `timeout` within what is left of it, less 20 s (the kill's grace, packing). A check or
-# benchmark ended by its limit (SIGTERM) writes what it had, and its error, first. A step's exit code 3 is
-# UNSUPPORTED (a feature the machine lacks, e.g. CUDA IPC under gVisor), not a failure.
+# benchmark ended by its limit (SIGTERM) writes what it had, and its error, first. A
+# step's exit code 3 is UNSUPPORTED (a feature the machine lacks, e.g. CUDA IPC under
+# gVisor), not a failure. `second` stops at once where call 4's wheels are not installed.
 #
 # Results come back in DIR ($OUT, else ./gpu-verify): gpu-verify-CALL.tar.gz, every step's
 # log and JSON, repacked every 20 s and after every step (a call killed at its limit
