@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_checks import CpuReference, model_named, random_inputs, worst, write
+from gpu_checks import CpuReference, agreement, model_named, random_inputs, write
 
 from edged.config import ClassConfig
 from edged.loadgen.gpu_scenarios import BULK_SMS
@@ -24,8 +24,8 @@ def compare(runner: Any, model: ModelEntry, cpu: Any, sizes: tuple[int, ...] = S
         except Exception as exc:  # a failure of the green stream is what this check looks for
             results.append({"rows": rows, "ok": False, "error": repr(exc)})
             continue
-        error, bound = worst(model, got, cpu.run(model, inputs))
-        results.append({"rows": rows, "ok": error <= bound, "max_error": error, "bound": bound})
+        agreed = agreement(model, got, cpu.run(model, inputs))
+        results.append({"rows": rows, "ok": agreed["max_error"] <= agreed["bound"], **agreed})
     return results
 
 
@@ -40,7 +40,9 @@ def run(out: Path) -> int:
         results = compare(runner, model, CpuReference())
     finally:
         runner.close()
-    write(out, "green", {"device": backend.device_name, "model": model.name, "sm_count": BULK_SMS, "runs": results})
+    outcome = "PASS" if all(result["ok"] for result in results) else "FAIL"
+    record = {"device": backend.device_name, "model": model.name, "sm_count": BULK_SMS, "runs": results}
+    write(out, "green", record | {"cpu_nodes": runner.cpu_nodes, "outcome": outcome})
     for result in results:
         print(result)
     if not all(result["ok"] for result in results):

@@ -55,7 +55,8 @@ def under_pressure(name: str, text: str, cpu: CpuReference, out: Path) -> dict[s
                 with Client(endpoint, timeout_ms=60_000) as client:
                     stats = client.stats()
                     lanes = [lane_memory(name, lane, figures["gpu"]) for lane, figures in stats["classes"].items()]
-                    weights = weights_rows(name, stats, client.models())
+                    models = client.models()
+                    weights = weights_rows(name, stats, models)
                     cuda.set_device(0)
                     free_before = cuda.memory_info()[0]
                     chunks = fill(allocate, lambda: cuda.memory_info()[0], LEAVE_FREE)
@@ -80,6 +81,7 @@ def under_pressure(name: str, text: str, cpu: CpuReference, out: Path) -> dict[s
         "config": name,
         "lanes": lanes,
         "weights": weights,
+        "cpu_nodes": {m["name"]: m.get("cpu_nodes") for m in models},
         "free_before": free_before,
         "filler_bytes": taken,
         "left_bytes": left,
@@ -108,18 +110,28 @@ def allocate(size: int) -> Any | None:
 
 def run(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    cpu = CpuReference()
-    results = [under_pressure(name, text, cpu, out) for name, text in memory_configs().items()]
+    cpu, results = CpuReference(), []
+    for name, text in memory_configs().items():
+        try:
+            results.append(under_pressure(name, text, cpu, out))
+        except Exception as exc:  # one config's failure must not cost the other's result
+            error = f"{type(exc).__name__}: {exc}"
+            results.append({"config": name, "lanes": [], "weights": [], "error": error, "failures": [error]})
+        write(out, "memory", {"leave_free_bytes": LEAVE_FREE, "runs": results})
     print(format_memory_table([lane for result in results for lane in result["lanes"]]))
     print(format_weights_table([row for result in results for row in result["weights"]]))
     for result in results:
+        if "error" in result:
+            print(f"{result['config']}: FAILED: {result['error']}")
+            continue
         print(
             f"{result['config']}: filler took {result['filler_bytes'] / MIB:.0f} MiB of "
             f"{result['free_before'] / MIB:.0f} MiB free, leaving {result['left_bytes'] / MIB:.1f} MiB; "
             f"failures: {result['failures'] or 'none'}"
         )
-    write(out, "memory", {"leave_free_bytes": LEAVE_FREE, "runs": results})
     failures = sum(len(result["failures"]) for result in results)
+    outcome = "FAIL" if failures else "PASS"
+    write(out, "memory", {"leave_free_bytes": LEAVE_FREE, "runs": results, "outcome": outcome})
     if failures:
         print(f"memory: FAIL: {failures} requests or stops failed with the card full (see above)")
         return 1

@@ -58,11 +58,20 @@ def run(out: Path) -> int:
         write_matmuls(source, SIDE, seed=1)
         manifest = write_folder(source, onnx.load(str(source)), folder / "repo", "matmuls", [], {}, False)
         model = entries_of(manifest, "onnxruntime")[0]
-        stats, models, failures = serve(folder, model, out)
+        try:
+            stats, models, failures = serve(folder, model, out)
+        except Exception as exc:  # recorded, with the daemon's log kept beside
+            write(out, "weights", {"side": SIDE, "outcome": "FAIL", "error": f"{type(exc).__name__}: {exc}"})
+            print(f"weights: FAIL: {type(exc).__name__}: {exc}")
+            return 1
     rows = weights_rows("default classes", stats, models)
     print(format_weights_table(rows))
     failures += weights_once(rows)
-    write(out, "weights", {"side": SIDE, "rows": rows, "failures": failures})
+    cpu_nodes = {m["name"]: m.get("cpu_nodes") for m in models}
+    outcome = "FAIL" if failures else "PASS"
+    write(
+        out, "weights", {"side": SIDE, "rows": rows, "cpu_nodes": cpu_nodes, "failures": failures, "outcome": outcome}
+    )
     if failures:
         print("weights: FAIL: " + "; ".join(failures))
         return 1

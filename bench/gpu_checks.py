@@ -1,5 +1,6 @@
 """Checks of the GPU path that the tests and the benchmark cannot make, on a lent GPU machine.
 
+    python bench/gpu_checks.py preflight [--out DIR]
     python bench/gpu_checks.py stream [--out DIR]
     python bench/gpu_checks.py memory [--out DIR]
     python bench/gpu_checks.py green [--out DIR]
@@ -7,7 +8,9 @@
     python bench/gpu_checks.py ipc [--out DIR]
     python bench/gpu_checks.py edges [--out DIR]
 
-NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs both).
+NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs them all).
+
+preflight: what the machine is, in a few seconds (bench/gpu_check_preflight.py).
 
 stream: that ONNX Runtime launches a lane's kernels on the lane's own stream, the one
 edged hands it as `user_compute_stream`. In this process, a runner for mlp-light (as
@@ -54,8 +57,10 @@ a runner for mlp-light on onnxruntime-cuda runs one input with `run`, then with
 read back, equal `run`'s download and the CPU's within the TF32 bound (the I/O binding
 writes into edged's own buffer); after one more call, reading it must be refused.
 
-Each prints a table and a verdict line last, writes DIR/gpu-checks-NAME.json, and exits
-non-zero on failure (3 where the device cannot run the check at all).
+Each prints a table and a verdict line last, writes DIR/gpu-checks-NAME.json as it goes
+(with an `outcome`; an exception or a SIGTERM adds its `error` to what was written), and
+exits non-zero on failure: 3 (UNSUPPORTED) where a feature the check needs failed in
+CUDA (IPC, green contexts, stream waits: see FEATURE_FAILED), with CUDA's error.
 """
 
 from __future__ import annotations
@@ -63,20 +68,33 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
+import signal
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edged.backends.cuda import cuda_available
-from edged.backends.tf32 import tf32_atol
+from edged.backends.tf32 import TF32_PER_LAYER, tf32_atol
 from edged.models.repository import ModelEntry, discover
 from edged.wire.codec import DTYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
 UNSUPPORTED = 3  # exit code: the device cannot run the check
+FP32_SEEN_ABOVE = 16
+CHECKS = ("preflight", "stream", "memory", "green", "weights", "ipc", "edges")
+# A failed call of a feature some machines lack (CUDA IPC, green contexts, stream waits
+# on mapped host memory: unproven under gVisor): the check is UNSUPPORTED there, with
+# CUDA's error, not FAIL, and the plan goes on.
+FEATURE_FAILED = re.compile(
+    r"\b(cudaIpc\w*|cuGreenCtx\w*|cuDev\w*Resource\w*|cuStreamWaitValue32|cudaHostAlloc|cudaHostGetDevicePointer)"
+    r" failed:|needs green contexts"
+)
 
 
 def needs_gpu(check: str) -> None:
@@ -116,20 +134,86 @@ def worst(model: ModelEntry, got: list[np.ndarray], expected: list[np.ndarray]) 
     return max(pairs, key=lambda p: p[0] - p[1])
 
 
+def agreement(model: ModelEntry, got: list[np.ndarray], expected: list[np.ndarray]) -> dict[str, Any]:
+    """The largest error against the CPU, its TF32 bound, and whether TF32 shows: an error
+    above FP32_SEEN_ABOVE times what float32's own rounding could make (2**-23 per layer),
+    which a GPU computing in float32 would not reach. Within the bound is not enough to
+    say that TF32 is in use; above float32's level is."""
+    error, bound = worst(model, got, expected)
+    fp32 = bound / TF32_PER_LAYER * 2**-23 * FP32_SEEN_ABOVE
+    return {"max_error": error, "bound": bound, "fp32_level": fp32, "tf32_in_use": error > fp32}
+
+
 def write(out: Path, check: str, record: dict[str, Any]) -> None:
+    """Replace DIR/gpu-checks-CHECK.json whole (a packer reading it meanwhile sees the
+    last complete record); a check calls it as each part ends, so a kill keeps those."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"gpu-checks-{check}.json").write_text(json.dumps(record, indent=2) + "\n")
+    path = out / f"gpu-checks-{check}.json"
+    partial = path.with_suffix(".json.part")
+    partial.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    partial.replace(path)
+
+
+def json_of(out: Path, check: str) -> dict[str, Any]:
+    """What the check wrote so far ({} when nothing, or nothing readable)."""
+    try:
+        record = json.loads((out / f"gpu-checks-{check}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def unsupported(exc: BaseException) -> str | None:
+    """CUDA's error, where `exc` says a feature that some machines lack (CUDA IPC, green
+    contexts, stream waits on mapped host memory: unproven under gVisor) failed; else None."""
+    text = str(exc)
+    return text if FEATURE_FAILED.search(text) else None
+
+
+class Ended(BaseException):
+    """SIGTERM: bench/gpu_verify.sh's `timeout` at a step's limit. A BaseException, so that
+    no `except Exception` of a check or scenario takes it for a failure and goes on."""
+
+
+ENDED = "ended by its step's time limit (SIGTERM)"
+
+
+def on_sigterm(first: Callable[[], None]) -> None:
+    """At SIGTERM, `first` (write down what there is: the unwinding that follows may not
+    finish within timeout's grace), then Ended, so that the daemons stop on the way out."""
+
+    def ended(signum: int, frame: object) -> None:
+        try:
+            first()
+        finally:
+            raise Ended(ENDED)
+
+    signal.signal(signal.SIGTERM, ended)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=("stream", "memory", "green", "weights", "ipc", "edges"))
+    parser.add_argument("check", choices=CHECKS)
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu-checks-CHECK.json")
     args = parser.parse_args(argv)
-    needs_gpu(args.check)
+    on_sigterm(lambda: write(args.out, args.check, json_of(args.out, args.check) | {"outcome": "FAIL", "error": ENDED}))
     # Each check in a module of its own beside this one (bench/ is on sys.path when run as a script).
-    check = importlib.import_module(f"gpu_check_{args.check}")
-    return check.run(args.out)
+    try:
+        if args.check != "preflight":  # the preflight reports what there is, GPU or not
+            needs_gpu(args.check)
+        return importlib.import_module(f"gpu_check_{args.check}").run(args.out)
+    except BaseException as exc:  # one check's failure is written into its JSON, never lost
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        reason = unsupported(exc)
+        outcome = "UNSUPPORTED" if reason else "FAIL"
+        text = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, str) else f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, SystemExit):
+            traceback.print_exc()
+        record = json_of(args.out, args.check) | {"outcome": outcome, "error": text}
+        write(args.out, args.check, record)
+        print(f"{args.check}: {outcome}: {text}", file=sys.stderr)
+        return UNSUPPORTED if reason else 1
 
 
 if __name__ == "__main__":

@@ -1,66 +1,103 @@
 #!/usr/bin/env bash
-# The GPU verification, for a lent GPU machine (../shared/device.md): one short sequence of
-# device calls. NOT RUN YET: written on machines with no GPU.
+# The GPU verification, for a lent GPU machine (../shared/device.md). NOT RUN YET on a GPU:
+# rehearsed on the CPU only (--dry-run, below).
 #
-# Here, in the repository's root, first (downloads the wheels the machine lacks and splits
-# them into parts; onnxruntime-gpu is ~256 MB, 5 parts, and pyzmq and msgspec one each):
-#   ../shared/tools/device-wheels onnxruntime-gpu==1.31.1 pyzmq msgspec
-# Then these device calls, in order, back to back (a machine idle for 30 s is handed back):
-#   for each part .devwheels/pNN but the last:
-#     run(carry=[".devwheels/pNN"], command="mkdir -p /tmp/parts && cp .devwheels/pNN/* /tmp/parts/")
-#   the last part, then call 1:
-#     run(carry=[".devwheels/pLAST"], command="mkdir -p /tmp/parts && cp .devwheels/pLAST/* /tmp/parts/ && bench/gpu_verify.sh 1")
-#   run(command="bench/gpu_verify.sh 2")
-#   run(command="bench/gpu_verify.sh 3")
-#   run(command="bench/gpu_verify.sh 4")
+# THE PLAN: 5 device calls, ~11 minutes of device time from a cold start (estimated: a
+# start of ~2 min, 3 copy calls of ~20 s, then 270 s and 240 s), leaving ~3 min for one
+# short rerun of what failed. Each call must follow the last within 30 s (an idle machine
+# goes back). Here, in the repository's root, first:
+#   ../shared/tools/device-wheels onnxruntime-gpu==1.31.1 pyzmq msgspec   (4 parts, .devwheels/p00-p03)
+# then, back to back (docs/benchmarks-gpu.md, "Runbook", has the same with timeout_s):
+#   1-3. run(carry=[".devwheels/pNN"], command="mkdir -p /tmp/parts && cp .devwheels/pNN/* /tmp/parts/ && ls /tmp/parts")
+#   4.   run(carry=[".devwheels/p03"], command="mkdir -p /tmp/parts && cp .devwheels/p03/* /tmp/parts/ && bash bench/gpu_verify.sh first --budget 270")
+#   5.   run(command="bash bench/gpu_verify.sh second --budget 240")
+# A rerun: run(command="bash bench/gpu_verify.sh second --budget LEFT --steps 'STEP ...'"), LEFT
+# being status's budget_left_s less 60 (and at most 570); a fresh machine needs calls 1-4 again.
 #
-#   bench/gpu_verify.sh CALL [FOLDER]      CALL 1 to 4; FOLDER defaults to $OUT, else ./gpu-verify
+#   bash bench/gpu_verify.sh first|second --budget SECONDS [--steps "A B"] [--out DIR]
+#   bash bench/gpu_verify.sh --dry-run [--out DIR] [--steps "A B"] [--budget SECONDS]
 #
-# 1: install the carried wheels into /tmp/site (once); deps; libs (cuBLAS and cuDNN load,
-#    from the machine's own `nvidia` packages); provider (a session really on CUDA); tests
-#    (pytest -m gpu); stream, memory and weights (bench/gpu_checks.py: weights, that a
-#    model's weights are on the device once, not once per session).
-# 2, 3: bench/gpu_bench.py, scenarios 1-4, then 5-8 (--duration 5 --repeats 2).
-# 4: bench/gpu_checks.py green, then scenario 9 (bulk in a green context) only if it passed;
-#    then ipc (a 25 MB frame in a client's device memory, through CUDA IPC, against frames);
-#    then edges (a pipeline's kept output is the runner's own buffer, equal to `run`'s).
-# Estimated, not measured: ~7 min for call 1 (weights ~1 min; should the call's budget run
-# out first, GPU_VERIFY_STEPS=weights bench/gpu_verify.sh 1 runs it alone), ~4 min each for
-# 2-4; with the machine's start and the wheels' calls, ~20-25 min of device time.
+# first: install (the parts in /tmp/parts, joined, unpacked, pip-installed into /tmp/site);
+#   preflight (a few seconds: nvidia-smi, uname -r, versions, the device, a green context's
+#   stream, a cuStreamWaitValue32); libs (CUDA runtime, cuBLAS, cuRAND, cuDNN load); provider
+#   (a cnn-heavy session really on CUDA, with no node on the CPU); tests (pytest -m gpu);
+#   headline (the benchmark's scenarios 1, 7, 2 and 8: realtime alone, bulk alone (does it
+#   keep the GPU busy?), realtime beside saturating bulk, bulk alone at twice the rate).
+#   Estimated ~30 + 5 + 5 + 15 + 40 + 140 s.
+# second: stream (a lane's kernels on its stream: mlp-light plain and with CUDA graphs,
+#   cnn-heavy through cuDNN); green, then bench-green (scenario 9) only if it passed; edges;
+#   ipc; weights; bench-rest (scenarios 3, 4, 6, 5); memory (the longest) with what is left:
+#   the last two may be cut short (what they finished is kept), and are a rerun's first pick.
+# The budget is the caller's: the device time the call may use (never more than status's
+# budget_left_s less the next calls' share); there is no default. Each step runs under
+# `timeout` within what is left of it, less 20 s (the kill's grace, packing). A check or
+# benchmark ended by its limit (SIGTERM) writes what it had, and its error, first. A
+# step's exit code 3 is UNSUPPORTED (a feature the machine lacks, e.g. CUDA IPC under
+# gVisor), not a failure. `second` stops at once where call 4's wheels are not installed.
 #
-# Every step runs under `timeout`, within what is left of GPU_VERIFY_BUDGET_S (default 540
-# s, under the 600 s a call may run). Its log is written as it runs, and after every step
-# the call's logs and results are packed again into FOLDER/gpu-verify-CALL.tar.gz (one
-# file; a call cut short still returns what finished), with FOLDER/gpu-verify-CALL.md, the
-# table of steps. GPU_VERIFY_STEPS="deps stream" runs only the steps named.
+# Results come back in DIR ($OUT, else ./gpu-verify): gpu-verify-CALL.tar.gz, every step's
+# log and JSON, repacked every 20 s and after every step (a call killed at its limit
+# returns all that was there 20 s before), and gpu-verify-CALL.md, the table of steps, a
+# row as each ends: 2 files a call. EDGED_ORT_LOG_LEVEL defaults to 1 here, so the
+# daemons' logs (kept) show CUDA graph captures and copied initializers.
+#
+# --dry-run rehearses the 5 calls on this machine, in order, each with an OUT of its own
+# under DIR: stand-in parts of device-wheels' layout (or the real ones, if .devwheels/p*
+# holds them) copied and installed into a scratch site, then `first` and `second`, their
+# daemons on tests/support/fake_gpu.py's backend registered as onnxruntime-cuda (the CPU
+# provider behind it; tests/support/dry_run/sitecustomize.py), so every step runs and
+# each check that needs a real GPU fails into its JSON. Nothing it shows is a GPU figure.
 set -uo pipefail
-call=${1:?usage: bench/gpu_verify.sh CALL [FOLDER], CALL 1 to 4}
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=$(mkdir -p "${2:-${OUT:-gpu-verify}}" && cd "${2:-${OUT:-gpu-verify}}" && pwd)
-work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-verify-$call.XXXX")  # packed into $out, never written there
-trap 'rm -rf "$work"' EXIT
+call="" budget="" steps=${GPU_VERIFY_STEPS:-} dir=${OUT:-gpu-verify}
+while (($#)); do
+  case $1 in
+    first | second | --dry-run) call=$1 ;;
+    --budget) budget=$2; shift ;;
+    --steps) steps=$2; shift ;;
+    --out) dir=$2; shift ;;
+    *) echo "unknown argument $1: see the top of $0" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -n $call ]] || { echo "usage: bench/gpu_verify.sh first|second --budget SECONDS [--steps 'A B'] [--out DIR], or --dry-run" >&2; exit 2; }
+out=$(mkdir -p "$dir" && cd "$dir" && pwd)
 cd "$root"
-export py=${PYTHON:-python3} site=/tmp/site work
+export py=${PYTHON:-python3}
+
+if [[ $call == --dry-run ]]; then
+  exec bash "$root/bench/gpu_dry_run.sh" "$out" "${budget:-}" "$steps"
+fi
+[[ $budget =~ ^[0-9]+$ ]] || { echo "--budget SECONDS is required: the device time this call may use (status's budget_left_s, less what the next calls need)" >&2; exit 2; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-verify-$call.XXXX") # packed into $out, never written there
+packer=""
+trap '[[ -n $packer ]] && kill "$packer" 2>/dev/null; rm -rf "$work"' EXIT
+export site=${GPU_VERIFY_SITE:-/tmp/site} parts=${GPU_VERIFY_PARTS:-/tmp/parts} work
 export PYTHONPATH="$site:$root${PYTHONPATH:+:$PYTHONPATH}"
+export EDGED_ORT_LOG_LEVEL=${EDGED_ORT_LOG_LEVEL:-1}
 started=$SECONDS
-budget=${GPU_VERIFY_BUDGET_S:-540}
 summary="$out/gpu-verify-$call.md"
 printf '| step | outcome | seconds | last line of its log |\n|---|---|---|---|\n' >"$summary"
 failed=0
 
-pack() {
-  cp "$summary" "$work/"
-  tar -czf "$out/gpu-verify-$call.tar.gz.part" -C "$work" . && mv "$out/gpu-verify-$call.tar.gz.part" "$out/gpu-verify-$call.tar.gz"
+pack() { # the logs and results so far, as one archive replaced whole (never half written)
+  cp "$summary" "$work/" 2>/dev/null
+  local part="$out/.gpu-verify-$call.tar.gz.$BASHPID"
+  tar -czf "$part" -C "$work" . 2>/dev/null && mv -f "$part" "$out/gpu-verify-$call.tar.gz"
+  rm -f "$part"
 }
+(while sleep "${GPU_VERIFY_PACK_S:-20}"; do pack; done) &
+packer=$!
 
-step() {  # step NAME LIMIT_S COMMAND...: run under timeout, log to $work/NAME.log, record, pack
+step() { # step NAME LIMIT_S COMMAND...: under timeout, logged to $work/NAME.log, recorded, packed
   local name=$1 limit=$2
   shift 2
-  [[ -z ${GPU_VERIFY_STEPS:-} || " $GPU_VERIFY_STEPS " == *" $name "* ]] || return 0
-  local left=$((budget - (SECONDS - started) - 15))  # 15 s kept for packing
+  [[ -z $steps || " $steps " == *" $name "* ]] || return 0
+  local left=$((budget - (SECONDS - started) - 20)) # 20 s kept: timeout's 5 s of grace, then packing
   ((limit > left)) && limit=$left
   if ((limit < 5)); then
-    echo "| $name | SKIPPED | 0 | no time left in the call's budget |" >>"$summary"
+    echo "| $name | SKIPPED | 0 | no time left in the call's budget of $budget s |" >>"$summary"
     failed=1
     return 1
   fi
@@ -73,27 +110,31 @@ step() {  # step NAME LIMIT_S COMMAND...: run under timeout, log to $work/NAME.l
   tail -n 20 "$work/$name.log" >&2
   case $rc in
     0) outcome=ok ;;
+    3) outcome=UNSUPPORTED ;;
     124 | 137) outcome="FAIL(timeout ${limit} s)" ;;
     *) outcome="FAIL($rc)" ;;
   esac
-  ((rc == 0)) || failed=1
+  ((rc == 0 || rc == 3)) || failed=1
   echo "| $name | $outcome | $((SECONDS - begin)) | $(tail -n 1 "$work/$name.log" | tr '|' '/' | cut -c1-100) |" >>"$summary"
   pack
   return $rc
 }
 
-install_wheels() {  # the parts carried to /tmp/parts, joined and installed into /tmp/site
-  if [ -d "$site/onnxruntime" ]; then echo "already installed in $site"; return 0; fi
-  ls /tmp/parts/*.part.* >/dev/null 2>&1 || { echo "no wheel parts in /tmp/parts: make the carry calls first"; return 1; }
-  mkdir -p /tmp/wheels
-  for wheel in $(ls /tmp/parts | sed 's/\.part\...$//' | sort -u); do
-    cat /tmp/parts/"$wheel".part.* >/tmp/wheels/"$wheel"
-  done
-  "$py" -m pip install -q --no-index --no-deps --target "$site" /tmp/wheels/*.whl && ls "$site"
+install_wheels() { # device-wheels' parts in $parts, joined, unpacked and installed into $site
+  if [ -f "$site/.edged-installed" ]; then echo "already installed in $site"; return 0; fi
+  local id
+  id=$(ls "$parts" 2>/dev/null | sed -n 's/^w\([0-9]*\)\.tar\.xz\.[0-9][0-9]$/\1/p' | sort -n | tail -n 1)
+  [[ -n $id ]] || { echo "no wheel parts (wID.tar.xz.NN) in $parts: make the copy calls first"; return 1; }
+  rm -rf "$work/wheels" && mkdir -p "$work/wheels"
+  cat "$parts/w$id".tar.xz.* | "$py" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer, 1 << 20)' |
+    tar -xf - -C "$work/wheels" ||
+    { echo "the parts of set $id do not make a whole stream: one is missing (a fresh machine?): start again from p00"; return 1; }
+  "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$work"/wheels/*.whl &&
+    rm -rf "$work/wheels" && ls "$site" && echo "set $id" >"$site/.edged-installed"
 }
 
-# The machine's cuBLAS and cuDNN are in its own Python's `nvidia` packages (nvidia/cu13/lib,
-# nvidia/cudnn/lib), where onnxruntime-gpu in /tmp/site does not look: put them on the path.
+# The machine's CUDA libraries are in its own Python's `nvidia` packages (nvidia/cu13/lib,
+# nvidia/cudnn/lib, ...), where onnxruntime-gpu in /tmp/site does not look: on the path.
 nvidia_libs=$(timeout 30 "$py" -c "
 import pathlib, sys
 found = [lib for entry in sys.path if (pathlib.Path(entry or '.') / 'nvidia').is_dir()
@@ -101,28 +142,24 @@ found = [lib for entry in sys.path if (pathlib.Path(entry or '.') / 'nvidia').is
 print(':'.join(str(lib) for lib in found))" 2>/dev/null)
 export LD_LIBRARY_PATH="${nvidia_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-bench() {
+bench() { # bench NAME SCENARIOS: the benchmark's JSON and daemon logs under $work/NAME
   # shellcheck disable=SC2086  # GPU_BENCH_ARGS is a list of words
-  "$py" bench/gpu_bench.py --out "$work" --duration 5 --repeats 2 ${GPU_BENCH_ARGS:-} "$@"
+  "$py" bench/gpu_bench.py --out "$work/$1" --duration 5 --repeats 1 --scenarios "$2" ${GPU_BENCH_ARGS:-}
 }
+check() { "$py" bench/gpu_checks.py "$1" --out "$work"; }
 
 case $call in
-  1)
-    step install 120 install_wheels
-    step deps 30 "$py" -c "
-import importlib.util as u, sys
-names = ('numpy', 'zmq', 'msgpack', 'msgspec', 'onnx', 'ml_dtypes', 'pytest', 'hypothesis', 'onnxruntime', 'cuda.bindings')
-missing = [m for m in names if u.find_spec(m) is None]
-sys.exit(f'missing: {missing}') if missing else print('all importable')"
-    step libs 60 "$py" -c "
+  first)
+    step install 90 install_wheels
+    step preflight 30 check preflight
+    step libs 30 "$py" -c "
 import os, onnxruntime as ort
 from edged.backends.onnxruntime_gpu import load_cuda_libraries, nvidia_folders
 print('onnxruntime', ort.__version__, 'from', ort.__file__, 'built for CUDA', getattr(ort, 'cuda_version', '?'))
-print('LD_LIBRARY_PATH:', os.environ.get('LD_LIBRARY_PATH'))
 print('nvidia folders:', [str(f) for f in nvidia_folders()])
 load_cuda_libraries(ort)
-print('the CUDA runtime, cuBLAS and cuDNN load')"
-    step provider 90 "$py" -c "
+print('the CUDA runtime, cuBLAS, cuRAND and cuDNN load')"
+    step provider 60 "$py" -c "
 import onnxruntime as ort
 from edged.backends.cuda import cuda_available, device_info
 from edged.backends.onnxruntime_gpu import load_cuda_libraries
@@ -130,30 +167,39 @@ reason = cuda_available()
 if reason: raise SystemExit(reason)
 print('device:', device_info(0))
 load_cuda_libraries(ort)
-print('available:', ort.get_available_providers())
-session = ort.InferenceSession('engines/cnn-heavy/model.onnx', providers=['CUDAExecutionProvider'], enable_fallback=0)
+options = ort.SessionOptions()
+options.add_session_config_entry('session.disable_cpu_ep_fallback', '1')  # no node on the CPU
+session = ort.InferenceSession('engines/cnn-heavy/model.onnx', options, providers=['CUDAExecutionProvider'], enable_fallback=0)
 # get_available_providers lists CUDA even when it cannot load: the session's own list tells.
 print('session providers:', session.get_providers())
-if session.get_providers()[0] != 'CUDAExecutionProvider': raise SystemExit('the CUDA provider did not load')"
-    step tests 180 "$py" -m pytest -m gpu -v -rs -p no:cacheprovider tests/backends/test_gpu.py tests/backends/test_tensorrt.py
-    step stream 90 "$py" bench/gpu_checks.py stream --out "$work"
-    step memory 200 "$py" bench/gpu_checks.py memory --out "$work"
-    step weights 90 "$py" bench/gpu_checks.py weights --out "$work"
+if session.get_providers()[0] != 'CUDAExecutionProvider': raise SystemExit('the CUDA provider did not load')
+print('cnn-heavy on CUDAExecutionProvider, no node on the CPU')"
+    step tests 90 "$py" -m pytest -m gpu -q -rs -p no:cacheprovider tests/backends/test_gpu.py tests/backends/test_tensorrt.py
+    step headline 160 bench headline 1,7,2,8
     ;;
-  2) step bench-1-4 540 bench --scenarios 1,2,3,4 ;;
-  3) step bench-5-8 540 bench --scenarios 5,6,7,8 ;;
-  4)
-    step green 120 "$py" bench/gpu_checks.py green --out "$work" &&
-      step bench-9 420 bench --scenarios 9
-    step ipc 90 "$py" bench/gpu_checks.py ipc --out "$work"
-    step edges 60 "$py" bench/gpu_checks.py edges --out "$work"
+  second)
+    # A machine handed back after call 4 is a fresh one, without the wheels: say so at once.
+    if [ ! -f "$site/.edged-installed" ]; then
+      echo "| installed | FAIL | 0 | no wheels in $site: a fresh machine? make calls 1-4 again |" | tee -a "$summary"
+      pack
+      exit 1
+    fi
+    step stream 60 check stream
+    step green 30 check green && step bench-green 45 bench bench-green 9
+    step edges 30 check edges
+    step ipc 40 check ipc
+    step weights 60 check weights
+    step bench-rest 150 bench bench-rest 3,4,6,5
+    step memory 150 check memory
     ;;
-  *) echo "CALL is 1, 2, 3 or 4, not $call" >&2; exit 2 ;;
 esac
 
+kill "$packer" 2>/dev/null
+packer=""
 pack
+rm -f "$out"/.gpu-verify-"$call".tar.gz.* # what a packer ended mid-write left
 echo
-echo "results in $out/gpu-verify-$call.tar.gz"
-[ -f "$work/gpu-bench.md" ] && cat "$work/gpu-bench.md"
+echo "results in $out/gpu-verify-$call.tar.gz ($((SECONDS - started)) s of a budget of $budget s)"
+for table in "$work"/*/gpu-bench.md; do [ -f "$table" ] && cat "$table"; done
 cat "$summary"
 exit $failed

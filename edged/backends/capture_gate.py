@@ -9,13 +9,24 @@ the gate shared around its CUDA work (load, run, close), and exclusively around 
 warm-up runs that capture; exclusive waits for the shared holders to leave and lets
 no new one in. A lane serving beside a capture pauses for one batch size's capture
 runs, then goes on.
+
+Beside the runners, every other CUDA call of the backend that a capture forbids goes
+through the gate: the loader's copy of a model's weights to the device (an allocation
+and a synchronous copy, `hold_weights`) and the socket loop's opening of a client's
+CUDA IPC handle wait, shared, for a capture to end; closing an IPC handle, which
+happens wherever the last reference to its memory goes (a finalizer, on any thread,
+the capturing one included), never waits: it runs at once outside a capture, else is
+deferred to the capture's end and run by the capturing thread before it lets anyone in.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+log = logging.getLogger("edged.cuda")
 
 
 class CaptureGate:
@@ -27,6 +38,7 @@ class CaptureGate:
         self._shared = 0  # holders of the shared side now
         self._capturing = False
         self._waiting = 0  # captures waiting: no new shared holder gets in before them
+        self._deferred: list[Callable[[], None]] = []  # calls put off until the capture ends
 
     def enter(self) -> None:
         """Take the shared side (explicit, for the run path: no generator per call)."""
@@ -49,6 +61,19 @@ class CaptureGate:
         finally:
             self.leave()
 
+    def outside_capture(self, call: Callable[[], None]) -> None:
+        """Run `call` now if no capture runs or waits, else when the capture ends. Never
+        blocks, so a finalizer may use it from any thread, the capturing one included."""
+        with self._changed:
+            if self._capturing or self._waiting:
+                self._deferred.append(call)
+                return
+            self._shared += 1
+        try:
+            call()
+        finally:
+            self.leave()
+
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         with self._changed:
@@ -60,6 +85,14 @@ class CaptureGate:
         try:
             yield
         finally:
+            # The capture is over and nothing else runs yet: the calls put off until now run here.
+            with self._changed:
+                deferred, self._deferred = self._deferred, []
+            for call in deferred:
+                try:
+                    call()
+                except Exception:  # a failed close must not leave the gate shut
+                    log.exception("a CUDA call deferred until a capture ended failed")
             with self._changed:
                 self._capturing = False
                 self._changed.notify_all()

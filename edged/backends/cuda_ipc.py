@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from functools import partial
 
+from edged.backends.capture_gate import CAPTURE_GATE
 from edged.backends.cuda_calls import CudaError, check, check_driver, driver_api, runtime
 
 IPC_HANDLE_BYTES = 64  # cudaIpcMemHandle_t: 64 opaque bytes
@@ -31,8 +33,9 @@ class IpcMemory:
         flags = rt.cudaIpcMemLazyEnablePeerAccess
         self.pointer = int(check("cudaIpcOpenMemHandle", rt.cudaIpcOpenMemHandle(raw, flags)))
         self.nbytes = nbytes
-        # Not at exit: the driver unmaps what is left when the process ends.
-        self._close = weakref.finalize(self, close_ipc, self.pointer)
+        # Not at exit: the driver unmaps what is left when the process ends. Never during a
+        # capture, which it would break: CAPTURE_GATE runs it at once or when the capture ends.
+        self._close = weakref.finalize(self, CAPTURE_GATE.outside_capture, partial(close_ipc, self.pointer))
         self._close.atexit = False
         try:
             available = allocation_bytes(self.pointer)

@@ -252,6 +252,7 @@ class OnnxRuntimeCuda:
         self.device = cuda.device_info(DEVICE)
         self.device_name = self.device.name
         self._plans: dict[str, LaneReservation] = {}
+        self._cpu_nodes: dict[str, bool] = {}  # by model: any of its sessions has nodes on the CPU
 
     def free_bytes(self) -> int:
         return cuda.memory_info()[0]
@@ -287,25 +288,42 @@ class OnnxRuntimeCuda:
     def hold_weights(self, model: ModelEntry, classes: Sequence[ClassConfig]) -> WeightsHold:
         """Take the model's device weights now, measured as the drop in free device memory."""
         plan, key = self.weights_plan(model, classes), weights_key(model, DEVICE)
-        before = self.free_bytes()
-        try:
-            DEVICE_WEIGHTS.take(key, lambda: load_device_weights(self._ort, model.variant.path, DEVICE))
-        except Exception as exc:
-            raise load_failure(model.name, model.variant.path, exc) from exc
-        added = max(0, before - self.free_bytes())
-        return WeightsHold(replace(plan, added_bytes=added), lambda: DEVICE_WEIGHTS.give_back(key))
+        # An allocation and a synchronous copy: never while another lane captures a graph.
+        with CAPTURE_GATE.shared():
+            before = self.free_bytes()
+            try:
+                DEVICE_WEIGHTS.take(key, lambda: load_device_weights(self._ort, model.variant.path, DEVICE))
+            except Exception as exc:
+                raise load_failure(model.name, model.variant.path, exc) from exc
+            added = max(0, before - self.free_bytes())
+        return WeightsHold(replace(plan, added_bytes=added), lambda: _give_back(key))
 
     def open_ipc(self, handle: bytes, nbytes: int) -> cuda.IpcMemory:
         return open_ipc(handle, nbytes)
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> OnnxRuntimeCudaRunner:
-        return OnnxRuntimeCudaRunner(self._ort, model, lane, self.reservation_of(model, lane))
+        runner = OnnxRuntimeCudaRunner(self._ort, model, lane, self.reservation_of(model, lane))
+        if runner.cpu_nodes:  # only ever set to True: workers loading at once cannot undo each other
+            self._cpu_nodes[model.name] = True
+        return runner
+
+    def describe(self, model: ModelEntry) -> dict[str, Any]:
+        """`cpu_nodes` in the model's `models` entry: whether any of its nodes runs on the CPU,
+        so that a figure measured on it is not taken for a GPU figure."""
+        return {"cpu_nodes": self._cpu_nodes.get(model.name, False)}
 
     def reservation_of(self, model: ModelEntry, lane: ClassConfig) -> ModelReservation:
         plan = self._plans.get(lane.name)
         if plan is None:
             raise BackendError(f"lane {lane.name} was loaded before reserve() worked out its memory")
         return next(m for m in plan.models if m.model == model.name)
+
+
+def _give_back(key: Key) -> None:
+    """The loader's hold on a model's weights, given back (the last one frees the memory):
+    on the loader's thread, never while a lane captures."""
+    with CAPTURE_GATE.shared():
+        DEVICE_WEIGHTS.give_back(key)
 
 
 def lane_stream(lane: ClassConfig) -> cuda.Stream:
@@ -321,6 +339,7 @@ def open_ipc(handle: bytes, nbytes: int) -> cuda.IpcMemory:
     the socket loop's, in the device's primary context, which the lanes share."""
     try:
         cuda.set_device(DEVICE)
-        return cuda.IpcMemory(handle, nbytes)
+        with CAPTURE_GATE.shared():  # cudaIpcOpenMemHandle would break a capture in progress
+            return cuda.IpcMemory(handle, nbytes)
     except cuda.CudaError as exc:
         raise BackendError(f"the daemon cannot open this CUDA IPC handle: {exc}") from None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ PROVIDER = "CUDAExecutionProvider"
 # both out, since each removes files of the other, and put the GPU build back alone.
 GPU_INSTALL = "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'onnxruntime-gpu>=1.20'"
 CPU_NODES_REFUSED = "fallback to CPU EP has been explicitly disabled"
+ORT_LOG_LEVEL = "EDGED_ORT_LOG_LEVEL"
 
 
 def runtime_conflict() -> str | None:
@@ -64,6 +66,8 @@ def cuda_libraries(cuda_major: int) -> dict[str, tuple[str, ...]]:
     return {
         "the CUDA runtime": (f"libcudart.so.{cuda_major}",),
         "cuBLAS": (f"libcublasLt.so.{cuda_major}", f"libcublas.so.{cuda_major}"),
+        # cuRAND: the provider links it (for its random ops), so it fails to load without it.
+        "cuRAND": ("libcurand.so.10",),
         "cuDNN": ("libcudnn.so.9", "libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_cnn.so.9"),
     }
 
@@ -188,6 +192,17 @@ def _session(
     return session
 
 
+def ort_log_level() -> int:
+    """ONNX Runtime's session log level: 3 (errors) unless EDGED_ORT_LOG_LEVEL says otherwise;
+    1 keeps its info and warnings, which say when a CUDA graph is captured and when a session
+    copies a shared initializer ("Cannot use user supplied initializer"): the GPU
+    verification sets it so that its daemon logs show both."""
+    text = os.environ.get(ORT_LOG_LEVEL, "3")
+    if text not in ("0", "1", "2", "3", "4"):
+        raise BackendError(f"{ORT_LOG_LEVEL}={text!r}: ONNX Runtime's log levels are 0 (verbose) to 4 (fatal)")
+    return int(text)
+
+
 def session_options(ort: Any, lane: ClassConfig, cpu_nodes: bool) -> Any:
     """The lane's session options: its `threads` for what runs on the CPU, pools that sleep
     rather than spin (a GPU call's thread waits on the device, and spinning pools would
@@ -195,7 +210,7 @@ def session_options(ort: Any, lane: ClassConfig, cpu_nodes: bool) -> Any:
     unless `cpu_nodes`."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = ort_log_level()
     options.intra_op_num_threads = lane.threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")

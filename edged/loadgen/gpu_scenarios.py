@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import re
 import sys
 import tempfile
 import time
@@ -45,13 +46,13 @@ class Scenario:
     bulk_yields: bool = True  # classes.bulk.yields, its built-in setting; off, bulk's calls are uncapped too
     cuda_graph: bool = False  # classes.realtime.cuda_graph
 
-    def config_text(self) -> str:
+    def config_text(self, repository: Path = ENGINES) -> str:
         bulk_precedence = "" if self.bulk_yields else "yields = false\n"
         return f"""
 [server]
 backend = "{self.backend}"
 default_class = "realtime"
-model_repository = "{ENGINES}"
+model_repository = "{repository}"
 
 [classes.realtime]
 stream_priority = {self.realtime_priority}
@@ -89,86 +90,128 @@ SCENARIOS = (
 )
 
 
-def scenario(
-    spec: Scenario,
-    streams: tuple[Stream, Stream],
-    inputs: dict[str, Any],
-    duration_s: float,
-    failed_log: Path | None = None,
-) -> dict[str, Any]:
-    """One run of `spec` against a fresh daemon. A run that fails returns its error, and
-    its daemon's log is kept at `failed_log`; the daemon's log is dropped otherwise."""
-    realtime, bulk = streams[0], streams[1].scaled(spec.bulk_rate_factor)
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What every run of a benchmark offers: the two streams, the inputs by model, the
+    model repository, and how many processes send bulk's share (each its own socket)."""
+
+    streams: tuple[Stream, Stream]
+    inputs: dict[str, Any]
+    duration_s: float
+    repository: Path = ENGINES
+    bulk_senders: int = 1
+
+
+# What the daemon's log shows of ONNX Runtime (at EDGED_ORT_LOG_LEVEL 1 or below): lines
+# that say a CUDA graph was captured or replayed, and a session that copied a shared weight.
+LOG_FINDINGS = {
+    "cuda_graph_lines": re.compile(r"cuda ?graph", re.IGNORECASE),
+    "initializer_copied": re.compile(r"Cannot use user supplied initializer"),
+    "cpu_node_lines": re.compile(r"nodes? (are|were|is) (placed|assigned) on .*CPU", re.IGNORECASE),
+}
+
+
+def log_findings(text: str) -> dict[str, int]:
+    return {name: len(pattern.findall(text)) for name, pattern in LOG_FINDINGS.items()}
+
+
+def scenario(spec: Scenario, load: Load, log_path: Path | None = None) -> dict[str, Any]:
+    """One run of `spec` against a fresh daemon. Whatever happens, the daemon's log is kept
+    at `log_path` and what it shows is counted; a run that fails returns its error."""
+    realtime, bulk = load.streams[0], load.streams[1].scaled(spec.bulk_rate_factor)
+    result: dict[str, Any] = {"scenario": spec.name, "error": "ended before it finished"}
     with tempfile.TemporaryDirectory(prefix="edged-gpu-") as folder:
         log = Path(folder) / "daemon.log"
         try:
-            rows, utilisation, figures = _load(spec, folder, log, (realtime, bulk), inputs, duration_s)
+            rows, utilisation, figures, models = _load(spec, folder, log, (realtime, bulk), load)
+            for row in rows:
+                stream = realtime if row["class"] == realtime.klass else bulk
+                row["sent_rps"] = row["sent"] / load.duration_s
+                row["ok_rows_per_s"] = row["ok"] * stream.rows / load.duration_s
+                # The daemon's own compute time per call, beside the client's round trips.
+                row["compute_p50_us"] = figures[row["class"]]["latency_us"]["compute"]["p50"]
+            result = {
+                "scenario": spec.name,
+                "classes": rows,
+                "gpu_util_pct": utilisation.median,
+                "gpu_util_samples": utilisation.samples,
+                # Any node of a served model on the CPU, and the figure is not a GPU figure.
+                "cpu_nodes": {m["name"]: m.get("cpu_nodes") for m in models},
+            }
         except Exception as exc:  # one scenario's failure must not cost the others' results
-            kept = None
-            if failed_log is not None and log.exists():
-                failed_log.parent.mkdir(parents=True, exist_ok=True)
-                failed_log.write_bytes(log.read_bytes())
-                kept = str(failed_log)
-            return {"scenario": spec.name, "error": f"{type(exc).__name__}: {exc}", "daemon_log": kept}
-    for row in rows:
-        stream = realtime if row["class"] == realtime.klass else bulk
-        row["sent_rps"] = row["sent"] / duration_s
-        row["ok_rows_per_s"] = row["ok"] * stream.rows / duration_s
-        # The daemon's own compute time per call, beside the client's round trips.
-        row["compute_p50_us"] = figures[row["class"]]["latency_us"]["compute"]["p50"]
-    return {
-        "scenario": spec.name,
-        "classes": rows,
-        "gpu_util_pct": utilisation.median,
-        "gpu_util_samples": utilisation.samples,
-    }
+            result = {"scenario": spec.name, "error": f"{type(exc).__name__}: {exc}"}
+        finally:  # also when the benchmark is ended at its limit (a BaseException) mid-run
+            text = log.read_text(errors="replace") if log.exists() else ""
+            result["daemon_log_findings"] = log_findings(text)
+            if log_path is not None and log.exists():
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                log_path.write_text(text)
+                result["daemon_log"] = str(log_path)
+    return result
 
 
 def _load(
-    spec: Scenario, folder: str, log: Path, streams: tuple[Stream, Stream], inputs: dict[str, Any], duration_s: float
-) -> tuple[list[dict[str, Any]], UtilisationSampler, dict[str, Any]]:
-    """The daemon, both loads, and the daemon's own figures per class at the end."""
+    spec: Scenario, folder: str, log: Path, streams: tuple[Stream, Stream], load: Load
+) -> tuple[list[dict[str, Any]], UtilisationSampler, dict[str, Any], list[dict[str, Any]]]:
+    """The daemon, both loads, and the daemon's own figures per class and models at the end."""
     realtime, bulk = streams
     config = Path(folder) / "edged.toml"
-    config.write_text(spec.config_text())
+    config.write_text(spec.config_text(load.repository))
     endpoint = f"ipc://{folder}/d.sock"
     program = ONE_STREAM if spec.one_stream else None
+    senders = load.bulk_senders if spec.bulk else 0
+    inputs, duration_s = load.inputs, load.duration_s
     with DaemonProcess([endpoint], config=config, log_path=log, program=program) as daemon:
         daemon.wait_serving(timeout_s=START_S)
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as other:
-            # Bulk's generator: its own process and socket. A first empty run imports
-            # and connects there, so both loads start within milliseconds of each other.
-            other.submit(run_load, endpoint, [], inputs, 0.0).result()
+        with ProcessPoolExecutor(max(senders, 1), mp_context=multiprocessing.get_context("spawn")) as others:
+            # Bulk's generators: each its own process and socket. A first empty run imports
+            # and connects there, so the loads start within milliseconds of each other.
+            for ready in [others.submit(run_load, endpoint, [], inputs, 0.0) for _ in range(max(senders, 1))]:
+                ready.result()
+            share = bulk.scaled(1 / max(senders, 1))
             with UtilisationSampler() as utilisation:
-                bulk_rows = other.submit(run_load, endpoint, [bulk], inputs, duration_s, seed=1) if spec.bulk else None
+                sent = [
+                    others.submit(run_load, endpoint, [share], inputs, duration_s, seed=1 + i) for i in range(senders)
+                ]
                 rows = run_load(endpoint, [realtime], inputs, duration_s) if spec.realtime else []
-                if bulk_rows is not None:
-                    rows += bulk_rows.result(timeout=duration_s + 120)
+                if sent:
+                    rows.append(merged([f.result(timeout=duration_s + 120)[0] for f in sent]))
         with Client(endpoint, timeout_ms=10_000) as client:
-            figures = client.stats()["classes"]
-    return rows, utilisation, figures
+            figures, models = client.stats()["classes"], client.models()
+    return rows, utilisation, figures, models
+
+
+def merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bulk's senders summed: counts and rates add up; each latency percentile is the worst
+    sender's (an upper bound on the merged one, and the table says bulk's are so)."""
+    first = rows[0]
+    row = {"class": first["class"], "model": first["model"], "senders": len(rows)}
+    for key in ("offered_rps", "sent", "ok", "overloaded", "deadline_exceeded", "other", "lost", "goodput_rps"):
+        row[key] = sum(r[key] for r in rows)
+    row["ok_fraction"] = row["ok"] / row["sent"] if row["sent"] else 0.0
+    row["latency_us"] = {k: max(r["latency_us"][k] for r in rows) for k in first["latency_us"]}
+    return row
 
 
 def run_scenarios(
     chosen: list[Scenario],
-    streams: tuple[Stream, Stream],
-    inputs: dict[str, Any],
-    duration_s: float,
+    load: Load,
     repeats: int,
     out: Path,
     save: Callable[[list[list[dict[str, Any]]]], None],
 ) -> list[list[dict[str, Any]]]:
     """Every scenario `repeats` times, interleaved; `save` gets the repetitions so far after
-    each run, so a call cut short keeps what it measured. A failed run's daemon log is kept
-    in `out` as gpu-bench-N-R.log (N the scenario's number, R the repetition)."""
+    each run, so a call cut short keeps what it measured. Each run's daemon log is kept in
+    `out` as gpu-bench-N-R.log (N the scenario's number, R the repetition)."""
     repetitions: list[list[dict[str, Any]]] = []
     for repetition in range(repeats):
         print(f"repetition {repetition + 1} of {repeats}", file=sys.stderr)
         repetitions.append([])
         for spec in chosen:
-            number = SCENARIOS.index(spec) + 1 if spec in SCENARIOS else 0
-            failed_log = out / f"gpu-bench-{number}-{repetition + 1}.log"
-            repetitions[-1].append(scenario(spec, streams, inputs, duration_s, failed_log))
+            # A scenario of the caller's own: numbered after the built-in ones.
+            number = SCENARIOS.index(spec) + 1 if spec in SCENARIOS else len(SCENARIOS) + 1 + chosen.index(spec)
+            log_path = out / f"gpu-bench-{number}-{repetition + 1}.log"
+            repetitions[-1].append(scenario(spec, load, log_path))
             save(repetitions)
     return repetitions
 

@@ -58,6 +58,7 @@ RUNTIME_USERS = (
     "edged/backends/cuda_ipc.py",
     "bench/gpu_check_stream.py",
     "bench/gpu_check_ipc.py",
+    "bench/gpu_check_preflight.py",
 )
 DRIVER_USERS = (
     "edged/backends/cuda.py",

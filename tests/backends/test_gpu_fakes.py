@@ -62,6 +62,8 @@ def test_fake_ort_backend_preloads_the_cuda_libraries_before_its_first_session(
     backend.reserve([MLP], [REALTIME], backend.free_bytes())
     backend.load(MLP, REALTIME).close()
     assert log.index("preload_dlls") < log.index("session.create")
+    # cuRAND too: the CUDA provider links it, and fails to load without it.
+    assert log.index("load libcurand.so.10") < log.index("session.create")
 
 
 def test_fake_libraries_one_that_cannot_be_loaded_stops_start_up_naming_it_before_any_session(
@@ -134,8 +136,25 @@ def test_fake_ort_sessions_take_the_lanes_threads_never_spin_and_refuse_cpu_node
     assert options.config["session.inter_op.allow_spinning"] == "0"
     assert options.config["session.disable_cpu_ep_fallback"] == "1"
     assert created["providers"][0][1]["cudnn_conv_algo_search"] == "EXHAUSTIVE"
-    assert not runner.cpu_nodes
+    assert options.log_severity_level == 3  # errors only, unless EDGED_ORT_LOG_LEVEL says otherwise
+    assert not runner.cpu_nodes and backend.describe(MLP) == {"cpu_nodes": False}
     runner.close()
+
+
+def test_fake_ort_edged_ort_log_level_sets_the_sessions_log_level_and_a_bad_one_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], fake_cuda: FakeCuda
+) -> None:
+    """The GPU verification sets 1, so that its daemons' logs keep ONNX Runtime's word on
+    CUDA graph captures and on copied initializers."""
+    ort = fake_ort(monkeypatch, log)
+    backend = onnxruntime_cuda.OnnxRuntimeCuda()
+    backend.reserve([MLP], [REALTIME], backend.free_bytes())
+    monkeypatch.setenv("EDGED_ORT_LOG_LEVEL", "1")
+    backend.load(MLP, REALTIME).close()
+    assert ort.sessions[-1]["options"].log_severity_level == 1
+    monkeypatch.setenv("EDGED_ORT_LOG_LEVEL", "info")
+    with pytest.raises(BackendError, match=r"EDGED_ORT_LOG_LEVEL='info': ONNX Runtime's log levels are 0 \(verbose\)"):
+        backend.load(MLP, REALTIME)
 
 
 def test_fake_ort_a_model_with_nodes_left_to_the_cpu_loads_with_a_warning_that_says_so(
@@ -147,6 +166,8 @@ def test_fake_ort_a_model_with_nodes_left_to_the_cpu_loads_with_a_warning_that_s
     with caplog.at_level("WARNING", logger="edged"):
         runner = backend.load(MLP, REALTIME)
     assert runner.cpu_nodes
+    # The models reply says so: a figure measured on this model is not a GPU figure.
+    assert backend.describe(MLP) == {"cpu_nodes": True}
     assert [s["options"].config["session.disable_cpu_ep_fallback"] for s in ort.sessions] == ["1", "0"]
     assert "mlp-light: some of its nodes run on the CPU, not the GPU" in caplog.text
     runner.close()

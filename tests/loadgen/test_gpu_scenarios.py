@@ -27,11 +27,15 @@ def test_gpu_bench_harness_on_the_cpu_runs_realtime_beside_bulk_from_another_pro
     inputs = {m.name: [s.to_wire() for s in m.signature.inputs] for m in discover(ROOT / "engines", "onnxruntime")}
     streams = (Stream("realtime", "mlp-light", 100.0, 1000.0), Stream("bulk", "mlp-light", 50.0, 5000.0, rows=16))
     spec = gpu_scenarios.Scenario("cpu", "onnxruntime", 0, 0)
-    result = gpu_scenarios.scenario(spec, streams, inputs, duration_s=1.0)
+    result = gpu_scenarios.scenario(spec, gpu_scenarios.Load(streams, inputs, 1.0, bulk_senders=2))
     realtime, bulk = result["classes"]
     assert (realtime["class"], bulk["class"]) == ("realtime", "bulk")
     assert realtime["ok"] > 0 and bulk["ok"] > 0
+    # Two senders, each its own process and socket, half the rate each: summed.
+    assert bulk["senders"] == 2 and bulk["offered_rps"] == 50.0
     assert bulk["ok_rows_per_s"] == bulk["ok"] * 16 / 1.0 and bulk["sent_rps"] == bulk["sent"] / 1.0
+    # The CPU backend says nothing of CPU nodes: not a GPU figure.
+    assert result["cpu_nodes"] == {"cnn-heavy": None, "mlp-light": None}
     table = gpu_table.format_table(
         "CPU", 2, gpu_table.medians([[result], [result]]), {"p50": 1.0, "p99": 2.0, "p999": 3.0}
     )
@@ -45,7 +49,7 @@ def test_gpu_bench_bulk_alone_on_the_cpu_offers_bulk_only_at_the_scaled_rate() -
     inputs = {m.name: [s.to_wire() for s in m.signature.inputs] for m in discover(ROOT / "engines", "onnxruntime")}
     streams = (Stream("realtime", "mlp-light", 100.0, 1000.0), Stream("bulk", "mlp-light", 20.0, 5000.0, rows=16))
     spec = gpu_scenarios.Scenario("cpu bulk 2x", "onnxruntime", 0, 0, realtime=False, bulk_rate_factor=2.0)
-    (bulk,) = gpu_scenarios.scenario(spec, streams, inputs, duration_s=1.0)["classes"]
+    (bulk,) = gpu_scenarios.scenario(spec, gpu_scenarios.Load(streams, inputs, 1.0))["classes"]
     assert bulk["class"] == "bulk" and bulk["offered_rps"] == 40.0
     assert bulk["ok"] > 0 and bulk["ok_rows_per_s"] == bulk["ok"] * 16 / 1.0
 
@@ -64,12 +68,20 @@ def test_gpu_bench_harness_on_the_cpu_saves_each_run_and_keeps_a_failed_daemons_
     def save(repetitions: list[list[dict[str, object]]]) -> None:
         saved.append([("error" if "error" in run else "ok") for run in repetitions[-1]])
 
-    repetitions = gpu_scenarios.run_scenarios(specs, streams, inputs, 1.0, 1, tmp_path, save)
+    repetitions = gpu_scenarios.run_scenarios(specs, gpu_scenarios.Load(streams, inputs, 1.0), 1, tmp_path, save)
     assert saved == [["ok"], ["ok", "error"]]
     failed = repetitions[0][1]
-    log = tmp_path / "gpu-bench-0-1.log"
+    log = tmp_path / "gpu-bench-11-1.log"  # scenarios of the caller's own: numbered after the built-in 9
     assert failed["daemon_log"] == str(log) and "during start-up" in failed["error"]
     assert 'server.backend = "onnxruntime-cuda" cannot run here' in log.read_text()
+    # Every run's daemon log is kept, the successful one's too, with what it shows counted.
+    kept = Path(repetitions[0][0]["daemon_log"])
+    assert kept == tmp_path / "gpu-bench-10-1.log" and "stopped" in kept.read_text()
+    assert repetitions[0][0]["daemon_log_findings"] == {
+        "cuda_graph_lines": 0,
+        "initializer_copied": 0,
+        "cpu_node_lines": 0,
+    }
     table = gpu_table.format_table("CPU", 1, gpu_table.medians(repetitions), None)
     assert "| cuda without a gpu | FAILED (1 of 1): RuntimeError: the daemon exited" in table
     assert "| cpu | realtime | 50 |" in table
@@ -185,3 +197,99 @@ def test_scenario_numbers_pick_scenarios_from_one() -> None:
     assert gpu_scenarios.scenario_numbers("1,8,9") == [1, 8, 9]
     with pytest.raises(Exception, match="scenario numbers from 1 to 9"):
         gpu_scenarios.scenario_numbers("0,10")
+
+
+def bulk_row(**figures: object) -> dict[str, object]:
+    return {
+        "class": "bulk",
+        "offered_rps": 100.0,
+        "sent_rps": 100.0,
+        "ok": 100,
+        "overloaded": 0,
+        "goodput_rps": 100.0,
+        "ok_rows_per_s": 1600.0,
+        "latency_us": {"p50": 1000.0, "p99": 2000.0, "p999": 3000.0},
+    } | figures
+
+
+@pytest.mark.parametrize(
+    ("util", "busy", "says"),
+    [
+        (97.0, True, "bulk keeps the GPU busy: yes: median utilisation 97% alone (>= 90%)"),
+        (40.0, False, "bulk keeps the GPU busy: NO: median utilisation 40% alone (>= 90%)"),
+        (None, None, "bulk keeps the GPU busy: UNKNOWN: no utilisation sample (nvidia-smi)"),
+    ],
+)
+def test_bulk_keeps_the_gpu_busy_is_read_from_bulk_alones_utilisation(
+    util: float | None, busy: bool | None, says: str
+) -> None:
+    """The premise of every isolation verdict: a GPU with idle time beside realtime says nothing of contention."""
+    table = gpu_table.medians([[{"scenario": "bulk alone", "classes": [bulk_row()], "gpu_util_pct": util}]])
+    check = gpu_table.busy(table)
+    assert check["busy"] is busy and check["verdict"] == says
+    assert gpu_table.busy(gpu_table.medians([[{"scenario": "x", "classes": [bulk_row()]}]])) is None
+
+
+def test_a_run_with_a_model_on_the_cpu_or_unknown_is_not_a_gpu_figure() -> None:
+    runs = [
+        {"scenario": "a", "classes": [bulk_row()], "cpu_nodes": {"mlp-light": False, "bulk-heavy": False}},
+        {"scenario": "b", "classes": [bulk_row()], "cpu_nodes": {"mlp-light": False, "bulk-heavy": True}},
+        {"scenario": "c", "classes": [bulk_row()], "cpu_nodes": {"mlp-light": None}},
+    ]
+    assert gpu_table.gpu_figures(gpu_table.medians([runs[:1]]))["gpu"] is True
+    assert gpu_table.gpu_figures([])["gpu"] is None  # no run finished: nothing to call a GPU figure
+    verdict = gpu_table.gpu_figures(gpu_table.medians([runs]))
+    assert verdict == {
+        "gpu": False,
+        "verdict": "NOT a GPU figure: bulk-heavy, mlp-light: nodes on the CPU, or unknown (cpu_nodes)",
+    }
+
+
+def test_the_medians_take_a_repetition_cut_short_and_figures_missing_without_failing() -> None:
+    """A call killed mid-repetition, or a run with no OK reply, still gives a table."""
+    full = [{"scenario": "a", "classes": [bulk_row()]}, {"scenario": "b", "classes": [bulk_row()]}]
+    short = [{"scenario": "a", "classes": [bulk_row(latency_us={})]}]
+    table = gpu_table.medians([full, short])
+    assert [r["scenario"] for r in table] == ["a", "b"]
+    assert table[0]["classes"][0]["latency_us"] == {"p50": 1000.0, "p99": 2000.0, "p999": 3000.0}
+    assert "| b | bulk |" in gpu_table.format_table("GPU", 2, table, None)
+
+
+def test_bulk_senders_are_summed_and_their_latency_is_the_worst_senders() -> None:
+    one = bulk_row(model="m", sent=10, deadline_exceeded=0, other=0, lost=0)
+    two = bulk_row(
+        model="m",
+        sent=30,
+        ok=20,
+        deadline_exceeded=1,
+        other=0,
+        lost=0,
+        latency_us={"p50": 5.0, "p99": 1.0, "p999": 9e3},
+    )
+    merged = gpu_scenarios.merged([one, two])
+    assert (merged["senders"], merged["sent"], merged["ok"], merged["offered_rps"]) == (2, 40, 120, 200.0)
+    assert merged["latency_us"] == {"p50": 1000.0, "p99": 2000.0, "p999": 9000.0}
+
+
+def test_the_bulk_model_shares_one_weight_over_its_layers_and_runs_on_the_cpu(tmp_path: Path) -> None:
+    """build_scripts/make_bulk_model.py, small: a model repository entry that the CPU provider runs."""
+    import sys
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    sys.path.insert(0, str(ROOT / "build_scripts"))
+    try:
+        from make_bulk_model import gflop_per_image, write_bulk_model
+    finally:
+        sys.path.remove(str(ROOT / "build_scripts"))
+    folder = write_bulk_model(tmp_path, channels=8, depth=3)
+    (model,) = discover(tmp_path, "onnxruntime")
+    assert model.name == "bulk-heavy" and folder == tmp_path / "bulk-heavy"
+    graph = onnx.load(str(folder / "model.onnx")).graph
+    assert [n.input[1] for n in graph.node if n.op_type == "Conv"] == ["stem_k", "k", "k", "k"]
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {"image": np.ones((2, 3, 64, 64), np.float32)})
+    assert logits.shape == (2, 10) and np.isfinite(logits).all()
+    assert round(gflop_per_image(256, 8), 1) == 38.7  # the GPU's: ~170 times cnn-heavy's ~0.23
