@@ -4,14 +4,12 @@ code, and what it prints."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-from support import Reference, RunningDaemon
+from support import Reference, RunningDaemon, run_edged
 
 from edged.client import Client
 
@@ -19,14 +17,7 @@ TIMING_LINE = re.compile(r"^timing \(us, inside the daemon\): queue \d+, compute
 
 
 def edged(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "edged", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
+    return run_edged(*args, env=env)
 
 
 def test_models_json_prints_the_served_models_as_the_daemon_sends_them(daemon: RunningDaemon) -> None:

@@ -3,28 +3,17 @@ reference of every key, as a user runs them (a child process, its exit code, its
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import REPO_ROOT
+from support import REPO_ROOT, run_edged
 
 from edged.config.keys import SECTIONS
 
 
 def edged(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "edged", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": path},
-    )
+    return run_edged(*args, cwd=cwd)
 
 
 def test_check_of_the_example_config_says_ok() -> None:

@@ -7,6 +7,7 @@ client shares the daemon's codec, so a codec bug would agree with itself there.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -217,8 +218,18 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> No
     raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
-def run_edged(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """The `edged` command in a child process, as a user runs it."""
+def run_edged(
+    *args: str, timeout_s: float = 60, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The `edged` command in a child process, as a user runs it (from `cwd`, with `env`
+    added to this process's environment); this checkout's edged wherever it runs."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "edged", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+        [sys.executable, "-m", "edged", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
     )
