@@ -90,9 +90,11 @@ class Membership:
         self._now.set()
 
     def close(self) -> None:
+        """Stop following; a lookup under way is not waited for past a second (the system
+        resolver cannot be interrupted, and the thread holds nothing of the client's)."""
         self._stop.set()
         self._now.set()
-        self._thread.join()
+        self._thread.join(timeout=1.0)
 
     def _run(self) -> None:
         known = self.members

@@ -36,6 +36,10 @@ class Records(BaseResolver):  # type: ignore[misc]
         with self._lock:
             self._names[name.rstrip(".")] = list(addresses)
 
+    def addresses(self, name: str) -> list[str]:
+        with self._lock:
+            return list(self._names.get(name.rstrip("."), []))
+
     def remove(self, name: str) -> None:
         with self._lock:
             self._names.pop(name.rstrip("."), None)
