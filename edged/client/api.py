@@ -51,8 +51,9 @@ class Api:
         resolve_every_s: float,
         resolve: Resolve | None,
     ) -> None:
-        """The fleet and a socket per daemon. One tcp endpoint whose host is a name is
-        followed (edged.client.members): every address behind it, as they change."""
+        """The fleet and a socket per daemon. One tcp endpoint whose host is a name (alone,
+        or a list of one) is followed (edged.client.members): every address behind it, as
+        they change. Several endpoints are taken as given."""
         listed = endpoint_list(endpoints)
         name = named(listed[0]) if len(listed) == 1 else None
         self._members = None if name is None else Membership(*name, resolve_every_s, resolve)
