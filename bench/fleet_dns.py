@@ -190,6 +190,7 @@ def machine(command: list[str]) -> dict[str, Any]:
     return {
         "cpu": model,
         "cores": os.cpu_count(),
+        "load_average_1_5_15": os.getloadavg(),  # the box's other work while this ran
         "python": platform.python_version(),
         "commit": commit,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -207,6 +208,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     port = free_port()
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="edged-dns-") as folder, Records() as records:
         args.folder = Path(folder)
         daemons = {address: start(address, port, args.folder) for address in ADDRESSES}
@@ -219,7 +221,7 @@ def main() -> int:
             for daemon in daemons.values():
                 daemon.stop()
     result = {
-        "machine": machine([sys.executable, *sys.argv]),
+        "machine": {**machine([sys.executable, *sys.argv]), "load_average_at_start": load_at_start},
         "period_s": args.period,
         "offered_rps": args.rate,
         "deadline_ms": DEADLINE_MS,

@@ -278,12 +278,12 @@ def test_explicit_lists_are_not_followed(records: Records, keys: Keys, pair: lis
     assert records.asked == 0
 
 
-def test_edged_bench_on_a_name_goes_through_the_fleet_client(
-    daemon: RunningDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`edged bench --endpoint tcp://NAME:PORT` measures the fleet behind the name, per daemon."""
+def test_edged_infer_and_bench_take_a_name(daemon: RunningDaemon, tmp_path: Path) -> None:
+    """`edged infer` and `edged bench --endpoint tcp://NAME:PORT`: the bench measures the
+    fleet behind the name, per daemon."""
     assert daemon.tcp is not None
     port = daemon.tcp.rpartition(":")[2]
+    assert main(["infer", "mlp-light", "--endpoint", f"tcp://localhost:{port}"]) == 0
     out = tmp_path / "fleet.json"
     argv = ["bench", "--endpoint", f"tcp://localhost:{port}", "--mix", "realtime:mlp-light:100:50"]
     assert main([*argv, "--duration", "1", "--json", str(out)]) == 0
