@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -184,11 +186,12 @@ def test_every_address_is_a_member_and_one_added_is_served_within_a_period(
 def test_a_daemon_removed_and_stopped_loses_no_call(
     records: Records, keys: Keys, pair: list[RunningDaemon], third: RunningDaemon
 ) -> None:
-    """The async client keeps 16 calls in flight while 127.0.0.4 leaves the records and,
-    once the client has stopped sending there (a pod's preStop pause), is stopped (its
-    drain answers what it holds). Every call is answered OK, once; the leaver's socket is
-    closed only when its copies have settled, so none is given up on (after half the
-    call's timeout: seconds, where these calls take milliseconds)."""
+    """The async client keeps 16 calls in flight while 127.0.0.4 leaves the records with
+    copies of calls in flight (held there by a SIGSTOP) and, once the client has stopped
+    sending there (a pod's preStop pause), is stopped (its drain answers what it holds).
+    Every call is answered OK, once; the leaver's socket stays open until its copies have
+    settled, so none is given up on (after half the call's timeout: seconds, where these
+    calls take milliseconds)."""
     records.set(NAME, ["127.0.0.2", "127.0.0.3", "127.0.0.4"])
     outcomes: list[str] = []
     slowest = [0.0]
@@ -213,9 +216,13 @@ def test_a_daemon_removed_and_stopped_loses_no_call(
                 await asyncio.sleep(0.05)
             while time.monotonic() < end and client.counters()[at(4)].ok < 20:
                 await asyncio.sleep(0.05)
+            os.kill(third.pid, signal.SIGSTOP)  # the copies sent there now stay in flight
+            await asyncio.sleep(0.3)
             records.set(NAME, ["127.0.0.2", "127.0.0.3"])
             while time.monotonic() < end and at(4) in client.endpoints:
                 await asyncio.sleep(0.01)
+            still_open = at(4) in client.counters()  # left the members, not yet its copies' replies
+            os.kill(third.pid, signal.SIGCONT)
             await asyncio.to_thread(third.stop)
             while time.monotonic() < end and at(4) in client.counters():
                 await asyncio.sleep(0.05)
@@ -223,6 +230,7 @@ def test_a_daemon_removed_and_stopped_loses_no_call(
             await asyncio.sleep(0.5)  # calls go on on the two left
             stop.set()
             await asyncio.gather(*workers)
+            assert still_open, "the leaver's socket was closed with copies in flight"
             assert members == [at(2), at(3)] and known == {at(2), at(3)}, (members, known)
 
     asyncio.run(run())
