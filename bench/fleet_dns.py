@@ -1,7 +1,8 @@
-"""The fleet client behind a DNS name, measured while the records change: five daemons on
-127.0.0.2-6 (one port, as a headless Service's pods), a DNS server on 127.0.0.1
-(edged.loadgen.dns) whose records go from three daemons to five and back to three, and
-the async client of the name offering open-loop Poisson calls of mlp-light throughout.
+"""The fleet client behind a DNS name, measured while the records change: daemons on
+127.0.0.2 onwards (one port, as a headless Service's pods), a DNS server on 127.0.0.1
+(edged.loadgen.dns) whose records go from three daemons to five and back to three, once
+per cycle, and the async client of the name offering open-loop Poisson calls of
+mlp-light throughout.
 
 A daemon joins as a ready pod does: serving first, then its record. One leaves as a
 terminating pod does, the harder way round: its record goes and it is stopped (SIGTERM,
@@ -41,7 +42,15 @@ from edged.loadgen.launch import DaemonProcess
 from edged.loadgen.sweep import random_inputs
 
 NAME = "edged.edged.svc.cluster.local"
-ADDRESSES = [f"127.0.0.{n}" for n in range(2, 7)]
+BASE = [f"127.0.0.{n}" for n in range(2, 5)]  # the three daemons that stay
+
+
+def joiners(cycle: int) -> list[str]:
+    """The two daemons a cycle adds and takes away: fresh ones each cycle, all started
+    before the run, so that no daemon's start-up shares the box with the measured calls."""
+    return [f"127.0.0.{5 + 2 * cycle}", f"127.0.0.{6 + 2 * cycle}"]
+
+
 DEADLINE_MS = 200.0
 SETTLE_S = 3.0  # calls at three daemons between changes, and after the last
 # One class: five daemons start in seconds, not a minute, on a small box.
@@ -107,11 +116,11 @@ async def until(predicate: Any, within_s: float) -> float | None:
 async def scenario(
     records: Records, daemons: dict[str, DaemonProcess], port: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    endpoint = {address: f"tcp://{address}:{port}" for address in ADDRESSES}
-    with Client(endpoint[ADDRESSES[0]]) as probe:
+    endpoint = {address: f"tcp://{address}:{port}" for address in daemons}
+    with Client(endpoint[BASE[0]]) as probe:
         specs = {model["name"]: model["inputs"] for model in probe.models()}
     inputs = random_inputs(specs["mlp-light"], 1, np.random.default_rng(0))
-    records.set(NAME, ADDRESSES[:3])
+    records.set(NAME, BASE)
     name = f"tcp://{NAME}:{port}"
     joins: list[dict[str, Any]] = []
     leaves: list[dict[str, Any]] = []
@@ -120,14 +129,14 @@ async def scenario(
         running = asyncio.ensure_future(load.run(stop))
         await asyncio.sleep(SETTLE_S)
         for cycle in range(args.cycles):
-            for address in ADDRESSES[3:]:  # 3 -> 4 -> 5
+            for address in joiners(cycle):  # 3 -> 4 -> 5
                 joined = endpoint[address]
                 records.set(NAME, [*records.addresses(NAME), address])
                 at = round(time.perf_counter() - load.started, 3)
                 took = await until(lambda e=joined: (c := client.counters().get(e)) is not None and c.ok > 0, 60)
                 joins.append({"cycle": cycle, "daemon": joined, "at_s": at, "first_call_served_s": took})
                 await asyncio.sleep(SETTLE_S)
-            for address in reversed(ADDRESSES[3:]):  # 5 -> 4 -> 3
+            for address in reversed(joiners(cycle)):  # 5 -> 4 -> 3
                 left = endpoint[address]
                 records.set(NAME, [a for a in records.addresses(NAME) if a != address])
                 at = round(time.perf_counter() - load.started, 3)
@@ -144,9 +153,6 @@ async def scenario(
                     }
                 )
                 await stopping
-                if cycle + 1 < args.cycles:  # back for the next scale-up, before its record
-                    daemons[address] = start(address, port, args.folder)
-                    await asyncio.to_thread(daemons[address].wait_serving, 300)
                 await asyncio.sleep(SETTLE_S)
         stop.set()
         await running
@@ -160,9 +166,9 @@ async def scenario(
 
 async def calm(records: Records, port: int, args: argparse.Namespace, duration_s: float) -> dict[str, Any]:
     """The same load on the three daemons, the records unchanged: what this box gives without a change."""
-    with Client(f"tcp://{ADDRESSES[0]}:{port}") as probe:
+    with Client(f"tcp://{BASE[0]}:{port}") as probe:
         specs = {model["name"]: model["inputs"] for model in probe.models()}
-    records.set(NAME, ADDRESSES[:3])
+    records.set(NAME, BASE)
     client = AsyncClient(f"tcp://{NAME}:{port}", resolve_every_s=args.period, resolve=records.resolver())
     async with client:
         load, stop = (
@@ -207,11 +213,12 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=3, help="scales from 3 to 5 daemons and back (default 3)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
-    port = free_port()
+    addresses = BASE + [address for cycle in range(args.cycles) for address in joiners(cycle)]
+    port = free_port(addresses)
     load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="edged-dns-") as folder, Records() as records:
         args.folder = Path(folder)
-        daemons = {address: start(address, port, args.folder) for address in ADDRESSES}
+        daemons = {address: start(address, port, args.folder) for address in addresses}
         try:
             for daemon in daemons.values():
                 daemon.wait_serving(300)
@@ -234,14 +241,14 @@ def main() -> int:
     return 0
 
 
-def free_port() -> int:
+def free_port(addresses: list[str]) -> int:
     """A port free on every daemon's address."""
     for _ in range(50):
         with socket.socket() as probe:
-            probe.bind((ADDRESSES[0], 0))
+            probe.bind((addresses[0], 0))
             port = probe.getsockname()[1]
         try:
-            for address in ADDRESSES[1:]:
+            for address in addresses[1:]:
                 with socket.socket() as probe:
                     probe.bind((address, port))
         except OSError:
