@@ -116,6 +116,8 @@ class AsyncClient(Api):
         for receiver in (self._receivers or {}).values():
             receiver.cancel()
         self._close_sockets()
+        if self._fd_channel is not None:
+            self._fd_channel.close()
         self._context.term()
 
     async def __aenter__(self) -> AsyncClient:

@@ -110,6 +110,8 @@ class Client(Api):
 
     def close(self) -> None:
         self._close_sockets()
+        if self._fd_channel is not None:
+            self._fd_channel.close()
 
     def __enter__(self) -> Client:
         return self
