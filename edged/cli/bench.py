@@ -11,6 +11,7 @@ import json
 import sys
 import tempfile
 
+from edged.client.members import named
 from edged.loadgen.fleet import format_fleet, run_fleet
 from edged.loadgen.isolation import format_isolation, plot_isolation, run_isolation
 from edged.loadgen.launch import DaemonProcess
@@ -24,7 +25,7 @@ NO_MATPLOTLIB = (
 
 def run_bench(args: argparse.Namespace) -> int:
     """`edged bench`: a sweep against one daemon (started here unless --endpoint names one),
-    the isolation scenario, or a fleet of several endpoints."""
+    the isolation scenario, or a fleet of several endpoints (or of a DNS name's addresses)."""
     # Checked before the run, not after it has been spent.
     if args.png is not None and not _matplotlib():
         print(NO_MATPLOTLIB, file=sys.stderr)
@@ -32,8 +33,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.isolation:
         return _bench_isolation(args)
     streams = [Stream.parse(text) for text in args.mix or ["realtime:mlp-light:200", "bulk:cnn-heavy:200"]]
-    if args.endpoint and len(args.endpoint) > 1:
-        return _bench_fleet(args, streams)
+    if args.endpoint and (len(args.endpoint) > 1 or named(args.endpoint[0])):
+        return _bench_fleet(args, streams)  # several daemons, or a DNS name that stands for several
     factors = [float(f) for f in args.sweep.split(",")]
     with tempfile.TemporaryDirectory(prefix="edged-bench-") as folder:
         if args.endpoint:

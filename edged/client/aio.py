@@ -10,17 +10,17 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from edged.client.api import DEFAULT_TIMEOUT_MS, Api, dealer, endpoint_list, now_ms
+from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
 from edged.client.call import Call, SendFn
-from edged.client.fleet import Fleet
 from edged.client.keys import ClientKeys
+from edged.client.members import Resolve
 from edged.client.shm import SharedRegion
 from edged.wire.codec import Reply, decode_reply
 
 
 class AsyncClient(Api):
     """An asyncio client: any number of calls in flight, replies matched by id; one
-    endpoint or several, as `Client`.
+    endpoint, several, or a name that stands for several, as `Client`.
 
     Each method returns an awaitable: `outputs = await client.infer(...)`.
     """
@@ -33,23 +33,35 @@ class AsyncClient(Api):
         curve: ClientKeys | None = None,
         hedge: bool = False,
         hedge_after_ms: float | None = None,
+        resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
+        resolve: Resolve | None = None,
     ):
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
-        self._fleet = Fleet(endpoint_list(endpoints), hedge, hedge_after_ms)
         self._context = zmq.asyncio.Context()
-        immediate = self._fleet.several
-        self._sockets = [dealer(self._context, e, curve, immediate) for e in self._fleet.endpoints]
-        self._class_sockets = {}
+        self._curve = curve
         self._regions = []
         self._fd_channel = None
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
-        self._receivers: list[asyncio.Task[None]] = []
+        # Each socket's reading task, from the first call on (the loop runs only then).
+        self._receivers: dict[zmq.asyncio.Socket, asyncio.Task[None]] | None = None
+        self._start(endpoints, hedge, hedge_after_ms, resolve_every_s, resolve)
+
+    def _watch(self, sock: zmq.asyncio.Socket, index: int) -> None:
+        self._daemon_of[sock] = index
+        if self._receivers is not None:
+            self._receivers[sock] = asyncio.get_running_loop().create_task(self._receive(sock, index))
+
+    def _unwatch(self, sock: zmq.asyncio.Socket) -> None:
+        del self._daemon_of[sock]
+        if self._receivers is not None:
+            self._receivers.pop(sock).cancel()
 
     async def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         loop = asyncio.get_running_loop()
-        if not self._receivers:
-            self._receivers = [loop.create_task(self._receive(s, i)) for i, s in enumerate(self._sockets)]
+        if self._receivers is None:
+            self._receivers = {s: loop.create_task(self._receive(s, i)) for s, i in self._daemon_of.items()}
+        self._follow()
         call = self._new_call(op, fields, timeout_ms)
         settled: asyncio.Future[None] = loop.create_future()
         ids: list[int] = []
@@ -70,20 +82,17 @@ class AsyncClient(Api):
                 wait_ms = call.wake_at() - now_ms()
                 if wait_ms > 0:
                     await asyncio.wait([settled], timeout=wait_ms / 1000)
+                self._follow()
                 call.advance(now_ms(), send)
         finally:
             for request_id in ids:
                 self._pending.pop(request_id, None)
+            call.abandon()  # a cancelled call's copies count in flight no more
         return self._outcome(call, parse)
 
     async def _call_fd(self, region: SharedRegion, owned: bool, parse: Callable[[Reply], Any]) -> Any:
         # On a thread: the exchange blocks, if only for the daemon's answer, and the loop must not.
         return parse(await asyncio.to_thread(self._register_fd, region, owned))
-
-    def _connect(self, index: int, endpoint: str) -> zmq.asyncio.Socket:
-        sock = dealer(self._context, endpoint, None, immediate=True)
-        self._receivers.append(asyncio.get_running_loop().create_task(self._receive(sock, index)))
-        return sock
 
     async def _receive(self, sock: zmq.asyncio.Socket, index: int) -> None:
         counters = self._fleet.counters[index]
@@ -104,13 +113,12 @@ class AsyncClient(Api):
                 settled.set_result(None)
 
     async def close(self) -> None:
-        for receiver in self._receivers:
+        for receiver in (self._receivers or {}).values():
             receiver.cancel()
-        for sock in [*self._sockets, *(s for s in self._class_sockets.values() if s is not None)]:
-            sock.close(linger=0)
-        self._context.term()
+        self._close_sockets()
         if self._fd_channel is not None:
             self._fd_channel.close()
+        self._context.term()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -1,6 +1,7 @@
-"""What both clients share: every operation of the protocol, written once (`Api`), and
-the one socket setup. `Client` (edged.client.sync) and `AsyncClient` (edged.client.aio)
-differ only in how they wait for a call's replies (`_call`)."""
+"""What both clients share: every operation of the protocol, written once (`Api`), over
+the daemons' sockets (edged.client.sockets). `Client` (edged.client.sync) and
+`AsyncClient` (edged.client.aio) differ only in how they wait for a call's replies
+(`_call`) and watch a socket (`_watch`)."""
 
 from __future__ import annotations
 
@@ -10,48 +11,27 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import zmq
 
 from edged.client.call import Call
 from edged.client.errors import NoReply, raise_for_status
-from edged.client.fleet import EndpointCounters, Fleet
-from edged.client.keys import ClientKeys
+from edged.client.fleet import EndpointCounters
+from edged.client.members import DEFAULT_PERIOD_S
 from edged.client.shm import CudaIpcRegion, FdChannel, NamedRegion, SharedRegion
+from edged.client.sockets import Sockets
 from edged.wire.codec import Buffer, Reply, ShmRef, Status, encode_request
-from edged.wire.endpoints import class_endpoint, is_tcp
 
 DEFAULT_TIMEOUT_MS = 5000.0
+DEFAULT_RESOLVE_EVERY_S = DEFAULT_PERIOD_S
 
 
-class Api:
+class Api(Sockets):
     """Every operation of the protocol, written once for both clients; each call is a
     `edged.client.fleet.Call`, which the two classes drive over their sockets (`_call`)."""
 
     timeout_ms: float
-    _fleet: Fleet
     _ids: Iterator[int]
-    _sockets: list[Any]  # per daemon: its shared endpoint's DEALER
-    # Per daemon and class: a DEALER on that class's own socket; None where it has none.
-    _class_sockets: dict[tuple[int, str], Any]
     _regions: list[SharedRegion]  # registered with the daemon (edged.client.shm)
     _fd_channel: FdChannel | None  # to the daemon's memfd socket, once a memfd was registered
-
-    def _connect(self, index: int, endpoint: str) -> Any:
-        """A DEALER on daemon `index`'s `endpoint` (a class's own), read like the others."""
-        raise NotImplementedError
-
-    def _sockets_for(self, index: int, klass: str | None) -> list[Any]:
-        """Where a copy for daemon `index` may go, in order: its class's own socket, when
-        its endpoint has one (edged.wire.endpoints.class_endpoint), then the shared one.
-        The class's socket takes nothing while it is not connected (ZMQ_IMMEDIATE)."""
-        if klass is None:
-            return [self._sockets[index]]
-        key = (index, klass)
-        if key not in self._class_sockets:
-            endpoint = class_endpoint(self._fleet.endpoints[index], klass)
-            self._class_sockets[key] = None if endpoint is None else self._connect(index, endpoint)
-        own = self._class_sockets[key]
-        return [self._sockets[index]] if own is None else [own, self._sockets[index]]
 
     def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         raise NotImplementedError
@@ -87,20 +67,22 @@ class Api:
             fields = {**fields, "deadline_ms": deadline_ms}
         return request_id, encode_request(request_id, op, **fields)
 
-    @staticmethod
-    def _outcome(call: Call, parse: Callable[[Reply], Any]) -> Any:
+    def _outcome(self, call: Call, parse: Callable[[Reply], Any]) -> Any:
         if call.reply is None:
-            raise NoReply(f"no reply within {call.timeout_ms:.0f} ms")
+            raise NoReply(f"no reply within {call.timeout_ms:.0f} ms{self._why_none()}")
         return parse(call.reply)
 
     @property
     def endpoints(self) -> list[str]:
-        return list(self._fleet.endpoints)
+        """The daemons calls go to now: those given, or those a name resolves to."""
+        return self._fleet.members()
 
     def counters(self) -> dict[str, EndpointCounters]:
         """Per daemon: copies sent, OK, shed, unavailable, failed, timed out, hedged,
-        hedges won and late replies dropped (see edged.client.fleet.EndpointCounters)."""
-        return {endpoint: replace(c) for endpoint, c in zip(self._fleet.endpoints, self._fleet.counters)}
+        hedges won and late replies dropped (see edged.client.fleet.EndpointCounters).
+        A daemon that left a name's records is here until its last copy settles."""
+        fleet = self._fleet
+        return {e: replace(c) for e, c, s in zip(fleet.endpoints, fleet.counters, fleet.state) if s != "free"}
 
     def infer(
         self,
@@ -189,7 +171,7 @@ class Api:
         """shm_register `region` with `fields` (None: a memfd, on the memfd socket); a
         SharedRegion registered is one whose arrays go by reference (a CudaIpcRegion's
         inputs are named with its `tensor`)."""
-        if len(self._fleet.endpoints) != 1:
+        if self._fleet.several:
             raise ValueError("shared memory needs a client of one endpoint: a region is registered with one daemon")
 
         def registered(reply: Reply) -> SharedRegion | CudaIpcRegion:
@@ -249,25 +231,6 @@ class Api:
     def stats(self) -> Any:
         """Per-class counters and latency percentiles (see docs/protocol.md)."""
         return self._request("stats", lambda r: {k: v for k, v in r.header.items() if k not in ("v", "id", "status")})
-
-
-def endpoint_list(endpoints: str | Sequence[str]) -> list[str]:
-    """One endpoint or several, as a list."""
-    return [endpoints] if isinstance(endpoints, str) else list(endpoints)
-
-
-def dealer(context: zmq.Context, endpoint: str, curve: ClientKeys | None, immediate: bool) -> Any:
-    """The one socket setup of both clients. With several daemons, ZMQ_IMMEDIATE: a
-    copy is never queued for a daemon that is not connected (one killed, say); the
-    send fails at once and the call picks another."""
-    sock = context.socket(zmq.DEALER)
-    sock.linger = 0
-    if immediate:
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-    if curve is not None and is_tcp(endpoint):
-        curve.apply(sock)
-    sock.connect(endpoint)
-    return sock
 
 
 def now_ms() -> float:

@@ -117,6 +117,11 @@ class Call:
         self._settle(reply)
         return True
 
+    def abandon(self) -> None:
+        """Settle the call with nothing, if still open: its caller has gone (a task cancelled)."""
+        if not self.done:
+            self._settle(None)
+
     def _first_waiting(self) -> bool:
         return any(not copy.given_up for copy in self.copies.values())
 
@@ -143,11 +148,14 @@ class Call:
             counters.sent += 1
             counters.hedged += hedge
             return
-        if hedge or len(self._tried) == len(self.fleet.endpoints):
+        if hedge or self.fleet.tried_all(self._tried):
             self._cannot_send()  # a hedge is now or never; and every daemon has had its copy
             return
-        # One not connected may connect, or one set aside comes back: look again then.
-        again = now + SEND_POLL_MS if refused else self.fleet.soonest_back(self._tried)
+        self.fleet.on_no_daemon()
+        # One not connected may connect, one set aside comes back, or (a fleet named by
+        # DNS, none known yet) one joins: look again then.
+        none_known = not self.fleet.members()
+        again = now + SEND_POLL_MS if refused or none_known else self.fleet.soonest_back(self._tried)
         if again >= self.end:
             self.refusal = self.refusal or self.fleet.refusal(now)
             self._cannot_send()

@@ -14,14 +14,21 @@ requests after Dean and Barroso, "The Tail at Scale" (CACM 2013):
 A call sends at most two copies, the first reply that is not a retryable refusal
 settles it, and it settles exactly once: a later reply is dropped and counted `late`.
 A client of one daemon sets nothing aside and never retries.
+
+A fleet named by DNS (edged.client.members) changes while calls run: each daemon has a
+slot, `live` while its address is in the records, `leaving` once it is not (it takes no
+new copy, and the copies there still settle as any other), `free` once none is left (the
+client has closed its socket, and a new daemon may take the slot). Slots are never
+renumbered, so a copy's daemon is the same index from its send to its reply.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from edged.wire.codec import Reply
 
@@ -34,6 +41,8 @@ RTT_FLOOR_MS = 0.05  # so that daemons with no estimate yet tie, and share calls
 CHEAP_FACTOR = 2.0
 CHEAP_SLACK_MS = 1.0
 P95_EVERY = 32  # the p95 is recomputed after this many new samples, not per call
+
+SlotState = Literal["live", "leaving", "free"]
 
 
 @dataclass(slots=True)
@@ -75,31 +84,107 @@ class Latencies:
 class Fleet:
     """The daemons one client talks to, and what it has learnt about each."""
 
-    def __init__(self, endpoints: Sequence[str], hedge: bool = False, hedge_after_ms: float | None = None) -> None:
-        if not endpoints:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        hedge: bool = False,
+        hedge_after_ms: float | None = None,
+        followed: bool = False,
+    ) -> None:
+        """`followed`: the endpoints are a DNS name's answer, and `follow` changes them
+        (an empty start is allowed: the name may not resolve yet)."""
+        if not endpoints and not followed:
             raise ValueError("a client needs at least one endpoint")
-        self.endpoints = list(endpoints)
-        self.counters = [EndpointCounters() for _ in self.endpoints]
+        self.followed = followed
         self.latencies = Latencies()
         self.hedge = hedge
         self.hedge_after_ms = hedge_after_ms
-        self._aside_until = [0.0] * len(self.endpoints)
-        self._refusals: list[Reply | None] = [None] * len(self.endpoints)  # why each was set aside
-        self._in_flight = [0] * len(self.endpoints)  # copies of calls not yet settled
-        self._rtt = [0.0] * len(self.endpoints)  # time-weighted EWMA of round trips, ms
-        self._rtt_at = [-math.inf] * len(self.endpoints)  # so that the first sample is taken whole
+        # Called when a call finds no daemon to take it (a followed name re-resolves at once).
+        self.on_no_daemon: Callable[[], None] = lambda: None
+        self.endpoints: list[str] = []
+        self.counters: list[EndpointCounters] = []
+        self.state: list[SlotState] = []
+        self._aside_until: list[float] = []
+        self._refusals: list[Reply | None] = []  # why each was set aside
+        self._in_flight: list[int] = []  # copies of calls not yet settled
+        self._rtt: list[float] = []  # time-weighted EWMA of round trips, ms
+        self._rtt_at: list[float] = []
+        self._leaving = 0
         self._next = 0
+        for endpoint in endpoints:
+            self._join(endpoint)
 
     @property
     def several(self) -> bool:
-        return len(self.endpoints) > 1
+        return self.followed or len(self.endpoints) > 1
+
+    def members(self) -> list[str]:
+        """The daemons new copies may go to."""
+        return [e for e, state in zip(self.endpoints, self.state) if state == "live"]
+
+    def follow(self, endpoints: Sequence[str]) -> list[int]:
+        """Make `endpoints` the members: those gone leave, those new join. Returns the
+        slots that need a socket (new daemons); one that comes back while still leaving
+        keeps its socket."""
+        wanted = set(endpoints)
+        for index, endpoint in enumerate(self.endpoints):
+            if self.state[index] == "live" and endpoint not in wanted:
+                self.state[index] = "leaving"
+                self._leaving += 1
+        opened = []
+        for endpoint in endpoints:
+            index = self._slot_of(endpoint)
+            if index is not None and self.state[index] == "leaving":
+                self.state[index] = "live"
+                self._leaving -= 1
+            elif index is None:
+                opened.append(self._join(endpoint))
+        return opened
+
+    def settled_leavers(self) -> list[int]:
+        """The leaving daemons with no copy left in flight, now free: the client closes their sockets."""
+        if not self._leaving:
+            return []
+        done = [i for i, state in enumerate(self.state) if state == "leaving" and self._in_flight[i] == 0]
+        for index in done:
+            self.state[index] = "free"
+        self._leaving -= len(done)
+        return done
+
+    def _slot_of(self, endpoint: str) -> int | None:
+        for index, (known, state) in enumerate(zip(self.endpoints, self.state)):
+            if known == endpoint and state != "free":
+                return index
+        return None
+
+    def _join(self, endpoint: str) -> int:
+        """A slot for a new daemon, with nothing learnt: a free one (none of its copies
+        is in flight, or it would not be free), else a new one."""
+        if "free" not in self.state:
+            self.endpoints.append(endpoint)
+            self.counters.append(EndpointCounters())
+            self.state.append("live")
+            self._aside_until.append(0.0)
+            self._refusals.append(None)
+            self._in_flight.append(0)
+            self._rtt.append(0.0)
+            self._rtt_at.append(-math.inf)  # so that the first sample is taken whole
+            return len(self.state) - 1
+        index = self.state.index("free")
+        self.endpoints[index], self.counters[index], self.state[index] = endpoint, EndpointCounters(), "live"
+        self._aside_until[index], self._refusals[index] = 0.0, None
+        self._rtt[index], self._rtt_at[index] = 0.0, -math.inf
+        return index
 
     def pick(self, now: float, exclude: set[int]) -> int | None:
         """The next daemon, neither excluded nor set aside, among the cheapest: round
         robin over those whose cost is close to the lowest."""
         count = len(self.endpoints)
-        costs = [math.inf if i in exclude or self._aside_until[i] > now else self._cost(i, now) for i in range(count)]
-        best = min(costs)
+        costs = [
+            math.inf if i in exclude or self._aside_until[i] > now or self.state[i] != "live" else self._cost(i, now)
+            for i in range(count)
+        ]
+        best = min(costs, default=math.inf)
         if best == math.inf:
             return None
         for step in range(count):
@@ -134,7 +219,15 @@ class Fleet:
 
     def soonest_back(self, exclude: set[int]) -> float:
         """When the first daemon not excluded comes back from being set aside (inf: none)."""
-        return min((t for i, t in enumerate(self._aside_until) if i not in exclude), default=math.inf)
+        return min(
+            (t for i, t in enumerate(self._aside_until) if i not in exclude and self.state[i] == "live"),
+            default=math.inf,
+        )
+
+    def tried_all(self, tried: set[int]) -> bool:
+        """Whether a call that tried `tried` has had a copy on every member (none: not yet)."""
+        live = [i for i, state in enumerate(self.state) if state == "live"]
+        return bool(live) and all(i in tried for i in live)
 
     def set_aside(self, index: int, until: float, refusal: Reply) -> None:
         if self.several:
@@ -144,7 +237,7 @@ class Fleet:
     def refusal(self, now: float) -> Reply | None:
         """The refusal of the set-aside daemon that comes back first: the answer of a call
         that no daemon may take before it ends."""
-        aside = [i for i, until in enumerate(self._aside_until) if until > now]
+        aside = [i for i, until in enumerate(self._aside_until) if until > now and self.state[i] == "live"]
         return self._refusals[min(aside, key=self._aside_until.__getitem__)] if aside else None
 
     def hedge_delay_ms(self, model: str | None) -> float | None:

@@ -9,10 +9,11 @@ from typing import Any
 
 import zmq
 
-from edged.client.api import DEFAULT_TIMEOUT_MS, Api, dealer, endpoint_list, now_ms
+from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
 from edged.client.call import Call, SendFn
-from edged.client.fleet import EndpointCounters, Fleet
+from edged.client.fleet import EndpointCounters
 from edged.client.keys import ClientKeys
+from edged.client.members import Resolve
 from edged.client.shm import SharedRegion
 from edged.wire.codec import Reply, decode_reply
 
@@ -23,6 +24,11 @@ class Client(Api):
     `endpoints` is one endpoint or several: with several, each call goes to one daemon
     and is retried or hedged on another as edged.client.fleet describes (`hedge=True` sends a
     copy after this client's p95 for the model, or after `hedge_after_ms`).
+
+    One tcp endpoint with a host name, `tcp://edged.NAMESPACE.svc:5555`, is the fleet of
+    every address behind the name, looked up again every `resolve_every_s` and at once
+    when no daemon takes a call (edged.client.members). `resolve(host, port)` replaces the
+    system resolver: a list of addresses, or an exception (which keeps the last answer).
     """
 
     def __init__(
@@ -34,30 +40,25 @@ class Client(Api):
         curve: ClientKeys | None = None,
         hedge: bool = False,
         hedge_after_ms: float | None = None,
+        resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
+        resolve: Resolve | None = None,
     ):
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
-        self._fleet = Fleet(endpoint_list(endpoints), hedge, hedge_after_ms)
-        immediate = self._fleet.several
-        context = context or zmq.Context.instance()
-        self._context = context
-        self._sockets = [dealer(context, e, curve, immediate) for e in self._fleet.endpoints]
-        self._class_sockets = {}
+        self._context = context or zmq.Context.instance()
+        self._curve = curve
         self._regions = []
         self._fd_channel = None
-        self._daemon_of: dict[zmq.Socket, int] = {}  # every socket: the daemon it reaches, by index
         self._poller = zmq.Poller()
-        for index, sock in enumerate(self._sockets):
-            self._watch(sock, index)
+        self._start(endpoints, hedge, hedge_after_ms, resolve_every_s, resolve)
 
     def _watch(self, sock: zmq.Socket, index: int) -> None:
         self._daemon_of[sock] = index
         self._poller.register(sock, zmq.POLLIN)
 
-    def _connect(self, index: int, endpoint: str) -> zmq.Socket:
-        sock = dealer(self._context, endpoint, None, immediate=True)
-        self._watch(sock, index)
-        return sock
+    def _unwatch(self, sock: zmq.Socket) -> None:
+        del self._daemon_of[sock]
+        self._poller.unregister(sock)
 
     def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         call = self._new_call(op, fields, timeout_ms)
@@ -72,13 +73,16 @@ class Client(Api):
                 return request_id
             return None
 
+        self._follow()
         call.advance(now_ms(), send)
         while not call.done:
             wait_ms = call.wake_at() - now_ms()
             ready = self._poller.poll(max(math.ceil(wait_ms), 0)) if wait_ms > 0 else []
             for sock, _ in ready:
                 self._read(sock, call, send)
+            self._follow()
             call.advance(now_ms(), send)
+        self._follow()  # a leaving daemon's last copy may have settled with this call
         return self._outcome(call, parse)
 
     def _call_fd(self, region: SharedRegion, owned: bool, parse: Callable[[Reply], Any]) -> Any:
@@ -105,8 +109,7 @@ class Client(Api):
         return super().counters()
 
     def close(self) -> None:
-        for sock in self._daemon_of:
-            sock.close(linger=0)
+        self._close_sockets()
         if self._fd_channel is not None:
             self._fd_channel.close()
 

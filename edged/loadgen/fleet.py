@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edged.client import AsyncClient, Client, EdgedError, NoReply
+from edged.client import AsyncClient, Client, EdgedError, EndpointCounters, NoReply
 from edged.loadgen.sweep import Stream, random_inputs
 
 try:  # the faster loop for zmq.asyncio, where it is installed (the test extra has it)
@@ -93,9 +93,12 @@ async def _run(
             *(_stream(client, s, inputs[i], duration_s, seed=i) for i, s in enumerate(streams))
         )
         after = client.counters()
+    # Per daemon the client knew by the end (a DNS name's addresses, or those given); one
+    # that joined during the run counts from zero.
+    zero = EndpointCounters()
     counters = {
-        endpoint: {key: value - getattr(before[endpoint], key) for key, value in asdict(after[endpoint]).items()}
-        for endpoint in endpoints
+        endpoint: {key: value - getattr(before.get(endpoint, zero), key) for key, value in asdict(now).items()}
+        for endpoint, now in after.items()
     }
     return list(outcomes), counters
 
@@ -120,6 +123,7 @@ def run_fleet(
     finally:
         gc.unfreeze()
     calls = sum(o.calls for o in outcomes)
+    daemons = list(counters)
     sent = sum(c["sent"] for c in counters.values())
     return {
         "duration_s": duration_s,
@@ -130,7 +134,7 @@ def run_fleet(
         "copies_sent": sent,
         "extra_copies_fraction": (sent - calls) / calls if calls else 0.0,
         "daemons": {
-            endpoint: {"client": counters[endpoint], "daemon": _daemon_stats(endpoint)} for endpoint in endpoints
+            endpoint: {"client": counters[endpoint], "daemon": _daemon_stats(endpoint)} for endpoint in daemons
         },
     }
 

@@ -73,3 +73,42 @@ def test_the_first_copy_carries_the_callers_deadline_as_given_even_one_the_daemo
     call = Call(Fleet(["a", "b"]), "m", 0.0, 1000, started=5.0)
     call.advance(5.0, send)  # deadline_ms = 0 is for the daemon to refuse (INVALID_ARGUMENT), not for the client
     assert sent == [(0, 0.0)] and not call.done
+
+
+def test_a_daemon_that_leaves_takes_no_new_copy_and_its_copy_in_flight_settles_the_call_once() -> None:
+    fleet = Fleet(["a", "b"], followed=True)
+    sent, send = recorder()
+    call = Call(fleet, "m", None, 1000, started=0.0)
+    call.advance(0.0, send)
+    assert sent == [(0, None)]  # the copy is at a
+    assert fleet.follow(["b"]) == [] and fleet.members() == ["b"]  # a leaves the records
+    assert fleet.settled_leavers() == []  # its copy is in flight: its socket stays open
+    assert fleet.pick(1.0, set()) == 1 and fleet.pick(1.0, set()) == 1  # new copies go to b alone
+    answer = reply(1)
+    assert call.on_reply(1, answer, 2.0, send) and call.done and call.reply is answer
+    assert not call.on_reply(1, reply(1), 3.0, send)  # a second reply to it is late: settled once
+    assert fleet.settled_leavers() == [0]  # now a's socket may close, and its slot is free
+    assert fleet.follow(["b", "c"]) == [0] and fleet.endpoints == ["c", "b"]  # c takes the free slot
+    assert fleet.counters[0].sent == 0  # nothing of a's carried over
+
+
+def test_a_daemon_back_in_the_records_before_its_socket_closed_keeps_it() -> None:
+    fleet = Fleet(["a", "b"], followed=True)
+    fleet.sent(0)
+    fleet.follow(["b"])
+    assert fleet.follow(["a", "b"]) == [] and fleet.members() == ["a", "b"]  # no second socket for a
+    fleet.ended(0)
+    assert fleet.settled_leavers() == []
+
+
+def test_a_followed_name_with_no_address_yet_waits_for_one_rather_than_failing_at_once() -> None:
+    fleet = Fleet([], followed=True)
+    looked_up: list[bool] = []
+    fleet.on_no_daemon = lambda: looked_up.append(True)
+    sent, send = recorder()
+    call = Call(fleet, "m", None, 1000, started=0.0)
+    call.advance(0.0, send)
+    assert not call.done and looked_up and call.wake_at() == 5.0  # looks again in SEND_POLL_MS
+    fleet.follow(["a"])
+    call.advance(5.0, send)
+    assert sent == [(0, None)]

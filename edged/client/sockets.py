@@ -1,0 +1,142 @@
+"""The daemons' sockets as the fleet changes: one DEALER per daemon (and per class where
+a daemon's ipc endpoint has a class's own), opened as daemons join and closed once a
+leaver's copies have settled (edged.client.fleet's slots), and the one socket setup.
+Run by the sockets' owner, as edged.client.sync and edged.client.aio say who that is."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from edged.client.fleet import Fleet
+from edged.client.keys import ClientKeys
+from edged.client.members import Membership, Resolve, named
+from edged.wire.endpoints import class_endpoint, is_tcp
+
+
+class Sockets:
+    """A client's daemons and their sockets; `_watch` and `_unwatch` are the client's own."""
+
+    _fleet: Fleet
+    _members: Membership | None  # a client of a DNS name: who resolves it
+    _context: Any
+    _curve: ClientKeys | None
+    _sockets: list[Any]  # per daemon (fleet slot): its shared endpoint's DEALER; None once the slot is free
+    _daemon_of: dict[Any, int]  # every socket open: the daemon it reaches, by slot
+    # Per daemon and class: a DEALER on that class's own socket; None where it has none.
+    _class_sockets: dict[tuple[int, str], Any]
+
+    def _start(
+        self,
+        endpoints: str | Sequence[str],
+        hedge: bool,
+        hedge_after_ms: float | None,
+        resolve_every_s: float,
+        resolve: Resolve | None,
+    ) -> None:
+        """The fleet and a socket per daemon. One tcp endpoint whose host is a name (alone,
+        or a list of one) is followed (edged.client.members): every address behind it, as
+        they change. Several endpoints are taken as given."""
+        listed = endpoint_list(endpoints)
+        name = named(listed[0]) if len(listed) == 1 else None
+        self._members = None if name is None else Membership(*name, resolve_every_s, resolve)
+        if self._members is None:
+            self._fleet = Fleet(listed, hedge, hedge_after_ms)
+        else:
+            self._fleet = Fleet(self._members.members, hedge, hedge_after_ms, followed=True)
+            self._fleet.on_no_daemon = self._members.refresh
+        self._sockets = []
+        self._class_sockets = {}
+        self._daemon_of = {}
+        for index in range(len(self._fleet.endpoints)):
+            self._open(index)
+
+    def _watch(self, sock: Any, index: int) -> None:
+        """Read `sock`'s replies as daemon `index`'s from now on."""
+        raise NotImplementedError
+
+    def _unwatch(self, sock: Any) -> None:
+        raise NotImplementedError
+
+    def _connect(self, index: int, endpoint: str) -> Any:
+        """A DEALER on daemon `index`'s `endpoint` (a class's own), read like the others."""
+        sock = dealer(self._context, endpoint, None, immediate=True)
+        self._watch(sock, index)
+        return sock
+
+    def _open(self, index: int) -> None:
+        """The shared endpoint's socket of daemon `index`, new in the fleet or in a freed slot;
+        CURVE keys apply to every daemon of a fleet alike."""
+        sock = dealer(self._context, self._fleet.endpoints[index], self._curve, self._fleet.several)
+        if index == len(self._sockets):
+            self._sockets.append(sock)
+        else:
+            self._sockets[index] = sock
+        self._watch(sock, index)
+
+    def _follow(self) -> None:
+        """Take in the name's latest answer: sockets for the daemons that joined, and the
+        sockets of those that left closed once no copy there is in flight. Run by the
+        sockets' owner, between turns of a call."""
+        if self._members is None:
+            return
+        answer = self._members.latest()
+        if answer is not None:
+            for index in self._fleet.follow(answer):
+                self._open(index)
+        for index in self._fleet.settled_leavers():
+            own = [key for key in self._class_sockets if key[0] == index]
+            for sock in [self._sockets[index], *(self._class_sockets.pop(key) for key in own)]:
+                if sock is not None:
+                    self._unwatch(sock)
+                    sock.close(linger=0)
+            self._sockets[index] = None
+
+    def _close_sockets(self) -> None:
+        """Every socket closed, and the name no longer followed."""
+        if self._members is not None:
+            self._members.close()
+        for sock in self._daemon_of:
+            sock.close(linger=0)
+
+    def _sockets_for(self, index: int, klass: str | None) -> list[Any]:
+        """Where a copy for daemon `index` may go, in order: its class's own socket, when
+        its endpoint has one (edged.wire.endpoints.class_endpoint), then the shared one.
+        The class's socket takes nothing while it is not connected (ZMQ_IMMEDIATE)."""
+        if klass is None:
+            return [self._sockets[index]]
+        key = (index, klass)
+        if key not in self._class_sockets:
+            endpoint = class_endpoint(self._fleet.endpoints[index], klass)
+            self._class_sockets[key] = None if endpoint is None else self._connect(index, endpoint)
+        own = self._class_sockets[key]
+        return [self._sockets[index]] if own is None else [own, self._sockets[index]]
+
+    def _why_none(self) -> str:
+        """What a client of a name says when it knows no daemon at all."""
+        if self._members is None or self._fleet.members():
+            return ""
+        return f": no daemon behind {self._members.name} ({self._members.error or 'none resolved yet'})"
+
+
+def endpoint_list(endpoints: str | Sequence[str]) -> list[str]:
+    """One endpoint or several, as a list."""
+    return [endpoints] if isinstance(endpoints, str) else list(endpoints)
+
+
+def dealer(context: zmq.Context, endpoint: str, curve: ClientKeys | None, immediate: bool) -> Any:
+    """The one socket setup of both clients. With several daemons, ZMQ_IMMEDIATE: a
+    copy is never queued for a daemon that is not connected (one killed, say); the
+    send fails at once and the call picks another."""
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    if endpoint.startswith("tcp://["):
+        sock.ipv6 = True
+    if immediate:
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+    if curve is not None and is_tcp(endpoint):
+        curve.apply(sock)
+    sock.connect(endpoint)
+    return sock
