@@ -195,7 +195,10 @@ def run(schedule: Schedule, program: list[str] | None = None) -> Outcome:
         warmups = 0
         for step in schedule.steps:
             if step.in_warmup:
-                next_warmup(running, warmups)
+                try:
+                    next_warmup(running, warmups)
+                except AssertionError as exc:  # a schedule that fails, not the run: the rest go on
+                    problems.append(f"{exc} (the signal goes now)")
             last = step is schedule.steps[-1]
             time.sleep(max(step.delay_s - (SETTLE_S if last else 0), 0))
             if last:  # every request sent must reach the daemon before it may end
