@@ -23,6 +23,9 @@ EWMA_WEIGHT = 0.1
 # its calls' mean deviation from their price, as TCP's retransmission timer keeps four
 # of a round trip's (RFC 6298): a run past it is rare, whatever the spread of the box.
 SPREADS = 4
+# The most one run's deviation counts, relative to its price: a bound is at most
+# 1 + SPREADS * MAX_DEVIATION times the price.
+MAX_DEVIATION = 1.0
 
 # Input sizes remembered per size-priced model, the least recently seen dropped first:
 # enough for a few image or chunk sizes in rotation, few enough to republish per call.
@@ -90,9 +93,12 @@ class ServiceTimes:
         served runs (not its warm-up's, whose first is cold and which no hand-off precedes)."""
         expected = self.charge_ns(model, rows, elements)
         if expected > 0:
-            deviation = abs(call_ns - expected) / expected
+            # One run counts at most its price's worth: a run stalled for a second (a box
+            # swapping) would otherwise price the pipeline out of every deadline, and a
+            # pipeline that is always shed is never run again to bring its bound back.
+            deviation = min(abs(call_ns - expected) / expected, MAX_DEVIATION)
             with self._lock:
-                spread = self._spread.get(model, deviation)
+                spread = self._spread.get(model, 0.0)
                 self._spread[model] = spread + EWMA_WEIGHT * (deviation - spread)
         self.observe(model, call_ns, rows, elements)
 

@@ -368,3 +368,13 @@ def test_a_pipeline_whose_runs_vary_is_priced_at_what_its_runs_rarely_exceed() -
     assert 2 * MS < average < 4 * MS
     assert Priced.of(entry.pipeline, service, 1, elements).span_ns >= max(runs)
     assert service.prices()[entry.name]["spread"] > 0
+
+
+def test_one_stalled_run_does_not_price_a_pipeline_out_of_every_deadline() -> None:
+    """A run stalled 100 times over (a box swapping) moves the bound by a fraction of its
+    price at most: the pipeline stays admissible, and its next runs pull the bound back."""
+    service = ServiceTimes()
+    for _ in range(20):
+        service.observe_spread("p", 1 * MS, 1)
+    service.observe_spread("p", 100 * MS, 1)
+    assert service.bound_ns("p", 1) < 10 * service.charge_ns("p", 1)
