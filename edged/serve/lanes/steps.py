@@ -81,7 +81,7 @@ class Priced:
         path = ", ".join(f"{step.name} {self.prices[step.name] / 1e6:.3f}" for step, _ in chain)
         # Its steps may fit where its whole runs, measured, do not: then the last one is late.
         late = next((step for step, end_ns in chain if end_ns > left_ns), chain[-1][0])
-        whole = f"; its whole runs take {self.whole_ns / 1e6:.3f} ms" if start is None and self.whole_ns else ""
+        whole = f"; its whole runs rarely pass {self.whole_ns / 1e6:.3f} ms" if start is None and self.whole_ns else ""
         return (
             f"step {late.name!r} ({late.runs}) would end past the deadline: the pipeline's critical path "
             f"from there is {chain[-1][1] / 1e6:.3f} ms ({path} ms){whole}, and {max(left_ns, 0) / 1e6:.3f} ms "
