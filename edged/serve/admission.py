@@ -17,7 +17,8 @@ from typing import NamedTuple
 from edged.config.classes import ClassConfig
 
 # Admission keeps 1/this of the queued work ahead, and of the request's own price, in
-# hand (20%): see admit().
+# hand (20%), or for its own price, the bound its runs measured where that is more
+# (a pipeline's: ServiceTimes.bound_ns, which is its spread kept in hand): see admit().
 QUEUE_SLACK_DIVISOR = 5
 
 
@@ -200,11 +201,13 @@ def admit(
     budget_ns: int,
     above_ns: int = 0,
     outlook: Outlook | None = None,
+    bound_ns: int = 0,
 ) -> Shed | None:
     """None to admit; a Shed when the queue is full or the deadline cannot be met.
     `above_ns` is the work of higher classes that this one waits for (it yields);
     `outlook` what the lane can promise now (`Backlog.outlook`; if None, its average
-    pace, trusted without limit, with nothing in flight done)."""
+    pace, trusted without limit, with nothing in flight done); `bound_ns` what the
+    request's own run rarely passes, where its runs measured it (a pipeline's)."""
     depth = backlog.depth
     if depth >= klass.queue_capacity:
         # One slot frees when the average job ahead finishes on one of the workers.
@@ -223,12 +226,13 @@ def admit(
     # The estimate of a long queue errs by a share of its length, and a job admitted with
     # no slack then expires: admission keeps that share in hand.
     ahead_ns = queued_ns + queued_ns // QUEUE_SLACK_DIVISOR
-    own_ns = cost_ns + cost_ns // QUEUE_SLACK_DIVISOR
+    # Its own price's share, or its measured bound: both would count its spread twice.
+    own_ns = max(cost_ns + cost_ns // QUEUE_SLACK_DIVISOR, bound_ns)
     if ahead_ns + own_ns > budget_ns:
         if own_ns > budget_ns:
             message = (
                 f"class {klass.name!r} cannot meet the deadline: the model alone takes about {cost_ns / 1e6:.3f} ms "
-                f"({own_ns / 1e6:.3f} with a fifth kept in hand), more than the {max(budget_ns, 0) / 1e6:.3f} ms "
+                f"({own_ns / 1e6:.3f} with what is kept in hand), more than the {max(budget_ns, 0) / 1e6:.3f} ms "
                 "left; a retry needs a longer deadline"
             )
         else:

@@ -4,10 +4,12 @@ request against its deadline, at the lane's measured pace."""
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,13 +21,19 @@ from edged.backends import Runner, computes_on_caller
 # requests, light enough to ignore one outlier (see Average).
 EWMA_WEIGHT = 0.1
 
-# What a bound (`ServiceTimes.bound_ns`) keeps above a model's price: this many times
-# its calls' mean deviation from their price, as TCP's retransmission timer keeps four
-# of a round trip's (RFC 6298): a run past it is rare, whatever the spread of the box.
-SPREADS = 4
-# The most one run's deviation counts, relative to its price: a bound is at most
-# 1 + SPREADS * MAX_DEVIATION times the price.
-MAX_DEVIATION = 1.0
+# A bound (`ServiceTimes.bound_ns`) is the second-dearest of a pipeline's last RUNS_KEPT
+# runs, relative to their price: at most one in two hundred passed it (their 99.5th
+# percentile), and one stalled run moves it nothing. A mean and a few deviations would
+# not do, for a pipeline's runs have a long tail (light-chain, on a quiet 2-core box:
+# p99 3.3 times its p50, its mean absolute deviation a tenth of its mean); nor the 99th
+# percentile of 100 runs, too noisy an estimate: admitted in the moments it dipped, 1.4%
+# expired (bench/pipeline_deadlines.py, 2026-11-27).
+RUNS_KEPT = 200
+# The most one run counts, relative to its price: a pipeline warmed up cheap (priced at
+# next to nothing on zeros) whose first real run takes 300 ms would otherwise be bounded
+# at thousands of times its price, and shed from every deadline short of that, never to
+# run again and replace that run.
+MAX_OVER_PRICE = 5.0
 
 # Input sizes remembered per size-priced model, the least recently seen dropped first:
 # enough for a few image or chunk sizes in rotation, few enough to republish per call.
@@ -66,7 +74,8 @@ class ServiceTimes:
         self._extra_row_ns: dict[str, Average] = {}
         self._measured: dict[str, dict[int, Average]] = {}  # by model: elements -> call ns; workers only
         self._sizes: dict[str, SizeCosts] = {}  # by model: what admission reads, replaced whole
-        self._spread: dict[str, float] = {}  # by model: calls' mean deviation from their price, relative to it
+        self._runs: dict[str, deque[float]] = {}  # by pipeline: its last runs, relative to their price; workers only
+        self._bound: dict[str, float] = {}  # by pipeline: the 99th percentile of those, as admission reads it
         self._lock = threading.Lock()  # between its writers: the lane's workers and the loop's thread
 
     def observe(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
@@ -88,18 +97,15 @@ class ServiceTimes:
                     del table[next(iter(table))]
                 self._sizes[model] = SizeCosts.of({size: average.value for size, average in table.items()})
 
-    def observe_spread(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
-        """`observe`, and how far the call was from its price, for `bound_ns`: a pipeline's
+    def observe_run(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
+        """`observe`, and how the run compares with its price, for `bound_ns`: a pipeline's
         served runs (not its warm-up's, whose first is cold and which no hand-off precedes)."""
         expected = self.charge_ns(model, rows, elements)
         if expected > 0:
-            # One run counts at most its price's worth: a run stalled for a second (a box
-            # swapping) would otherwise price the pipeline out of every deadline, and a
-            # pipeline that is always shed is never run again to bring its bound back.
-            deviation = min(abs(call_ns - expected) / expected, MAX_DEVIATION)
             with self._lock:
-                spread = self._spread.get(model, 0.0)
-                self._spread[model] = spread + EWMA_WEIGHT * (deviation - spread)
+                runs = self._runs.setdefault(model, deque(maxlen=RUNS_KEPT))
+                runs.append(min(call_ns / expected, MAX_OVER_PRICE))
+                self._bound[model] = heapq.nlargest(2, runs)[-1]
         self.observe(model, call_ns, rows, elements)
 
     def estimate_ns(self, model: str, rows: int = 1) -> int:
@@ -118,9 +124,9 @@ class ServiceTimes:
         return int(rows * max(_value(self._first_row_ns, model, 0.0), self.extra_row_ns(model)))
 
     def bound_ns(self, model: str, rows: int, elements: int = 0) -> int:
-        """What a job costs at most, but rarely: its price and SPREADS times the mean
-        deviation of the model's calls from their prices."""
-        return int(self.charge_ns(model, rows, elements) * (1 + SPREADS * self._spread.get(model, 0.0)))
+        """What a pipeline's run costs at most, but rarely: its price times what its last
+        runs stayed within, relative to theirs (see RUNS_KEPT); its price alone until one is measured."""
+        return int(self.charge_ns(model, rows, elements) * max(self._bound.get(model, 1.0), 1.0))
 
     def measured(self, model: str, rows: int, elements: int) -> bool:
         """Whether a request is priced from measurements rather than extrapolated: its
@@ -134,7 +140,8 @@ class ServiceTimes:
         """What the lane charges, by model, as the stats op shows it (any thread): per
         row by size for a size-priced model, with how a larger size is priced
         ("line": through the two largest measured; "guess": see SizeCosts.beyond_ns);
-        else a call's first row and each further row; for a pipeline, its runs' `spread` (`bound_ns`)."""
+        else a call's first row and each further row; for a pipeline, the `p99_over_price` of its last
+        runs (`bound_ns`)."""
         shown: dict[str, dict[str, Any]] = {}
         # Copied in one step each (the workers add models meanwhile), then deduplicated in order.
         for model in dict.fromkeys([*self._first_row_ns, *self._sizes]):
@@ -147,8 +154,8 @@ class ServiceTimes:
             else:
                 by_size = {str(size): round(cost / 1e6, 3) for size, cost in zip(sizes.sizes, sizes.costs_ns)}
                 shown[model] = {"row_ms_by_elements": by_size, "past_largest": "line" if sizes.slope_ns else "guess"}
-            if model in self._spread:  # a pipeline's: its whole runs' spread, which its bound keeps in hand
-                shown[model]["spread"] = round(self._spread[model], 3)
+            if model in self._bound:  # a pipeline's: what its bound keeps in hand
+                shown[model]["p99_over_price"] = round(self._bound[model], 3)
         return shown
 
     def extra_row_ns(self, model: str) -> float:

@@ -184,7 +184,7 @@ class Lane:
         # run beside this one, so that work is often in flight at an arrival, and an
         # outlook taken on trust then admitted a burst at the ideal pace (a third expired).
         outlook = self.backlog.outlook(now_ns, self._crew.calls.progress(now_ns), self.klass.gives_way)
-        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, outlook)
+        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, outlook, priced.bound_ns if priced else 0)
         if shed is None:  # its bytes are held only once admission admits it
             who, nbytes = peer(route), sum(len(payload) for payload in request.payloads)
             shed = self._pending.take(who, nbytes, self.backlog)

@@ -198,12 +198,20 @@ class Worker:
         step that would end late. Steps are not cancelled mid-call."""
         pipeline, priced = job.model.pipeline, job.priced
         assert pipeline is not None and priced is not None and self.stepper is not None
+        # Its price is what the run cost the request: from its arrival where a waiting
+        # worker had to wake for it (the hand-off, which a busy worker does not need), the
+        # steps, the bookkeeping between them and the join.
+        origin_ns = job.received_ns if job.wakes else taken_ns
 
         def before_step(step: Step, done: set[str]) -> None:
             if done and self.klass.yields:
                 self.precedence.wait_turn(self.klass.order)
             now_ns = time.monotonic_ns()
             if (late := priced.late(job.deadline_ns - now_ns, step)) is not None:
+                # A run cut short counts at what it would have cost at least: left out, the
+                # slow runs a deadline cuts would hide the very tail the bound keeps in hand.
+                at_least_ns = now_ns - origin_ns + priced.tails[step.name]
+                self.service.observe_run(pipeline.name, at_least_ns, job.rows, job.elements)
                 raise StepLate(late)
             self.calls.begin([job], now_ns)
 
@@ -221,11 +229,7 @@ class Worker:
         finally:
             self.calls.end()
         compute_ns = time.perf_counter_ns() - start
-        # Its price is what the run cost the request: from its arrival where a waiting
-        # worker had to wake for it (the hand-off, which a busy worker does not need), the
-        # steps, the bookkeeping between them and the join.
-        span_ns = time.monotonic_ns() - (job.received_ns if job.wakes else taken_ns)
-        self.service.observe_spread(job.model.name, span_ns, job.rows, job.elements)
+        self.service.observe_run(pipeline.name, time.monotonic_ns() - origin_ns, job.rows, job.elements)
         self.answers.result(job, taken_ns, compute_ns, outputs={name: outputs[name] for name in job.output_names})
 
 
