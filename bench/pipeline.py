@@ -48,6 +48,11 @@ from edged.loadgen.sweep import Stream, run_load
 from edged.wire.codec import encode_request
 
 EXAMPLE = ROOT / "docs" / "examples" / "demo-ensemble"
+# Every request's deadline, both ways: this bench times what a request costs, not whether
+# admission takes it; with realtime's 20 ms, a busy box's pipeline bound (28.8 ms at load
+# 10) shed the first request and ended the run.
+DEADLINE_MS = 1000.0
+
 CHAIN = """
 description = "mlp-light three times, a Python step between each two"
 
@@ -161,7 +166,7 @@ def unloaded(endpoint: str, echo: str, steps: Steps, rounds: int, per_round: int
     with Client(endpoint) as client:
 
         def remote(name: str, input_name: str, x: np.ndarray) -> np.ndarray:
-            return next(iter(client.infer(name, {input_name: x}, klass="realtime").values()))
+            return next(iter(client.infer(name, {input_name: x}, klass="realtime", deadline_ms=DEADLINE_MS).values()))
 
         def timed(pipeline: str, how: str, x: np.ndarray, frames: list[bytes]) -> float:
             start = time.perf_counter_ns()
@@ -187,7 +192,10 @@ def unloaded(endpoint: str, echo: str, steps: Steps, rounds: int, per_round: int
         paths = ["pipeline", "chained", "in_process", "echo"]
         for pipeline, (name, shape) in inputs.items():
             x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-            frames = [bytes(f) for f in encode_request(1, model=pipeline, klass="realtime", inputs={name: x})]
+            frames = [
+                bytes(f)
+                for f in encode_request(1, model=pipeline, klass="realtime", deadline_ms=DEADLINE_MS, inputs={name: x})
+            ]
             for how in paths:
                 for _ in range(10):  # warm every path
                     timed(pipeline, how, x, frames)

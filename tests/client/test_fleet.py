@@ -124,9 +124,11 @@ def test_kill_9_mid_run_every_call_gets_one_ok_from_the_other_daemon(
             results = await asyncio.gather(*(one(i) for i in range(calls)), return_exceptions=True)
             counters = client.counters()
         # Exactly one OK per call. Once the kill was seen (ZMQ_IMMEDIATE: at once, on ipc),
-        # no copy went to the dead daemon, but for one racing the disconnect.
+        # no copy went to the dead daemon, but for those racing the disconnect: 0-2 on a
+        # quiet box, 4 at load 10 (its I/O thread saw it later). A client that missed the
+        # disconnect would send it about half of the 80 calls after the kill.
         assert sum(counters[e].ok - before[e].ok for e in counters) == calls, counters
-        assert counters[doomed.ipc].sent - sent_before_kill[0] <= 2, (sent_before_kill, counters)
+        assert counters[doomed.ipc].sent - sent_before_kill[0] <= 10, (sent_before_kill, counters)
         return results
 
     results = asyncio.run(run())

@@ -11,6 +11,7 @@ the step. Skips where rapidocr cannot run (see tests/support/ocr.py).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -67,7 +68,13 @@ def test_a_frame_realtime_cannot_read_in_time_is_shed_at_arrival_naming_the_step
     image, _ = IMAGES["lines"]
     with Client(ocr_daemon.ipc) as client, pytest.raises(Overloaded) as shed:
         client.infer("ocr", {"image": image}, klass="realtime")
-    assert "pipeline 'ocr': step 'det' (model ocr-det) would end past the deadline" in str(shed.value)
+    # The detector is the step that cannot end in time; on a busy box the Python step before
+    # it may be priced past the 20 ms already (seen at load 12), and is then the one named.
+    assert re.search(
+        r"pipeline 'ocr': step '(det|prepare)' \((model ocr-det|Python step ocr_steps:prepare)\) "
+        "would end past the deadline",
+        str(shed.value),
+    ), shed.value
 
 
 def test_models_lists_the_pipeline_and_its_steps(ocr_daemon: RunningDaemon) -> None:
