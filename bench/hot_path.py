@@ -1,0 +1,152 @@
+"""Where a light request's time goes inside the daemon: CPU and wall time per request of
+each step of its path, beside the naive server's whole process CPU per request.
+
+    python bench/hot_path.py [--requests 5000]
+
+A fresh daemon, started through this script (`--serve`), wraps each step of the
+serving path in a timer before it serves: the loop's read of a socket (with the
+handling it leads to), one `_read`, decoding, admission and placement (`Lane.offer`,
+with the inline run), the inline run, the backend call, the answer (with its send) and
+the send. Closed-loop round trips of mlp-light in the default class on the shared
+endpoint, as bench/compare.py's `edged` path sends them; then as many to the naive
+server (bench/paths.py), whose process CPU per request is the figure to beat.
+A step's figure includes the steps inside it; the timers' own cost is about 1 us of
+CPU per wrapped call. The figures guide where to cut; bench/compare.py measures the
+result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+STEPS: list[tuple[str, str, str]] = [  # (module, attribute, label), outermost first
+    ("edged.serve.transport.loop", "Loop._receive", "read a socket and handle"),
+    ("edged.serve.transport.loop", "_read", "one _read (x2: the next is looked for)"),
+    ("edged.serve.dispatch", "Dispatcher.handle", "handle"),
+    ("edged.wire.fast", "decode_request", "decode"),
+    ("edged.serve.lanes.lane", "Lane.offer", "admit and place (with the run)"),
+    ("edged.serve.lanes.lane", "Lane._run_inline", "inline run"),
+    ("edged.backends.onnxruntime_cpu", "OnnxRuntimeCpuRunner.run", "backend call"),
+    ("edged.serve.answers", "Answers.result", "answer (with the send)"),
+    ("edged.serve.transport.binding", "Bound.send", "send"),
+]
+
+
+def serve(figures: Path, argv: list[str]) -> int:
+    """Run the daemon with every step timed, writing the totals to `figures` each second."""
+    import importlib
+
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # CPU ns, wall ns, calls
+
+    def timed(function: Callable[..., Any], label: str) -> Callable[..., Any]:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            cpu, wall = time.thread_time_ns(), time.perf_counter_ns()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                total = totals[label]
+                total[0] += time.thread_time_ns() - cpu
+                total[1] += time.perf_counter_ns() - wall
+                total[2] += 1
+
+        return step
+
+    for module_name, attribute, label in STEPS:
+        owner: Any = importlib.import_module(module_name)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, name, timed(getattr(owner, name), label))
+
+    def write() -> None:
+        while True:
+            time.sleep(1)
+            figures.write_text(json.dumps(dict(totals)))
+
+    threading.Thread(target=write, daemon=True).start()
+    from edged.cli.commands import main
+
+    return main(argv)
+
+
+def measure(requests: int) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from paths import RoundTrips, helper_server
+
+    from edged.loadgen.launch import DaemonProcess, cpu_seconds
+
+    with tempfile.TemporaryDirectory(prefix="edged-hot-") as folder:
+        figures = Path(folder) / "steps.json"
+        endpoint, naive_endpoint = f"ipc://{folder}/edged.sock", f"ipc://{folder}/naive.sock"
+        program = [sys.executable, __file__, "--serve", str(figures), "--"]
+        with DaemonProcess([endpoint], program=program) as daemon:
+            daemon.wait_serving()
+            trips = RoundTrips(endpoint, None)
+            trips("mlp-light", 200, 50)
+            time.sleep(1.5)  # the totals written after the warm-up
+            before = json.loads(figures.read_text())
+            cpu_before = cpu_seconds(daemon.process.pid)
+            samples = sorted(trips("mlp-light", requests, 0))
+            cpu_edged = cpu_seconds(daemon.process.pid) - cpu_before
+            time.sleep(1.5)
+            after = json.loads(figures.read_text())
+            trips.close()
+        naive = helper_server("naive_server", naive_endpoint)
+        try:
+            naive_trips = RoundTrips(naive_endpoint, None)
+            naive_trips("mlp-light", 200, 50)
+            cpu_before = cpu_seconds(naive.pid)
+            naive_samples = sorted(naive_trips("mlp-light", requests, 0))
+            cpu_naive = cpu_seconds(naive.pid) - cpu_before
+            naive_trips.close()
+        finally:
+            naive.kill()
+    steps = {}
+    for _, _, label in STEPS:
+        cpu, wall, calls = (a - b for a, b in zip(after.get(label, [0, 0, 0]), before.get(label, [0, 0, 0])))
+        steps[label] = {
+            "calls_per_request": round(calls / requests, 2),
+            "cpu_us": round(cpu / requests / 1000, 1),
+            "wall_us": round(wall / requests / 1000, 1),
+        }
+    return {
+        "requests": requests,
+        "edged": {"p50_us": round(samples[requests // 2], 1), "process_cpu_us": round(cpu_edged / requests * 1e6, 1)},
+        "naive": {
+            "p50_us": round(naive_samples[requests // 2], 1),
+            "process_cpu_us": round(cpu_naive / requests * 1e6, 1),
+        },
+        "steps": steps,
+    }
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        return serve(Path(sys.argv[2]), sys.argv[4:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    result = measure(args.requests)
+    for side in ("edged", "naive"):
+        row = result[side]
+        print(f"{side:6} round trip p50 {row['p50_us']:7.1f} us, process CPU {row['process_cpu_us']:6.1f} us a request")
+    print(f"{'step (a request, timed inside the daemon)':44} {'calls':>5} {'CPU us':>7} {'wall us':>7}")
+    for label, step in result["steps"].items():
+        print(f"{label:44} {step['calls_per_request']:5.2f} {step['cpu_us']:7.1f} {step['wall_us']:7.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
