@@ -1,22 +1,15 @@
-"""The `edged` command: serve, and talk to a daemon that serves."""
+"""The `edged` command: serve, and talk to a daemon that serves (edged.cli.client_commands)."""
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from edged.config import ConfigError, default_endpoint, load_config
-
-if TYPE_CHECKING:
-    from edged.client import Client
+from edged.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,40 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_build(commands)
 
-    for name, helptext in (
-        ("models", "a line per served model: its tensors and what a row costs on each class's lane (ms)"),
-        ("health", "the daemon's state, and a line per class: its lane and its sockets"),
-        ("stats", "a line per class: queued, completed, shed, expired, failed, latency p50/p99/p99.9 (ms)"),
-    ):
-        sub = commands.add_parser(name, help=helptext)
-        _endpoint_option(sub)
-        sub.add_argument("--json", action="store_true", help="print the daemon's reply as JSON (for scripts)")
-        sub.set_defaults(run=_control, op=name)
-        if name == "health":
-            from edged.cli.probe import PROBES
+    from edged.cli.client_commands import add_parsers as add_client_commands
 
-            sub.add_argument(
-                "--probe",
-                choices=PROBES,
-                help="exit 0 if the daemon is live (its loop answers), started (warm-up done) or ready "
-                "(serving, every lane ok), else 1; prints one line",
-            )
-
-    infer = commands.add_parser("infer", help="run one model and print its outputs and timing")
-    infer.add_argument("model")
-    _endpoint_option(infer)
-    infer.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="NAME=FILE.npy",
-        help="an input from a .npy file, repeatable; inputs not given are random",
-    )
-    infer.add_argument("--batch", type=int, default=1, help="batch size of random inputs (default 1)")
-    infer.add_argument("--class", dest="klass", help="priority class (default: the daemon's default)")
-    infer.add_argument("--deadline-ms", type=float, help="the request's time budget in the daemon")
-    infer.add_argument("--repeat", type=int, default=1, help="send it this many times and print latency percentiles")
-    infer.set_defaults(run=_infer)
+    add_client_commands(commands)
 
     bench = commands.add_parser("bench", help="open-loop load with a class mix: percentiles, goodput, shed")
     bench.add_argument(
@@ -155,30 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(run=_bench)
     return parser
-
-
-def _endpoint_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--endpoint",
-        default=os.environ.get("EDGED_ENDPOINT") or default_endpoint(),
-        help="the daemon's endpoint (default: $EDGED_ENDPOINT, else the default ipc socket)",
-    )
-    parser.add_argument("--timeout-ms", type=float, default=5000.0, help="how long to wait for a reply")
-    parser.add_argument("--server-key", type=Path, help="a CURVE tcp endpoint: the daemon's public key file")
-    parser.add_argument("--client-key", type=Path, help="a CURVE tcp endpoint: this client's .key_secret file")
-
-
-def _client(args: argparse.Namespace) -> Client:
-    from edged.client import Client
-    from edged.client.keys import ClientKeys
-
-    if (args.server_key is None) != (args.client_key is None):
-        raise SystemExit("edged: --server-key and --client-key go together")
-    try:
-        curve = ClientKeys.from_files(args.server_key, args.client_key) if args.server_key else None
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"edged: {exc}") from None
-    return Client(args.endpoint, timeout_ms=args.timeout_ms, curve=curve)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -233,76 +171,6 @@ def _config(args: argparse.Namespace) -> int:
     else:
         print(explain(args.explain), end="")
     return 0
-
-
-def _control(args: argparse.Namespace) -> int:
-    from edged.cli.tables import health_table, models_table, stats_table
-
-    with _client(args) as client:
-        result = getattr(client, args.op)()
-        if getattr(args, "probe", None):
-            from edged.cli.probe import verdict
-
-            passed, line = verdict(args.probe, result)
-            print(line)
-            return 0 if passed else 1
-        if args.json:
-            print(json.dumps(result, indent=2))
-        elif args.op == "models":
-            print(models_table(result, client.stats(), client.health()))
-        else:
-            print(stats_table(result) if args.op == "stats" else health_table(result))
-    return 0
-
-
-def _infer(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        model = _find_model(client.models(), args.model)
-        inputs = _inputs(model, args.input, args.batch)
-        latencies = []
-        for _ in range(args.repeat):
-            reply = client.infer_reply(args.model, inputs, klass=args.klass, deadline_ms=args.deadline_ms)
-            latencies.append(reply.header["timing_us"]["total"])
-    for name, array in reply.outputs.items():
-        print(f"{name}: {array.dtype} {list(array.shape)}")
-        print(np.array2string(array, precision=4, threshold=40, edgeitems=4))
-    timing = reply.header["timing_us"]
-    print(
-        f"timing (us, inside the daemon): queue {timing['queue']}, compute {timing['compute']}, total {timing['total']}"
-    )
-    if args.repeat > 1:
-        p50, p99 = np.percentile(latencies, [50, 99])
-        print(f"{args.repeat} requests: total p50 {p50:.0f} us, p99 {p99:.0f} us")
-    return 0
-
-
-def _find_model(models: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    for model in models:
-        if model["name"] == name:
-            return model
-    from edged.client import NotFound
-
-    raise NotFound(f"NOT_FOUND: the daemon serves no model {name!r}; it serves {[m['name'] for m in models]}")
-
-
-def _inputs(model: dict[str, Any], given: list[str], batch: int) -> dict[str, np.ndarray]:
-    from edged.wire.codec import DTYPES
-
-    files = {}
-    for item in given:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise SystemExit(f"edged: --input takes NAME=FILE.npy, got {item!r}")
-        files[name] = np.load(path)
-    rng = np.random.default_rng(0)
-    inputs = {}
-    for spec in model["inputs"]:
-        if spec["name"] in files:
-            inputs[spec["name"]] = files[spec["name"]]
-            continue
-        shape = [batch if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec["shape"])]
-        inputs[spec["name"]] = rng.standard_normal(shape).astype(DTYPES[spec["dtype"]])
-    return inputs
 
 
 def _bench(args: argparse.Namespace) -> int:

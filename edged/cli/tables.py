@@ -1,6 +1,6 @@
 """What `edged models`, `stats` and `health` print for a person: a short table, a line per
 model or class, with the figures an operator reads first. `--json` prints the daemon's
-reply instead, for scripts (edged.cli.commands)."""
+reply instead, for scripts (edged.cli.client_commands)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
 from edged.serve.figures import figures, model_wire
 from edged.serve.pending import PendingBytes
-from edged.serve.regions import Regions, Slot
+from edged.serve.region_maps import Slot
+from edged.serve.regions import Regions
 from edged.serve.transport import Route, local, peer, reply
 from edged.serve.transport.loop import Loop
 from edged.wire import fast

@@ -16,10 +16,9 @@ keep their region mapped: Python unmaps an mmap only once nothing views it, so a
 region unregistered, swept or forgotten while a request reads it stays mapped until
 that request is answered.
 
-A memfd region cannot shrink under the daemon: it is refused unless sealed with
-F_SEAL_SHRINK, a seal no one can remove. A POSIX object mapped by name can be shrunk
-by its client between the size check at each use and the access, a SIGBUS that ends
-the daemon: so names are mapped only with `shm.trust_posix_names` (docs/operations.md).
+Each region is mapped, and checked at each use, by edged.serve.region_maps, which says
+why a memfd must be sealed against shrinking and a name is mapped only with
+`shm.trust_posix_names`.
 
 On a GPU backend a region may instead be a client's device memory, registered by its
 CUDA IPC handle (DeviceRegion): opened once, through the backend (edged.backends.
@@ -29,104 +28,17 @@ keep it open, and closed once neither the registry nor any request holds it.
 
 from __future__ import annotations
 
-import fcntl
-import functools
-import mmap
-import os
 import secrets
-import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from edged.backends import BackendError, DeviceMemory, DeviceTensor
+from edged.backends import BackendError, DeviceMemory
 from edged.config.shm import ShmConfig
+from edged.serve.region_maps import SHM_ROOT, DeviceRegion, Owner, Region, Slot, map_posix, map_sealed
 from edged.wire.messages import ProtocolError, Request, RequestId, ShmRef, Status
-from edged.wire.shm import IPC_NAME
-from edged.wire.tensors import DTYPES
-
-SHM_ROOT = Path("/dev/shm")
-# Who registered a region: a ZeroMQ connection's routing id, or the number of a unix
-# connection to the memfd socket (an int: no routing id a client sets can equal it).
-Owner = bytes | int
-
-
-def span_end(ref: ShmRef, nbytes: int, region: str, where: str, request_id: RequestId) -> int:
-    """Where the bytes `ref` names end, refused unless they lie within the `nbytes` registered."""
-    end = ref.offset + ref.nbytes
-    if end > nbytes:
-        raise ProtocolError(
-            Status.INVALID_ARGUMENT,
-            f"{where}: bytes {ref.offset} to {end} lie past the end of {region} ({nbytes} bytes registered)",
-            request_id,
-        )
-    return end
-
-
-@dataclass(slots=True)
-class Region:
-    name: str  # the shared-memory object's, or the name a memfd's client gave it
-    owner: Owner  # the connection that registered it
-    mapping: mmap.mmap
-    nbytes: int
-    used_ns: int
-
-    def view(self, ref: ShmRef, where: str, request_id: RequestId) -> memoryview:
-        """The bytes `ref` names, checked against the region as registered and as it is now."""
-        end = span_end(ref, self.nbytes, f"region {self.name!r}", where, request_id)
-        if self.mapping.size() < end:  # the object shrank after it was registered
-            raise ProtocolError(
-                Status.INVALID_ARGUMENT,
-                f"{where}: region {self.name!r} has shrunk to {self.mapping.size()} bytes; register it again",
-                request_id,
-            )
-        return memoryview(self.mapping)[ref.offset : end]
-
-
-@dataclass(slots=True)
-class DeviceRegion:
-    """A client's device memory, opened by its CUDA IPC handle; read by inputs only."""
-
-    owner: Owner
-    memory: DeviceMemory
-    nbytes: int
-    used_ns: int
-    name: str = IPC_NAME
-
-    def tensor(
-        self, ref: ShmRef, dtype: str, shape: tuple[int, ...], where: str, request_id: RequestId
-    ) -> DeviceTensor:
-        """The input `ref` names, checked against the region as registered."""
-        span_end(ref, self.nbytes, f"CUDA IPC region {ref.region!r}", where, request_id)
-        return DeviceTensor(self.memory, ref.offset, ref.nbytes, DTYPES[dtype], shape)
-
-
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """Where an output goes: written once, by whoever answers the request."""
-
-    ref: ShmRef
-    region: Region
-    target: memoryview
-
-    def write(self, name: str, array: np.ndarray) -> ShmRef:
-        """Write `array`'s bytes at the slot's start; the reference to what was written.
-        Raises ValueError, with the sentence for the client, when it does not fit."""
-        array = np.ascontiguousarray(array)
-        if array.nbytes > self.ref.nbytes:
-            raise ValueError(
-                f"output {name!r} is {array.nbytes} bytes, but its slot in region {self.ref.region!r} "
-                f"holds {self.ref.nbytes}"
-            )
-        if self.region.mapping.size() < self.ref.offset + array.nbytes:
-            raise ValueError(f"region {self.ref.region!r} has shrunk; output {name!r} was not written")
-        np.frombuffer(self.target, np.uint8, array.nbytes)[:] = array.reshape(-1).view(np.uint8)
-        return ShmRef(self.ref.region, self.ref.offset, array.nbytes)
 
 
 class Regions:
@@ -161,7 +73,7 @@ class Regions:
             raise refuse(Status.INVALID_ARGUMENT, f"this daemon maps only names that start with {config.prefix!r}")
         with self._lock:
             self._check_limits(peer, ref.nbytes, refuse)
-            mapping = self._map(name, ref.nbytes, refuse)
+            mapping = map_posix(self._root, name, ref.nbytes, refuse)
             return self._add(Region(name, peer, mapping, ref.nbytes, time.monotonic_ns()))
 
     def register_fd(self, owner: int, fd: int, nbytes: int, name: str, request_id: RequestId) -> str:
@@ -174,7 +86,7 @@ class Regions:
 
         with self._lock:
             self._check_limits(owner, nbytes, refuse)
-            mapping = _map_sealed(fd, nbytes, refuse)
+            mapping = map_sealed(fd, nbytes, refuse)
             return self._add(Region(name, owner, mapping, nbytes, time.monotonic_ns()))
 
     def forget(self, owner: Owner) -> None:
@@ -307,66 +219,3 @@ class Regions:
             )
         region.used_ns = now_ns
         return region
-
-    def _map(self, name: str, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> mmap.mmap:
-        # No symlink is followed, and the name holds no '/' (edged.wire.shm.NAME): only SHM_ROOT's own objects.
-        try:
-            fd = os.open(self._root / name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise refuse(Status.NOT_FOUND, "no such shared-memory object; create it (shm_open) first") from None
-        except OSError as exc:
-            raise refuse(Status.INVALID_ARGUMENT, f"the daemon cannot open it: {exc.strerror}") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise refuse(Status.INVALID_ARGUMENT, "not a shared-memory object")
-            if info.st_size < nbytes:
-                raise refuse(Status.INVALID_ARGUMENT, f"it is {info.st_size} bytes, fewer than the {nbytes} registered")
-            return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-
-
-def _map_sealed(fd: int, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> mmap.mmap:
-    """`nbytes` of the memfd `fd`, mapped read-write, once its seals say it cannot shrink."""
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise refuse(Status.INVALID_ARGUMENT, "not a memfd: send the descriptor memfd_create returned")
-    # Every memfd of ordinary pages lives on the kernel's one internal tmpfs. A huge-page
-    # memfd does not: a hole punched in it is refilled from the huge-page pool at the
-    # daemon's next access, and an empty pool is a SIGBUS, seals or not.
-    if info.st_dev != _memfd_device():
-        raise refuse(
-            Status.INVALID_ARGUMENT,
-            "not a memfd of ordinary pages (a file on a file system, a POSIX object, or a huge-page memfd, "
-            "MFD_HUGETLB, whose pool can run dry under the daemon): create it with memfd_create(MFD_ALLOW_SEALING)",
-        )
-    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    if not seals & fcntl.F_SEAL_SHRINK:
-        raise refuse(
-            Status.INVALID_ARGUMENT,
-            "not sealed against shrinking: add F_SEAL_SHRINK (fcntl F_ADD_SEALS, on a memfd made with "
-            "MFD_ALLOW_SEALING) before sending it, so that it cannot be cut short while the daemon uses it",
-        )
-    # Sealed: the size read now can only grow, so the mapping never reaches past the end.
-    size = os.fstat(fd).st_size
-    if size < nbytes:
-        raise refuse(Status.INVALID_ARGUMENT, f"it is {size} bytes, fewer than the {nbytes} registered")
-    try:
-        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except OSError as exc:
-        raise refuse(
-            Status.INVALID_ARGUMENT,
-            f"the daemon cannot map it for reading and writing ({exc.strerror}): send it open read-write, "
-            "and not sealed against writes (the daemon writes outputs there)",
-        ) from None
-
-
-@functools.cache
-def _memfd_device() -> int:
-    """The device of the file system every memfd of ordinary pages is on (one of the daemon's own, made once)."""
-    probe = os.memfd_create("edged-probe", os.MFD_CLOEXEC)
-    try:
-        return os.fstat(probe).st_dev
-    finally:
-        os.close(probe)
