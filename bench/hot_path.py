@@ -9,7 +9,8 @@ handling it leads to), one `_read`, decoding, admission and placement (`Lane.off
 with the inline run), the inline run, the backend call, the answer (with its send) and
 the send. Closed-loop round trips of mlp-light in the default class on the shared
 endpoint, as bench/compare.py's `edged` path sends them; then as many to the naive
-server (bench/paths.py), whose process CPU per request is the figure to beat.
+server (bench/paths.py), whose process CPU per request is the figure to beat, and
+its own steps' CPU (recv, decode, run, encode, send).
 A step's figure includes the steps inside it; the timers' own cost is about 1 us of
 CPU per wrapped call. The figures guide where to cut; bench/compare.py measures the
 result.
@@ -39,6 +40,8 @@ STEPS: list[tuple[str, str, str]] = [  # (module, attribute, label), outermost f
     ("edged.serve.answers", "Answers.result", "answer (with the send)"),
     ("edged.serve.transport.binding", "Bound.send", "send"),
 ]
+
+NAIVE_STEPS = ("recv", "decode", "run", "encode", "send")  # the naive server's own (bench/paths.py)
 
 
 def serve(figures: Path, argv: list[str]) -> int:
@@ -100,16 +103,23 @@ def measure(requests: int) -> dict[str, Any]:
             time.sleep(1.5)
             after = json.loads(figures.read_text())
             trips.close()
-        naive = helper_server("naive_server", naive_endpoint)
+        naive_figures = Path(folder) / "naive.json"
+        naive = helper_server("naive_server", naive_endpoint, steps=naive_figures)
         try:
             naive_trips = RoundTrips(naive_endpoint, None)
             naive_trips("mlp-light", 200, 50)
+            time.sleep(1.5)
+            naive_before = json.loads(naive_figures.read_text())
             cpu_before = cpu_seconds(naive.pid)
             naive_samples = sorted(naive_trips("mlp-light", requests, 0))
             cpu_naive = cpu_seconds(naive.pid) - cpu_before
+            time.sleep(1.5)
+            naive_after = json.loads(naive_figures.read_text())
             naive_trips.close()
         finally:
             naive.kill()
+    served = naive_after["requests"] - naive_before["requests"]
+    naive_steps = {step: round((naive_after[step] - naive_before[step]) / served / 1000, 1) for step in NAIVE_STEPS}
     steps = {}
     for _, _, label in STEPS:
         cpu, wall, calls = (a - b for a, b in zip(after.get(label, [0, 0, 0]), before.get(label, [0, 0, 0])))
@@ -124,6 +134,7 @@ def measure(requests: int) -> dict[str, Any]:
         "naive": {
             "p50_us": round(naive_samples[requests // 2], 1),
             "process_cpu_us": round(cpu_naive / requests * 1e6, 1),
+            "steps_cpu_us": naive_steps,
         },
         "steps": steps,
     }
@@ -143,6 +154,8 @@ def main() -> int:
     print(f"{'step (a request, timed inside the daemon)':44} {'calls':>5} {'CPU us':>7} {'wall us':>7}")
     for label, step in result["steps"].items():
         print(f"{label:44} {step['calls_per_request']:5.2f} {step['cpu_us']:7.1f} {step['wall_us']:7.1f}")
+    naive = result["naive"]["steps_cpu_us"]
+    print("naive server's steps, CPU us a request: " + ", ".join(f"{step} {naive[step]}" for step in NAIVE_STEPS))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

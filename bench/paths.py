@@ -11,8 +11,10 @@ every server alike. Run as a script, it serves:
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,9 +108,11 @@ def serve_echo(endpoint: str) -> None:
         sock.send_multipart(sock.recv_multipart())
 
 
-def serve_naive(endpoint: str, timed: bool = False) -> None:
+def serve_naive(endpoint: str, timed: bool = False, steps: Path | None = None) -> None:
     """The simplest correct server: everything on one thread, no queues. `timed`: its
-    replies carry timing_us as edged's do (for heavy_breakdown.py; compare.py's is not)."""
+    replies carry timing_us as edged's do (for heavy_breakdown.py; compare.py's is not).
+    `steps`: a file it rewrites every second with its CPU ns in each step, summed, and
+    the requests served (for hot_path.py)."""
     import msgpack
     import onnxruntime as ort
 
@@ -117,14 +121,22 @@ def serve_naive(endpoint: str, timed: bool = False) -> None:
     sessions = {m: ort.InferenceSession(str(ROOT / "engines" / m / "model.onnx"), options) for m in MODELS}
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.bind(endpoint)
+    # Untimed, `int()` stands in for the clock (0, in tens of ns): the CPU clock is a system
+    # call, and compare.py's naive server must not pay for figures nobody reads.
+    cpu = time.thread_time_ns if steps is not None else int
+    totals = dict.fromkeys(("requests", "recv", "decode", "run", "encode", "send"), 0)
+    if steps is not None:
+        threading.Thread(target=_write_every_second, args=(steps, totals), daemon=True).start()
     while True:
+        at_recv = cpu()
         identity, header_frame, *payloads = sock.recv_multipart()
-        received_ns = time.monotonic_ns()
+        received_ns, at_decode = time.monotonic_ns(), cpu()
         header = msgpack.unpackb(header_frame)
         spec = header["inputs"][0]
         x = np.frombuffer(payloads[0], dtype=spec["dtype"]).reshape(spec["shape"])
-        start_ns = time.monotonic_ns()
+        start_ns, at_run = time.monotonic_ns(), cpu()
         (y,) = sessions[header["model"]].run(None, {spec["name"]: x})
+        at_encode = cpu()
         reply = {
             "v": 1,
             "id": header["id"],
@@ -138,14 +150,29 @@ def serve_naive(endpoint: str, timed: bool = False) -> None:
                 "compute": (end_ns - start_ns) // 1000,
                 "total": (end_ns - received_ns) // 1000,
             }
-        sock.send_multipart([identity, msgpack.packb(reply), y.tobytes()])
+        frames, at_send = [identity, msgpack.packb(reply), y.tobytes()], cpu()
+        sock.send_multipart(frames)
+        totals["requests"] += 1
+        totals["recv"] += at_decode - at_recv
+        totals["decode"] += at_run - at_decode
+        totals["run"] += at_encode - at_run
+        totals["encode"] += at_send - at_encode
+        totals["send"] += cpu() - at_send
 
 
-def helper_server(path: str, endpoint: str) -> subprocess.Popen[bytes]:
+def _write_every_second(path: Path, totals: dict[str, int]) -> None:
+    while True:
+        time.sleep(1)
+        path.write_text(json.dumps(totals))
+
+
+def helper_server(path: str, endpoint: str, steps: Path | None = None) -> subprocess.Popen[bytes]:
     """The echo (`path` "zmq_echo") or a naive server (any other; "naive_timed": with
-    timing_us) in a process of its own, given time to load its models."""
+    timing_us; `steps`: see serve_naive) in a process of its own, given time to load its models."""
     args = ["--serve-echo", endpoint] if path == "zmq_echo" else ["--serve-naive", endpoint]
-    process = subprocess.Popen([sys.executable, __file__, *args, *(["--timed"] if path == "naive_timed" else [])])
+    args += ["--timed"] if path == "naive_timed" else []
+    args += ["--steps", str(steps)] if steps is not None else []
+    process = subprocess.Popen([sys.executable, __file__, *args])
     time.sleep(0.5 if path == "zmq_echo" else 2.0)
     return process
 
@@ -156,11 +183,12 @@ def main() -> None:
     serve.add_argument("--serve-echo", metavar="ENDPOINT")
     serve.add_argument("--serve-naive", metavar="ENDPOINT")
     parser.add_argument("--timed", action="store_true", help="the naive server's replies carry timing_us")
+    parser.add_argument("--steps", type=Path, help="the naive server writes its CPU per step here")
     args = parser.parse_args()
     if args.serve_echo:
         serve_echo(args.serve_echo)
     else:
-        serve_naive(args.serve_naive, timed=args.timed)
+        serve_naive(args.serve_naive, timed=args.timed, steps=args.steps)
 
 
 if __name__ == "__main__":

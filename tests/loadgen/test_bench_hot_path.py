@@ -26,3 +26,4 @@ def test_the_hot_path_bench_times_every_step_of_a_light_request(tmp_path: Path) 
         assert step["calls_per_request"] >= 1, (label, step)
         assert step["cpu_us"] > 0, (label, step)
     assert result["naive"]["process_cpu_us"] > 0
+    assert all(cpu_us > 0 for cpu_us in result["naive"]["steps_cpu_us"].values()), result["naive"]
