@@ -5,7 +5,7 @@ each step of its path, beside the naive server's whole process CPU per request.
 
 A fresh daemon, started through this script (`--serve`), wraps each step of the
 serving path in a timer before it serves: the loop's read of a socket (with the
-handling it leads to), one `_read`, decoding, admission and placement (`Lane.offer`,
+handling it leads to), receiving a message, looking for the next, decoding, admission and placement (`Lane.offer`,
 with the inline run), the inline run, the backend call, the answer (with its send) and
 the send. Closed-loop round trips of mlp-light in the default class on the shared
 endpoint, as bench/compare.py's `edged` path sends them; then as many to the naive
@@ -31,7 +31,8 @@ from typing import Any
 
 STEPS: list[tuple[str, str, str]] = [  # (module, attribute, label), outermost first
     ("edged.serve.transport.loop", "Loop._receive", "read a socket and handle"),
-    ("edged.serve.transport.loop", "_read", "one _read (x2: the next is looked for)"),
+    ("edged.serve.transport.loop", "_read", "receive a message's frames"),
+    ("edged.serve.transport.loop", "_waiting", "look for a message behind it"),
     ("edged.serve.dispatch", "Dispatcher.handle", "handle"),
     ("edged.wire.fast", "decode_request", "decode"),
     ("edged.serve.lanes.lane", "Lane.offer", "admit and place (with the run)"),
