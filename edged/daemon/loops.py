@@ -101,10 +101,11 @@ class Loops:
         return all(dispatcher.fence >= self.fence for dispatcher in self.dispatchers)
 
     def check(self, now: int, notifier: Notifier) -> None:
-        """Ask each loop for a fence, and ping systemd's watchdog if every loop has passed
-        the one asked last time: a loop inside a call that does not return reads no
-        socket, and systemd restarts the daemon once the pings stop. (Each fence is also
-        a hand-off the loops measure: Loop.handoff_ns.)"""
+        """Once a second (or at the notifier's watchdog interval, where shorter): ask each
+        loop for a fence, and ping systemd's watchdog if every loop has passed the one
+        asked last time: a loop inside a call that does not return reads no socket, and
+        systemd restarts the daemon once the pings stop. (Each fence is also a hand-off
+        the loops measure: Loop.handoff_ns.)"""
         if now < self._next_check_ns:
             return
         interval_ns = notifier.watchdog_interval_ns
