@@ -11,7 +11,8 @@ Its threads, each with one job:
 Sockets are bound first, so that a client asking during start-up hears `starting`
 rather than nothing; inference opens only once every loop has taken up its warm lane,
 and only then is systemd told READY. The steering thread asks a loop for something by
-handing it a callable (`Loop.call_soon`); a loop answers by waking it.
+handing it a callable (`Loop.call_soon`); a loop answers by waking it. The loops, their
+binding, those asks and their closing are edged.daemon.loops.
 """
 
 from __future__ import annotations
@@ -32,18 +33,11 @@ from typing import Any
 from edged.config import Config
 from edged.daemon.lifecycle import Lifecycle, State
 from edged.daemon.loading import Loaded, load
+from edged.daemon.loops import Loops
 from edged.daemon.systemd import Notifier
 from edged.daemon.trimmer import Trimmer
-from edged.serve.dispatch import Dispatcher, Serving
-from edged.serve.fd_intake import FdIntake
-from edged.serve.figures import figures, status_line
+from edged.serve.figures import status_line
 from edged.serve.lanes.lane import Lane
-from edged.serve.pending import PendingBytes
-from edged.serve.prometheus import PrometheusEndpoint
-from edged.serve.regions import Regions
-from edged.serve.transport.loop import Loop
-from edged.serve.transport.sockets import Sockets
-from edged.serve.transport.turns import Turns
 
 log = logging.getLogger("edged")
 
@@ -56,7 +50,6 @@ STEER_EVERY_S = 0.05
 STEER_WAITING_S = 0.002
 STATUS_EVERY_NS = 5_000_000_000
 SWEEP_EVERY_NS = 1_000_000_000
-CHECK_LOOPS_EVERY_NS = 1_000_000_000  # or systemd's watchdog interval, where shorter
 
 
 class Daemon:
@@ -71,39 +64,11 @@ class Daemon:
             # Pinned before any thread starts (ZeroMQ's I/O threads among them), which inherit it.
             os.sched_setaffinity(0, config.classes[0].cpu_affinity)
         self.lifecycle = Lifecycle()
-        names = tuple(c.name for c in config.classes)
-        self.sockets = Sockets(
-            config.endpoints,
-            config.max_message_bytes,
-            names,
-            config.default_class,
-            class_sockets=config.class_sockets,
-            ipc_mode=config.ipc_mode,
-            ipc_group=config.ipc_group,
-            security=config.security,
-        )
+        # Bound first, and nothing else to close if binding fails; the loops wake this thread
+        # only once they run (`run`), after the eventfd exists.
+        self.loops = Loops(config, self.lifecycle, self._wake)
+        self.serving = self.loops.serving
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.serving = Serving(
-            config, self.lifecycle, Regions(config.shm), PendingBytes(config.limits), self.sockets.ingress, self._wake
-        )
-        turns = Turns(len(names))
-        for rank, name in enumerate(names):
-            dispatcher = Dispatcher(name, self.serving)
-            dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, rank)
-            self.serving.dispatchers[name] = dispatcher
-        try:
-            # Sealed memfd regions ([shm]) come on unix sockets of their own, served by a thread of its own.
-            self.fd_intake = FdIntake(config, self.serving.regions)
-        except BaseException:
-            self.sockets.close()
-            raise
-        self.prometheus: PrometheusEndpoint | None = None
-        if config.metrics.prometheus_port:
-            try:
-                self.prometheus = PrometheusEndpoint(config.metrics, lambda: figures(self.serving))
-            except BaseException:
-                self.sockets.close()
-                raise
         self.notifier = Notifier()
         self.trimmer = Trimmer()
         self.exit_code = 0
@@ -113,20 +78,12 @@ class Daemon:
         self._loaded: Loaded | None = None  # the generation every loop has taken up
         self._generation = 0
         self._switch: Loaded | None = None  # handed to the loops, not yet taken up by all
-        self._fence = 0  # the latest fence asked of the loops (see _fenced)
         self._reload_asked = False
         self._stopped = False
         self._drain_deadline_ns = 0
         self._retiring: list[Lane] = []  # replaced by a reload (or never opened), finishing what they hold
         self._next_status_ns = 0
         self._next_sweep_ns = 0
-        self._next_check_ns = 0
-        self._checked_fence = 0  # the fence the loops must pass before the next ping
-        self._behind = False  # a loop missed the last one (logged once)
-
-    @property
-    def dispatchers(self) -> list[Dispatcher]:
-        return list(self.serving.dispatchers.values())
 
     @property
     def lanes(self) -> list[Lane]:
@@ -140,8 +97,7 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         log.info("listening on %s; loading models", ", ".join(self.config.endpoints))
-        for dispatcher in self.dispatchers:
-            dispatcher.loop.start()  # type: ignore[union-attr]
+        self.loops.start()
         self._start_loading(lambda: self.config)
         poller = select.poll()
         poller.register(self._wake_fd, select.POLLIN)
@@ -175,7 +131,7 @@ class Daemon:
                 self._reload_asked = True
             else:
                 self._take_loaded(value)
-        if self._switch is not None and self._fenced():
+        if self._switch is not None and self.loops.fenced():
             self._switched()
         if self._reload_asked and self.lifecycle.state is State.SERVING and not self._busy():
             self._reload_asked = False
@@ -187,20 +143,6 @@ class Daemon:
         self._housekeeping(now)
         if self.lifecycle.stopping and self._can_stop(now):
             self._stopped = True
-
-    def _ask_loops(self, ask: Callable[[Dispatcher], None] | None = None) -> None:
-        """Hand each loop `ask(its dispatcher)`, if given, then a fence: once every loop has
-        passed its fence (`_fenced`), each has run what it was handed before, and has
-        finished the request it was handling when it was asked."""
-        self._fence += 1
-        for dispatcher in self.dispatchers:
-            assert dispatcher.loop is not None
-            if ask is not None:
-                dispatcher.loop.call_soon(ask, dispatcher)
-            dispatcher.loop.call_soon(dispatcher.pass_fence, self._fence)
-
-    def _fenced(self) -> bool:
-        return all(dispatcher.fence >= self._fence for dispatcher in self.dispatchers)
 
     # --- loading, at start and on SIGHUP -------------------------------------
 
@@ -253,7 +195,7 @@ class Daemon:
         regions.open_device, regions.backend = result.open_ipc, result.config.backend
         self._switch = result
         number = self._generation
-        self._ask_loops(lambda dispatcher: dispatcher.take_up(result, number))
+        self.loops.ask(lambda dispatcher: dispatcher.take_up(result, number))
 
     def _switched(self) -> None:
         """Every loop admits to the new lanes: open inference, retire the old lanes."""
@@ -285,8 +227,7 @@ class Daemon:
         forget the shared memory of clients long silent, refresh the status line."""
         for lane in self.lanes:
             lane.check_stuck(now)
-        if now >= self._next_check_ns:
-            self._check_loops(now)
+        self.loops.check(now, self.notifier)
         ended = [lane for lane in self._retiring if not lane.alive]
         for lane in ended:  # anything queued behind its workers' last job: answered, never lost
             lane.reject_queued("the lanes were replaced while this request waited; retry")
@@ -298,22 +239,6 @@ class Daemon:
         if now >= self._next_status_ns and self.lifecycle.open:
             self.notifier.notify(STATUS=status_line(self.serving))
             self._next_status_ns = now + STATUS_EVERY_NS
-
-    def _check_loops(self, now: int) -> None:
-        """Ask each loop for a fence, and ping systemd's watchdog if every loop has passed
-        the one asked last time: a loop inside a call that does not return reads no
-        socket, and systemd restarts the daemon once the pings stop. (Each fence is also
-        a hand-off the loops measure: Loop.handoff_ns.)"""
-        interval_ns = self.notifier.watchdog_interval_ns
-        self._next_check_ns = now + min(interval_ns or CHECK_LOOPS_EVERY_NS, CHECK_LOOPS_EVERY_NS)
-        behind = [d.klass for d in self.dispatchers if d.fence < self._checked_fence]
-        if behind and not self._behind:
-            log.error("the %s loop is inside a call: systemd's watchdog goes unfed", ", ".join(behind))
-        self._behind = bool(behind)
-        if interval_ns and not behind:
-            self.notifier.notify(WATCHDOG="1")
-        self._ask_loops()
-        self._checked_fence = self._fence
 
     # --- stopping --------------------------------------------------------------
 
@@ -331,7 +256,7 @@ class Daemon:
             self.lifecycle.move(State.STOPPING)
             log.info("%s: stopping once start-up is over", name)
         # Past the fence, every loop has seen the new state: no request admitted after it.
-        self._ask_loops()
+        self.loops.ask()
 
     def _can_stop(self, now: int) -> bool:
         # Threads inside a runtime's loader cannot be abandoned safely: let them finish.
@@ -340,7 +265,7 @@ class Daemon:
         if now >= self._drain_deadline_ns:
             return True
         # Every loop past the stop's fence, and no switch of lanes half done.
-        if not self._fenced() or self._switch is not None:
+        if not self.loops.fenced() or self._switch is not None:
             return False
         return self.lifecycle.state is State.STOPPING or all(lane.backlog.depth == 0 for lane in self.lanes)
 
@@ -362,17 +287,7 @@ class Daemon:
         cut_short = sum(lane.answer_open_calls(message) for lane in lanes)
         if cut_short:
             log.error("%d requests were still inside the backend at exit: answered INTERNAL", cut_short)
-        # The shared endpoints' loop last: the other loops hand it replies to what it read.
-        default = self.config.default_class
-        for dispatcher in sorted(self.dispatchers, key=lambda d: d.klass == default):
-            assert dispatcher.loop is not None
-            dispatcher.loop.close()
-            if not dispatcher.loop.join(max(end - time.monotonic(), 1.0)):
-                log.error("the %s loop did not close: it is inside a call that does not return", dispatcher.klass)
-        self.sockets.close()
-        self.fd_intake.close()
-        if self.prometheus is not None:
-            self.prometheus.close()
+        self.loops.close(self.config.default_class, end)
         self.notifier.close()
         self.trimmer.close()
         os.close(self._wake_fd)

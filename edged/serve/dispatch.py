@@ -58,7 +58,7 @@ class Dispatcher:
         self.loop: Loop | None = None  # set once, before the loop starts
         self.loaded: Loaded | None = None
         self.generation = 0  # the number of `loaded`
-        self.fence = 0  # the steering thread's latest fence this loop has passed (see Daemon._ask_loops)
+        self.fence = 0  # the steering thread's latest fence this loop has passed (see Loops.ask, edged.daemon.loops)
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self._models: dict[str, ModelEntry] = {}
 

@@ -329,7 +329,7 @@ def test_a_pipeline_is_priced_whole_where_its_runs_cost_more_than_its_critical_p
 
     from edged.models.pipeline_manifest import discover_pipelines
     from edged.models.repository import discover
-    from edged.serve.lanes.steps import Priced
+    from edged.serve.lanes.priced import Priced
 
     models = discover(ENGINES, "onnxruntime")
     manifest = REPO_ROOT / "docs" / "examples" / "demo-ensemble" / "pipeline.toml"
@@ -352,7 +352,7 @@ def test_a_pipeline_whose_runs_vary_is_priced_at_what_its_runs_rarely_exceed() -
 
     from edged.models.pipeline_manifest import discover_pipelines
     from edged.models.repository import discover
-    from edged.serve.lanes.steps import Priced
+    from edged.serve.lanes.priced import Priced
 
     models = discover(ENGINES, "onnxruntime")
     manifest = REPO_ROOT / "docs" / "examples" / "demo-ensemble" / "pipeline.toml"

@@ -18,7 +18,7 @@ from edged.models.repository import ModelEntry
 from edged.wire.codec import RequestId
 
 if TYPE_CHECKING:
-    from edged.serve.lanes.steps import Priced
+    from edged.serve.lanes.priced import Priced
 
 
 @dataclass(slots=True)

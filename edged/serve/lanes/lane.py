@@ -26,7 +26,7 @@ from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.crew import Crew
 from edged.serve.lanes.precedence import Precedence
-from edged.serve.lanes.steps import Priced
+from edged.serve.lanes.priced import Priced
 from edged.serve.lanes.worker import Remeasure, Worker
 from edged.serve.pending import PendingBytes
 from edged.serve.pricing import ServiceTimes, price_clock

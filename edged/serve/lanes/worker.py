@@ -30,7 +30,8 @@ from edged.models.warmup import load_failure, tiled, warmup_failure
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job, fill, stack, unstack
 from edged.serve.lanes.precedence import Precedence
-from edged.serve.lanes.steps import StepFailed, StepLate, Stepper, width
+from edged.serve.lanes.priced import StepLate
+from edged.serve.lanes.steps import StepFailed, Stepper, width
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.pricing import ServiceTimes, price_clock
 

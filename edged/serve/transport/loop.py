@@ -1,7 +1,7 @@
 """A serving loop: one thread, the sockets it alone reads and writes, and the work
 other threads hand it.
 
-Each priority class has one (edged.daemon.daemon starts them). It sleeps in zmq_poll
+Each priority class has one (edged.daemon.loops starts them). It sleeps in zmq_poll
 on its sockets and on an eventfd; it reads each request and hands it to its handler
 (edged.serve.dispatch), which answers it, runs it inline or queues it for a worker, all
 on this thread. Another thread never touches these sockets: a worker's reply, a request

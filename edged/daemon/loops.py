@@ -1,0 +1,135 @@
+"""The class loops as the steering thread holds them: bound, started, asked, watched, closed.
+
+Each class has a loop (edged.serve.transport.loop) with its sockets and its dispatcher;
+beside them serve the memfd intake of `[shm]` and the Prometheus endpoint. All are bound
+when `Loops` is made, before any model loads, so that a client asking during start-up
+hears `starting` rather than nothing. The steering thread (edged.daemon.daemon) asks a
+loop for something by handing it a callable, followed by a fence (`ask`); a loop answers
+by waking it, and `fenced` says whether every loop has passed the latest fence. The same
+fences feed systemd's watchdog (`check`) while every loop turns. Every method here is
+the steering thread's alone, as are the fence counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from edged.config import Config
+from edged.daemon.lifecycle import Lifecycle
+from edged.daemon.systemd import Notifier
+from edged.serve.dispatch import Dispatcher, Serving
+from edged.serve.fd_intake import FdIntake
+from edged.serve.figures import figures
+from edged.serve.pending import PendingBytes
+from edged.serve.prometheus import PrometheusEndpoint
+from edged.serve.regions import Regions
+from edged.serve.transport.loop import Loop
+from edged.serve.transport.sockets import Sockets
+from edged.serve.transport.turns import Turns
+
+log = logging.getLogger("edged")
+
+CHECK_LOOPS_EVERY_NS = 1_000_000_000  # or systemd's watchdog interval, where shorter
+
+
+class Loops:
+    """Every class's loop, its sockets and its dispatcher (by class, in class order, in
+    `serving.dispatchers`), the fd intake and the Prometheus endpoint, bound on creation.
+    `wake` wakes the steering thread (a loop has passed a fence)."""
+
+    def __init__(self, config: Config, lifecycle: Lifecycle, wake: Callable[[], None]) -> None:
+        names = tuple(c.name for c in config.classes)
+        self.sockets = Sockets(
+            config.endpoints,
+            config.max_message_bytes,
+            names,
+            config.default_class,
+            class_sockets=config.class_sockets,
+            ipc_mode=config.ipc_mode,
+            ipc_group=config.ipc_group,
+            security=config.security,
+        )
+        self.serving = Serving(
+            config, lifecycle, Regions(config.shm), PendingBytes(config.limits), self.sockets.ingress, wake
+        )
+        turns = Turns(len(names))
+        for rank, name in enumerate(names):
+            dispatcher = Dispatcher(name, self.serving)
+            dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, rank)
+            self.serving.dispatchers[name] = dispatcher
+        try:
+            # Sealed memfd regions ([shm]) come on unix sockets of their own, served by a thread of its own.
+            self.fd_intake = FdIntake(config, self.serving.regions)
+        except BaseException:
+            self.sockets.close()
+            raise
+        self.prometheus: PrometheusEndpoint | None = None
+        if config.metrics.prometheus_port:
+            try:
+                self.prometheus = PrometheusEndpoint(config.metrics, lambda: figures(self.serving))
+            except BaseException:
+                self.sockets.close()
+                raise
+        self.fence = 0  # the latest fence asked of the loops (see fenced)
+        self._next_check_ns = 0
+        self._checked_fence = 0  # the fence the loops must pass before the next ping
+        self._behind = False  # a loop missed the last one (logged once)
+
+    @property
+    def dispatchers(self) -> list[Dispatcher]:
+        return list(self.serving.dispatchers.values())
+
+    def start(self) -> None:
+        """Start every loop's thread: from now on each reads its sockets."""
+        for dispatcher in self.dispatchers:
+            dispatcher.loop.start()  # type: ignore[union-attr]
+
+    def ask(self, ask: Callable[[Dispatcher], None] | None = None) -> None:
+        """Hand each loop `ask(its dispatcher)`, if given, then a fence: once every loop has
+        passed its fence (`fenced`), each has run what it was handed before, and has
+        finished the request it was handling when it was asked."""
+        self.fence += 1
+        for dispatcher in self.dispatchers:
+            assert dispatcher.loop is not None
+            if ask is not None:
+                dispatcher.loop.call_soon(ask, dispatcher)
+            dispatcher.loop.call_soon(dispatcher.pass_fence, self.fence)
+
+    def fenced(self) -> bool:
+        return all(dispatcher.fence >= self.fence for dispatcher in self.dispatchers)
+
+    def check(self, now: int, notifier: Notifier) -> None:
+        """Once a second (or at the notifier's watchdog interval, where shorter): ask each
+        loop for a fence, and ping systemd's watchdog if every loop has passed the one
+        asked last time: a loop inside a call that does not return reads no socket, and
+        systemd restarts the daemon once the pings stop. (Each fence is also a hand-off
+        the loops measure: Loop.handoff_ns.)"""
+        if now < self._next_check_ns:
+            return
+        interval_ns = notifier.watchdog_interval_ns
+        self._next_check_ns = now + min(interval_ns or CHECK_LOOPS_EVERY_NS, CHECK_LOOPS_EVERY_NS)
+        behind = [d.klass for d in self.dispatchers if d.fence < self._checked_fence]
+        if behind and not self._behind:
+            log.error("the %s loop is inside a call: systemd's watchdog goes unfed", ", ".join(behind))
+        self._behind = bool(behind)
+        if interval_ns and not behind:
+            notifier.notify(WATCHDOG="1")
+        self.ask()
+        self._checked_fence = self.fence
+
+    def close(self, default: str, end: float) -> None:
+        """Close the loops, each reading its sockets dry, waiting for each until `end`
+        (time.monotonic()) but at least a second; then the sockets and the endpoints
+        beside them."""
+        # The shared endpoints' loop last: the other loops hand it replies to what it read.
+        for dispatcher in sorted(self.dispatchers, key=lambda d: d.klass == default):
+            assert dispatcher.loop is not None
+            dispatcher.loop.close()
+            if not dispatcher.loop.join(max(end - time.monotonic(), 1.0)):
+                log.error("the %s loop did not close: it is inside a call that does not return", dispatcher.klass)
+        self.sockets.close()
+        self.fd_intake.close()
+        if self.prometheus is not None:
+            self.prometheus.close()
