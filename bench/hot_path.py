@@ -71,10 +71,13 @@ def serve(figures: Path, argv: list[str]) -> int:
             owner = getattr(owner, part)
         setattr(owner, name, timed(getattr(owner, name), label))
 
+    sys.path.insert(0, str(Path(__file__).parent))
+    from paths import write_whole
+
     def write() -> None:
         while True:
             time.sleep(1)
-            figures.write_text(json.dumps(dict(totals)))
+            write_whole(figures, json.dumps(dict(totals)))
 
     threading.Thread(target=write, daemon=True).start()
     from edged.cli.commands import main

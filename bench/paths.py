@@ -163,7 +163,14 @@ def serve_naive(endpoint: str, timed: bool = False, steps: Path | None = None) -
 def _write_every_second(path: Path, totals: dict[str, int]) -> None:
     while True:
         time.sleep(1)
-        path.write_text(json.dumps(totals))
+        write_whole(path, json.dumps(totals))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replace `path` with `text` in one step: a reader never sees it half written."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def helper_server(path: str, endpoint: str, steps: Path | None = None) -> subprocess.Popen[bytes]:
