@@ -80,7 +80,7 @@ def side(endpoint: str, requests: int, seed: int) -> dict[str, dict]:
                 "cost_p99_ms": round(tail_ms, 3),
                 "critical_path_price_ms": round(path_ms, 3),
                 "whole_price_ms": price_ms(name),
-                "p99_over_price": prices[name].get("p99_over_price"),
+                "bound_over_price": prices[name].get("bound_over_price"),
                 # The issue's range, then one past the runs' own tail, where most should be admitted.
                 "old_price_to_1.5x_cost": sweep(sock, name, inputs, rng.uniform(path_ms, 1.5 * cost_ms, requests)),
                 "p99_to_1.5x_p99": sweep(sock, name, inputs, rng.uniform(tail_ms, 1.5 * tail_ms, requests)),

@@ -18,7 +18,7 @@ from edged.config.classes import ClassConfig
 
 # Admission keeps 1/this of the queued work ahead, and of the request's own price, in
 # hand (20%), or for its own price, the bound its runs measured where that is more
-# (a pipeline's: ServiceTimes.bound_ns, which is its spread kept in hand): see admit().
+# (a pipeline's: ServiceTimes.bound_ns, what its runs rarely pass): see admit().
 QUEUE_SLACK_DIVISOR = 5
 
 

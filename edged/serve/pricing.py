@@ -75,7 +75,7 @@ class ServiceTimes:
         self._measured: dict[str, dict[int, Average]] = {}  # by model: elements -> call ns; workers only
         self._sizes: dict[str, SizeCosts] = {}  # by model: what admission reads, replaced whole
         self._runs: dict[str, deque[float]] = {}  # by pipeline: its last runs, relative to their price; workers only
-        self._bound: dict[str, float] = {}  # by pipeline: the 99th percentile of those, as admission reads it
+        self._bound: dict[str, float] = {}  # by pipeline: the second-dearest of those (bound_ns)
         self._lock = threading.Lock()  # between its writers: the lane's workers and the loop's thread
 
     def observe(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
@@ -140,8 +140,8 @@ class ServiceTimes:
         """What the lane charges, by model, as the stats op shows it (any thread): per
         row by size for a size-priced model, with how a larger size is priced
         ("line": through the two largest measured; "guess": see SizeCosts.beyond_ns);
-        else a call's first row and each further row; for a pipeline, the `p99_over_price` of its last
-        runs (`bound_ns`)."""
+        else a call's first row and each further row; for a pipeline, `bound_over_price`: what
+        its last runs stayed within, relative to their price (`bound_ns`)."""
         shown: dict[str, dict[str, Any]] = {}
         # Copied in one step each (the workers add models meanwhile), then deduplicated in order.
         for model in dict.fromkeys([*self._first_row_ns, *self._sizes]):
@@ -155,7 +155,7 @@ class ServiceTimes:
                 by_size = {str(size): round(cost / 1e6, 3) for size, cost in zip(sizes.sizes, sizes.costs_ns)}
                 shown[model] = {"row_ms_by_elements": by_size, "past_largest": "line" if sizes.slope_ns else "guess"}
             if model in self._bound:  # a pipeline's: what its bound keeps in hand
-                shown[model]["p99_over_price"] = round(self._bound[model], 3)
+                shown[model]["bound_over_price"] = round(self._bound[model], 3)
         return shown
 
     def extra_row_ns(self, model: str) -> float:

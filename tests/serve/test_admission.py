@@ -368,7 +368,7 @@ def test_a_pipeline_whose_runs_vary_is_priced_at_what_its_runs_rarely_exceed() -
     assert 2 * MS < average < 4 * MS
     priced = Priced.of(entry.pipeline, service, 1, elements)
     assert priced.bound_ns >= max(runs)
-    assert service.prices()[entry.name]["p99_over_price"] > 1
+    assert service.prices()[entry.name]["bound_over_price"] > 1
     # Admitted only where its dearer runs fit, and its bound not counted twice.
     assert admit(lane(), backlog_of(), priced.span_ns, 3 * MS, bound_ns=priced.bound_ns) is not None
     assert admit(lane(), backlog_of(), priced.span_ns, priced.bound_ns, bound_ns=priced.bound_ns) is None

@@ -232,7 +232,7 @@ def test_a_step_that_would_end_past_the_deadline_ends_the_request_once_naming_it
         # The run cut short counts for the bound, at most at MAX_OVER_PRICE: hidden, the
         # slow runs a deadline cuts would leave the bound below the tail it keeps in hand.
         prices = client.stats()["classes"]["standard"]["prices"]["slow"]
-        assert prices["p99_over_price"] == MAX_OVER_PRICE, prices
+        assert prices["bound_over_price"] == MAX_OVER_PRICE, prices
         # One reply, and the lane serves on: a quick request right after is answered.
         quick = client.infer("slow", {"x": np.zeros((1, 64), np.float32)}, klass="standard", deadline_ms=2000)
     assert quick["scores"].shape == (1, 10)
