@@ -26,7 +26,6 @@ import os
 import platform
 import random
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from edged.client import AsyncClient, Client, EdgedError
-from edged.loadgen.dns import Records
+from edged.loadgen.dns import Records, shared_port
 from edged.loadgen.launch import DaemonProcess
 from edged.loadgen.sweep import random_inputs
 
@@ -214,7 +213,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     addresses = BASE + [address for cycle in range(args.cycles) for address in joiners(cycle)]
-    port = free_port(addresses)
+    port = shared_port(addresses)
     load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="edged-dns-") as folder, Records() as records:
         args.folder = Path(folder)
@@ -239,22 +238,6 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
-
-
-def free_port(addresses: list[str]) -> int:
-    """A port free on every daemon's address."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((addresses[0], 0))
-            port = probe.getsockname()[1]
-        try:
-            for address in addresses[1:]:
-                with socket.socket() as probe:
-                    probe.bind((address, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no port free on every address")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ records, scaled up and down, without Kubernetes. dnslib (the test extra) serves 
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -87,3 +88,20 @@ class _Quiet:
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args: None
+
+
+def shared_port(addresses: Sequence[str]) -> int:
+    """A TCP port free on every one of `addresses` (loopback addresses), as each pod of a
+    headless Service has its own address and the same port."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((addresses[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for address in addresses[1:]:
+                with socket.socket() as probe:
+                    probe.bind((address, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no port free on all of {list(addresses)}")

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from edged.cli.commands import main
 from edged.client import AsyncClient, Client, ClientKeys, NoReply
 from edged.client.keys import write_key_pair
 from edged.client.members import named
-from edged.loadgen.dns import Records
+from edged.loadgen.dns import Records, shared_port
 from edged.loadgen.launch import DaemonProcess
 
 NAME = "edged.edged.svc.cluster.local"
@@ -47,22 +46,6 @@ def keys() -> Iterator[Keys]:
     config = f'[security]\nserver_secret_key_file = "{server_secret}"\nallowed_clients_dir = "{folder / "clients"}"\n'
     yield Keys(config, ClientKeys.from_files(folder / "server" / "server.key", client_secret))
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def shared_port(hosts: list[str]) -> int:
-    """A port free on every one of `hosts` (loopback addresses), as each pod of a Service has its own."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port = probe.getsockname()[1]
-        try:
-            for host in hosts[1:]:
-                with socket.socket() as probe:
-                    probe.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no port free on all of {hosts}")
 
 
 PORT = shared_port([f"127.0.0.{n}" for n in range(2, 5)])
