@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from paths import RoundTrips, helper_server, write_whole
+
 STEPS: list[tuple[str, str, str]] = [  # (module, attribute, label), outermost first
     ("edged.serve.transport.loop", "Loop._receive", "read a socket and handle"),
     ("edged.serve.transport.loop", "_read", "receive a message's frames"),
@@ -71,9 +73,6 @@ def serve(figures: Path, argv: list[str]) -> int:
             owner = getattr(owner, part)
         setattr(owner, name, timed(getattr(owner, name), label))
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from paths import write_whole
-
     def write() -> None:
         while True:
             time.sleep(1)
@@ -97,9 +96,6 @@ def written_after(path: Path, since_ns: int, timeout_s: float = 60.0) -> dict[st
 
 
 def measure(requests: int) -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from paths import RoundTrips, helper_server
-
     from edged.loadgen.launch import DaemonProcess, cpu_seconds
 
     with tempfile.TemporaryDirectory(prefix="edged-hot-") as folder:
