@@ -1,11 +1,11 @@
 """A pipeline priced for one request: what admission takes it to cost, and whether it
 still fits its deadline from a given step on.
 
-A pipeline is admitted once, at arrival (`Lane.offer`), for its critical path: each
-step's price, learned under its own name as it runs (edged.serve.lanes.steps), by the
-request's size, and what its whole runs cost, as measured. Its worker asks again before
-each step (`Priced.late`), by the same prices, and ends the request with `StepLate`
-when the rest of the path no longer fits.
+A pipeline is admitted once, at arrival (`Lane.offer`), for the dearer of its critical
+path (each step's price, learned under its own name as it runs, by the request's size)
+and what its whole runs cost on average, with their bound kept in hand. Its worker asks
+again before each step (`Priced.late`), by the steps' prices, and ends the request with
+`StepLate` when the rest of the path no longer fits.
 """
 
 from __future__ import annotations
