@@ -54,10 +54,10 @@ class Loops:
         self.serving = Serving(
             config, lifecycle, Regions(config.shm), PendingBytes(config.limits), self.sockets.ingress, wake
         )
-        turns = Turns(len(names))
-        for rank, name in enumerate(names):
+        turns = Turns()
+        for name in names:
             dispatcher = Dispatcher(name, self.serving)
-            dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, rank)
+            dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, top=name == names[0])
             self.serving.dispatchers[name] = dispatcher
         try:
             # Sealed memfd regions ([shm]) come on unix sockets of their own, served by a thread of its own.

@@ -53,13 +53,13 @@ class Loop:
     its thread alone; other threads only call `call_soon`, `send` and `close`."""
 
     def __init__(
-        self, name: str, bound: list[Bound], handle: Handler, turns: Turns | None = None, rank: int = 0
+        self, name: str, bound: list[Bound], handle: Handler, turns: Turns | None = None, top: bool = True
     ) -> None:
         self.name = name
         self.bound = bound
         self._handle = handle
-        self._turns = turns or Turns(1)
-        self._rank = rank
+        self._turns = turns or Turns()
+        self._top = top  # the highest class's loop, which the others give way to (edged.serve.transport.turns)
         # What this loop hands other loops during a turn, handed over at its end: one
         # wake-up of each for a whole burst, not one a message.
         self._outgoing: dict[Loop, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
@@ -108,10 +108,10 @@ class Loop:
             target._take(work)
 
     def _give_way(self) -> None:
-        """Between two messages or callables: wait while a higher class's loop is awake."""
-        if self._turns.higher_awake(self._rank):
+        """Between two messages or callables: wait while the highest class's loop is awake."""
+        if self._turns.top_awake:
             self._hand_over()
-            self._turns.wait_below(self._rank)
+            self._turns.wait()
 
     def send(self, route: Route, frames: list[Buffer]) -> None:
         """Send a reply on one of this loop's sockets: now on its own thread, else soon."""
@@ -149,14 +149,16 @@ class Loop:
         poller.register(self._wake, zmq.POLLIN)
         socks = [bound.sock for bound in self.bound]
         _running.loop = self
-        turns, rank = self._turns, self._rank
+        turns, top = self._turns, self._top
         try:
             while not self._closing:
                 # No timeout: whatever a loop must do comes as a message or a callable.
                 self._asleep_since_ns = time.monotonic_ns()
-                turns.sleep(rank)
+                if top:
+                    turns.sleep()
                 ready = dict(poller.poll())
-                turns.wake(rank)
+                if top:
+                    turns.wake()
                 if self._wake in ready:
                     os.eventfd_read(self._wake)
                 self._run_soon()
@@ -171,7 +173,8 @@ class Loop:
             self._run_soon()
             self._hand_over()
         finally:
-            turns.sleep(rank)
+            if top:
+                turns.sleep()
             for sock in socks:
                 sock.close(linger=CLOSE_LINGER_MS)
             self.closed.set()
@@ -183,7 +186,7 @@ class Loop:
             self.handoff_ns = float(statistics.median(self._woken_ns))
         self._asleep_since_ns = 1 << 62  # until the next sleep: what waits now did not wake it
         while soon:
-            if self._rank:
+            if not self._top:
                 self._give_way()
             callback, args, _ = soon.popleft()
             try:
@@ -202,7 +205,7 @@ class Loop:
         count = 1
         current = _read(sock)
         while current is not None:
-            if self._rank:
+            if not self._top:
                 self._give_way()
             following = _read(sock) if (most is None or count < most) and _waiting(sock) else None
             count += 1

@@ -1,7 +1,8 @@
 """Each socket has one owner (edged.serve.transport.loop): only its loop's thread reads
 and writes it; other threads hand replies over, and none waits for the loop's tick; a
-class's own socket is read while the shared socket's loop is busy; a loop that closes
-answers what reached its sockets first."""
+class's own socket is read while the shared socket's loop is busy; the other loops give
+way to the highest class's, and to no other; a loop that closes answers what reached its
+sockets first."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from edged.serve.transport import Route, reply
 from edged.serve.transport.binding import Bound
 from edged.serve.transport.loop import RECEIVE_BURST, Loop
 from edged.serve.transport.sockets import Sockets
+from edged.serve.transport.turns import Turns
 from edged.wire.endpoints import class_endpoint
 
 CLIENTS = 4
@@ -137,6 +139,60 @@ def test_a_class_socket_is_read_while_the_shared_sockets_loop_is_busy(short_tmp:
             assert loop.join(5)
         busy.close(linger=0)
         fast.close(linger=0)
+        sockets.close()
+
+
+def test_the_other_loops_give_way_to_the_highest_classs_loop_alone(short_tmp: Path, context: zmq.Context) -> None:
+    """While realtime's loop is awake (here, inside a handler), bulk's reads nothing; while
+    the standard loop is, bulk reads on: it waits for the highest class only."""
+    shared = f"ipc://{short_tmp}/t.sock"
+    names = ("realtime", "standard", "bulk")
+    sockets = Sockets((shared,), 1 << 20, names, "standard")
+    turns = Turns()
+    held = {name: threading.Event() for name in names}  # a handler of that class is inside
+    release = {name: threading.Event() for name in names}
+    bulk_reads: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+
+    def read_bulk(_route: Route, frames: list[Any], _received_ns: int, _more: bool) -> None:
+        bulk_reads.put(bytes(frames[0]))
+
+    def holder(name: str) -> Any:
+        def handle(_route: Route, frames: list[Any], _received_ns: int, _more: bool) -> None:
+            held[name].set()
+            release[name].wait(10)
+
+        return handle
+
+    loops = [
+        Loop("realtime", sockets.by_class["realtime"], holder("realtime"), turns, top=True),
+        Loop("standard", sockets.by_class["standard"], holder("standard"), turns, top=False),
+        Loop("bulk", sockets.by_class["bulk"], read_bulk, turns, top=False),
+    ]
+    for loop in loops:
+        loop.start()
+    peers = {name: bounded(context.socket(zmq.DEALER)) for name in names}
+    try:
+        for name, peer in peers.items():
+            peer.connect(class_endpoint(shared, name) or "")
+        peers["realtime"].send(b"holds realtime's loop awake")
+        assert held["realtime"].wait(5)
+        peers["bulk"].send(b"first")
+        with pytest.raises(queue.Empty):
+            bulk_reads.get(timeout=0.5)  # bulk gives way to realtime
+        release["realtime"].set()
+        assert bulk_reads.get(timeout=5) == b"first"
+        peers["standard"].send(b"holds the standard loop awake")
+        assert held["standard"].wait(5)
+        peers["bulk"].send(b"second")
+        assert bulk_reads.get(timeout=5) == b"second", "bulk waited for the standard loop"
+    finally:
+        for event in release.values():
+            event.set()
+        for loop in loops:
+            loop.close()
+            assert loop.join(5)
+        for peer in peers.values():
+            peer.close(linger=0)
         sockets.close()
 
 
