@@ -1,0 +1,31 @@
+"""bench/bare_loop.py runs edged as shipped, edged with its serving decisions taken out,
+and the naive server, and reports each one's figures: a short run. A bare daemon whose
+handler failed would answer fast and wrong; the script refuses replies that are not OK."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from support import REPO_ROOT
+
+
+def test_the_bare_loop_bench_measures_all_three_servers(tmp_path: Path) -> None:
+    figures, script = tmp_path / "bare.json", REPO_ROOT / "bench" / "bare_loop.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--rounds", "2", "--requests", "100", "--json", str(figures)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(figures.read_text())
+    assert set(result["summary"]) == {"edged", "edged, bare", "naive"}
+    for side, runs in result["runs"].items():
+        assert len(runs) == 2, side
+        for run in runs:
+            assert run["p50_us"] > 0 and run["p99_us"] >= run["p50_us"] and run["thread_cpu_us"] > 0, (side, run)
+    assert result["summary"]["naive"]["p50_us"]["to_naive"] == 1.0
