@@ -5,23 +5,14 @@ handler failed would answer fast and wrong; the script refuses replies that are 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from support import REPO_ROOT
+from support import run_bench
 
 
 def test_the_bare_loop_bench_measures_all_three_servers(tmp_path: Path) -> None:
-    figures, script = tmp_path / "bare.json", REPO_ROOT / "bench" / "bare_loop.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--rounds", "2", "--requests", "100", "--json", str(figures)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    figures = tmp_path / "bare.json"
+    run_bench("bare_loop.py", "--rounds", "2", "--requests", "100", "--json", str(figures))
     result = json.loads(figures.read_text())
     assert set(result["summary"]) == {"edged", "edged, bare", "naive"}
     for side, runs in result["runs"].items():

@@ -4,20 +4,10 @@ took the memory plan, and the bench failed at start). A short run of it, here.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from support import REPO_ROOT
+from support import run_bench
 
 
 def test_the_ingest_bench_runs_and_reports_each_step() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "ingest.py"), "--messages", "200"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_bench("ingest.py", "--messages", "200", timeout_s=120)
     for line in ("admitted and queued", "shed: queue full", "shed: deadline", "step: the lane's offer (a shed)"):
         assert line in done.stdout, done.stdout

@@ -5,24 +5,15 @@ format or to the pipelines' figures breaks it where no other test looks. A short
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from support import REPO_ROOT
+from support import run_bench
 
 
 def test_the_pipeline_bench_runs_and_reports_both_pipelines_and_the_flood(tmp_path: Path) -> None:
     figures = tmp_path / "pipeline.json"
     short = ["--rounds", "1", "--per-round", "2", "--flood-s", "1", "--json", str(figures)]
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "pipeline.py"), *short],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_bench("pipeline.py", *short)
     results = json.loads(figures.read_text())
     for pipeline in ("light-chain", "demo-ensemble"):
         assert results["unloaded"][pipeline]["pipeline"]["n"] == 2

@@ -233,3 +233,17 @@ def run_edged(
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": path, **(env or {})},
     )
+
+
+def run_bench(script: str, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """bench/SCRIPT with `args`, as a user runs it; fails the test, showing its stderr,
+    unless it exits 0."""
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
