@@ -56,12 +56,14 @@ class StreamResult:
     statuses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     lost: int = 0
     ok_latency_us: list[float] = field(default_factory=list)
+    ok_in_daemon_us: list[int] = field(default_factory=list)  # the same replies' timing_us.total
     shed_in_daemon_us: list[int] = field(default_factory=list)
     send_lag_us: list[float] = field(default_factory=list)  # the generator's own lateness
 
     def summary(self, duration_s: float) -> dict[str, Any]:
         latencies = np.array(self.ok_latency_us) if self.ok_latency_us else np.zeros(1)
         shed = np.array(self.shed_in_daemon_us) if self.shed_in_daemon_us else np.zeros(1)
+        inside = np.array(self.ok_in_daemon_us) if self.ok_in_daemon_us else np.zeros(1)
         return {
             "class": self.stream.klass,
             "model": self.stream.model,
@@ -78,6 +80,8 @@ class StreamResult:
                 "p999": float(np.percentile(latencies, 99.9)),
                 "max": float(latencies.max()),
             },
+            # What the daemon's own span was of the OK replies: beside every round trip.
+            "in_daemon_us": {"p50": float(np.percentile(inside, 50)), "p99": float(np.percentile(inside, 99))},
             "shed_in_daemon_us_p999": float(np.percentile(shed, 99.9)),
             "shed_in_daemon_us_max": int(shed.max()),
             "send_lag_us_p99": float(np.percentile(self.send_lag_us, 99)) if self.send_lag_us else 0.0,
@@ -165,6 +169,8 @@ def _receive(sock: zmq.Socket, pending: dict[int, tuple[int, int]], results: lis
         result.statuses[status if status in result.statuses else "other"] += 1
         if status == "OK":
             result.ok_latency_us.append((done - intended) / 1000)
+            if "timing_us" in header:
+                result.ok_in_daemon_us.append(header["timing_us"]["total"])
         elif status == "OVERLOADED" and "timing_us" in header:
             result.shed_in_daemon_us.append(header["timing_us"]["total"])
 
