@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from typing import Any
 
 import msgpack
 from paths import RoundTrips, helper_server
+
+from edged.loadgen.launch import DaemonProcess, thread_run_seconds
 
 SIDES = ("edged", "edged, bare", "naive")
 
@@ -60,22 +61,11 @@ def serve_bare(argv: list[str]) -> int:
     return main(argv)
 
 
-def busiest_thread_s(pid: int) -> dict[str, float]:
-    """Each thread's CPU seconds so far, by thread id (schedstat: in ns, not in ticks)."""
-    seconds = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            seconds[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # a thread that ended meanwhile
-    return seconds
-
-
 def one_round(pid: int, trips: RoundTrips, requests: int, checked: bool) -> dict[str, float]:
     """A round's p50 and p99 (us) and the busiest thread's CPU per request (us)."""
-    before = busiest_thread_s(pid)
+    before = thread_run_seconds(pid)
     rows = trips.with_headers("mlp-light", requests, 0)
-    after = busiest_thread_s(pid)
+    after = thread_run_seconds(pid)
     if checked:  # edged's replies: a bare handler that failed would answer fast, and wrong
         statuses = {msgpack.unpackb(header)["status"] for _, header in rows}
         if statuses != {"OK"}:
@@ -90,8 +80,6 @@ def one_round(pid: int, trips: RoundTrips, requests: int, checked: bool) -> dict
 
 
 def measure(rounds: int, requests: int) -> dict[str, Any]:
-    from edged.loadgen.launch import DaemonProcess
-
     with tempfile.TemporaryDirectory(prefix="edged-bare-") as folder:
         endpoints = {side: f"ipc://{folder}/{index}.sock" for index, side in enumerate(SIDES)}
         naive = helper_server("naive_server", endpoints["naive"])
