@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from paths import RoundTrips, helper_server, write_whole
 
@@ -95,8 +95,34 @@ def written_after(path: Path, since_ns: int, timeout_s: float = 60.0) -> dict[st
     raise RuntimeError(f"{path} was not written within {timeout_s} s")
 
 
+class Side(NamedTuple):
+    """One server's run: its sorted round trips (us), process CPU (s), and the step
+    figures it wrote before and after them."""
+
+    samples: list[float]
+    cpu_s: float
+    before: dict[str, Any]
+    after: dict[str, Any]
+
+
+def run_side(endpoint: str, pid: int, figures: Path, requests: int) -> Side:
+    """Warm a server, then time `requests` round trips, reading its CPU and its figures around them."""
+    from edged.loadgen.launch import cpu_seconds
+
+    trips = RoundTrips(endpoint, None)
+    try:
+        trips("mlp-light", 200, 50)
+        before = written_after(figures, time.time_ns())
+        cpu_before = cpu_seconds(pid)
+        samples = sorted(trips("mlp-light", requests, 0))
+        cpu_s = cpu_seconds(pid) - cpu_before
+        return Side(samples, cpu_s, before, written_after(figures, time.time_ns()))
+    finally:
+        trips.close()
+
+
 def measure(requests: int) -> dict[str, Any]:
-    from edged.loadgen.launch import DaemonProcess, cpu_seconds
+    from edged.loadgen.launch import DaemonProcess
 
     with tempfile.TemporaryDirectory(prefix="edged-hot-") as folder:
         figures = Path(folder) / "steps.json"
@@ -104,25 +130,13 @@ def measure(requests: int) -> dict[str, Any]:
         program = [sys.executable, __file__, "--serve", str(figures), "--"]
         with DaemonProcess([endpoint], program=program) as daemon:
             daemon.wait_serving()
-            trips = RoundTrips(endpoint, None)
-            trips("mlp-light", 200, 50)
-            before = written_after(figures, time.time_ns())
-            cpu_before = cpu_seconds(daemon.process.pid)
-            samples = sorted(trips("mlp-light", requests, 0))
-            cpu_edged = cpu_seconds(daemon.process.pid) - cpu_before
-            after = written_after(figures, time.time_ns())
-            trips.close()
+            samples, cpu_edged, before, after = run_side(endpoint, daemon.process.pid, figures, requests)
         naive_figures = Path(folder) / "naive.json"
         naive = helper_server("naive_server", naive_endpoint, steps=naive_figures)
         try:
-            naive_trips = RoundTrips(naive_endpoint, None)
-            naive_trips("mlp-light", 200, 50)
-            naive_before = written_after(naive_figures, time.time_ns())
-            cpu_before = cpu_seconds(naive.pid)
-            naive_samples = sorted(naive_trips("mlp-light", requests, 0))
-            cpu_naive = cpu_seconds(naive.pid) - cpu_before
-            naive_after = written_after(naive_figures, time.time_ns())
-            naive_trips.close()
+            naive_samples, cpu_naive, naive_before, naive_after = run_side(
+                naive_endpoint, naive.pid, naive_figures, requests
+            )
         finally:
             naive.kill()
     served = naive_after["requests"] - naive_before["requests"]
