@@ -28,20 +28,9 @@ CONFIG = "all on"
 STEPS = ("alone", *map(str, FACTORS))
 
 
-def realtime_p99_ms(result: dict[str, Any]) -> dict[str, float]:
-    steps = result["configs"][CONFIG]
-    return {step: steps[step]["classes"]["realtime"]["latency_us"]["p99"] / 1000 for step in STEPS}
-
-
-def realtime_in_daemon_p99_ms(result: dict[str, Any]) -> dict[str, float]:
-    """The same replies' p99 inside the daemon (their timing_us.total)."""
-    steps = result["configs"][CONFIG]
-    return {step: steps[step]["classes"]["realtime"]["in_daemon_us"]["p99"] / 1000 for step in STEPS}
-
-
-def realtime_ok(result: dict[str, Any]) -> dict[str, float]:
-    steps = result["configs"][CONFIG]
-    return {step: steps[step]["classes"]["realtime"]["ok_fraction"] for step in STEPS}
+def realtime(result: dict[str, Any], step: str) -> dict[str, Any]:
+    """Realtime's figures at one load step of a run (edged.loadgen.sweep's summary)."""
+    return result["configs"][CONFIG][step]["classes"]["realtime"]
 
 
 def table(runs: dict[str, list[dict[str, Any]]]) -> str:
@@ -52,9 +41,9 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
     ]
     for side, results in runs.items():
         for step in STEPS:
-            p99 = [realtime_p99_ms(r)[step] for r in results]
-            inside = statistics.median(realtime_in_daemon_p99_ms(r)[step] for r in results)
-            ok = min(realtime_ok(r)[step] for r in results)
+            p99 = [realtime(r, step)["latency_us"]["p99"] / 1000 for r in results]
+            inside = statistics.median(realtime(r, step)["in_daemon_us"]["p99"] / 1000 for r in results)
+            ok = min(realtime(r, step)["ok_fraction"] for r in results)
             rounds = " ".join(f"{v:.2f}" for v in p99)
             spread = f"[{min(p99):.2f}, {max(p99):.2f}]"
             median = statistics.median(p99)
