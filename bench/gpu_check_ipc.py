@@ -29,6 +29,7 @@ from gpu_checks import write
 from onnx import TensorProto, helper
 
 from edged.backends.cuda_calls import check, runtime
+from edged.loadgen.large_model import portable_model
 from edged.models.onnx_import import write_folder
 
 SHAPE = (1, 3, 1080, 1920)
@@ -44,7 +45,7 @@ def write_model(path: Path) -> None:
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, list(SHAPE))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(portable_model(graph), path)
 
 
 def exported(frame: np.ndarray) -> tuple[int, bytes]:

@@ -9,6 +9,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+# onnx 1.23 writes IR version 14 unless told, which onnxruntime 1.31 refuses to load (seen
+# on the first GPU machine): the models written here say 8, which every recent runtime reads.
+IR_VERSION = 8
+
+
+def portable_model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    """`graph` as a model at opset 17 and IR version 8, whatever onnx wrote it."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = IR_VERSION
+    return model
+
 
 def write_matmuls(path: Path, side: int, seed: int = 0) -> None:
     """x [batch, side] through three side x side weights (3 * side^2 * 4 bytes) to y."""
@@ -25,4 +36,4 @@ def write_matmuls(path: Path, side: int, seed: int = 0) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", side])],
         weights,
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(portable_model(graph), path)

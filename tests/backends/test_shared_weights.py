@@ -114,3 +114,11 @@ def test_a_dlpack_view_of_memory_edged_owns_is_a_shared_initializer_used_in_plac
     ours["w2"][:] = 0  # our memory, changed in place: the session computes from it
     assert not session.run(["y"], {"x": x})[0].any()
     del session, values
+
+
+def test_the_written_model_is_one_the_gpu_build_reads(tmp_path: Path) -> None:
+    """onnx writes IR version 14 unless told; onnxruntime-gpu 1.31.1 refused it on the
+    first GPU machine ("max supported IR version: 13"), so the GPU checks' models failed."""
+    path = tmp_path / "m.onnx"
+    write_matmuls(path, 8)
+    assert onnx.load(str(path)).ir_version <= 13

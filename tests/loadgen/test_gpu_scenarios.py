@@ -97,6 +97,7 @@ def test_every_scenario_config_parses_with_what_it_varies() -> None:
         realtime, bulk = config.class_named("realtime"), config.class_named("bulk")
         assert [c.name for c in config.classes] == ["realtime", "bulk"], name
         assert (realtime.max_batch, bulk.max_batch, realtime.arena_cap_mb) == (4, 16, 512)
+        assert (realtime.workers, bulk.workers) == (1, gpu_scenarios.BULK_WORKERS), name
         assert bulk.yields == (name != "with bulk, priority streams, yield off"), name
         assert (bulk.max_call_ms > 0) == bulk.yields, name  # the derived cap is a yielding class's only
         assert realtime.cuda_graph == (name == "with bulk, priority streams, realtime CUDA graphs"), name
