@@ -36,6 +36,9 @@ ONE_STREAM = [sys.executable, str(ENGINES.parent / "bench" / "one_stream.py")]
 # (copies, the reply) overlaps the other's kernels. With one, bulk alone left the H200
 # idle 17% of the time (NVML 83%), and the isolation figures were read on a GPU not busy.
 BULK_WORKERS = 2
+# Split between bulk's 6 sessions (2 workers and the inline path, for each of 2 models):
+# bulk-heavy's 16-row activations take 90 MiB a buffer, and 1 GiB over 6 did not hold them.
+BULK_ARENA_MB = 3072
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +77,7 @@ workers = {BULK_WORKERS}
 max_batch = 16
 batch_wait_us = 500
 queue_capacity = 512
-arena_cap_mb = 1024
+arena_cap_mb = {BULK_ARENA_MB}
 {bulk_precedence}"""
 
 
