@@ -25,7 +25,12 @@ def test_progress_comes_a_line_at_a_time_when_not_on_a_terminal(daemon: RunningD
     assert "\r" not in stderr
     lines = stderr.splitlines()
     assert len(lines) >= 2 and all(PROGRESS.match(line) for line in lines), stderr
-    assert "step x1: offered 50 req/s for 3 s" in done.stdout.decode()
+    stdout = done.stdout.decode()
+    assert "step x1: offered 50 req/s for 3 s" in stdout
+    # Beside each round trip, the daemon's own span of the same replies: above zero, below it.
+    (row,) = [line.split() for line in stdout.splitlines() if line.startswith("realtime ")]
+    p50, in_p50 = float(row[10]), float(row[14])
+    assert 0 < in_p50 < p50, stdout
 
 
 def test_png_without_matplotlib_exits_2_before_the_run() -> None:
