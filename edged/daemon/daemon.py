@@ -36,6 +36,7 @@ from edged.daemon.loading import Loaded, load
 from edged.daemon.loops import Loops
 from edged.daemon.systemd import Notifier
 from edged.daemon.trimmer import Trimmer
+from edged.serve.contention import Contention
 from edged.serve.figures import status_line
 from edged.serve.lanes.lane import Lane
 
@@ -71,6 +72,7 @@ class Daemon:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.notifier = Notifier()
         self.trimmer = Trimmer()
+        self.contention = Contention()  # written by this thread alone (sample), read by the lanes
         self.exit_code = 0
         self._reread_config = reread_config or (lambda: config)
         self._news: deque[tuple[str, Any]] = deque()  # ("stop", signum), ("reload", None), ("loaded", result)
@@ -152,11 +154,11 @@ class Daemon:
     def _start_loading(self, read_config: Callable[[], Config]) -> None:
         # A reloaded lane keeps its class's counters: stats never jump back to zero.
         stats = {name: lane.stats for name, lane in self._loaded.lanes.items()} if self._loaded else {}
-        pending = self.serving.pending
+        pending, contention = self.serving.pending, self.contention
 
         def build() -> None:
             try:
-                result: Loaded | Exception = load(read_config, stats, pending)
+                result: Loaded | Exception = load(read_config, stats, pending, contention)
             except Exception as exc:
                 result = exc
             self._news.append(("loaded", result))
@@ -224,7 +226,8 @@ class Daemon:
     def _housekeeping(self, now: int) -> None:
         """Answer and replace stuck calls, ping systemd's watchdog while every loop turns,
         let go of retired lanes, ask for what a burst left resident to be given back,
-        forget the shared memory of clients long silent, refresh the status line."""
+        forget the shared memory of clients long silent, measure what the box's other
+        processes take of its cores, refresh the status line."""
         for lane in self.lanes:
             lane.check_stuck(now)
         self.loops.check(now, self.notifier)
@@ -235,6 +238,7 @@ class Daemon:
         self.trimmer.check(now)
         if now >= self._next_sweep_ns:
             self.serving.regions.sweep(now)
+            self.contention.sample()
             self._next_sweep_ns = now + SWEEP_EVERY_NS
         if now >= self._next_status_ns and self.lifecycle.open:
             self.notifier.notify(STATUS=status_line(self.serving))

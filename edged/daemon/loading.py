@@ -31,6 +31,7 @@ from edged.models.pipeline import PipelineError
 from edged.models.pipeline_manifest import discover_pipelines
 from edged.models.repository import ModelEntry, RepositoryError, discover, scan, unreadable_file
 from edged.models.warmup import ModelFailure, one_size_warning
+from edged.serve.contention import Contention
 from edged.serve.lanes.lane import Lane
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.pending import PendingBytes
@@ -59,10 +60,11 @@ def load(
     read_config: Callable[[], Config],
     stats: dict[str, ClassStats],
     pending: PendingBytes,
+    contention: Contention | None = None,
 ) -> Loaded:
     """Build warm lanes for the configuration `read_config` gives; raises what stops them.
     A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero.
-    The lanes hold their requests' bytes in `pending`."""
+    The lanes hold their requests' bytes in `pending`, and read the box's load in `contention`."""
     started = time.monotonic()
     config = read_config()
     variants = VARIANTS_OF.get(config.backend, config.backend)
@@ -98,7 +100,7 @@ def load(
     backend = backend_named(config.backend, config.fallback)
     while True:
         try:
-            reservations, memory, lanes = _start_lanes(config, models, pipelines, backend, stats, pending)
+            reservations, memory, lanes = _start_lanes(config, models, pipelines, backend, stats, pending, contention)
             break
         except ModelFailure as exc:
             fail(exc)
@@ -135,6 +137,7 @@ def _start_lanes(
     backend: Backend,
     stats: dict[str, ClassStats],
     pending: PendingBytes,
+    contention: Contention | None,
 ) -> tuple[dict[str, LaneReservation], MemoryPlan, dict[str, Lane]]:
     """Plan, start and measure a lane per class, each loaded and warm; all or none.
     Each model's weights are taken first, once, and held until the lanes hold them too."""
@@ -164,7 +167,7 @@ def _start_lanes(
         free = backend.free_bytes() if reserving else 0
         weights_bytes = free_before - free
         for klass in config.classes:
-            lane = Lane(klass, models, backend, stats.get(klass.name), precedence, pending, pipelines)
+            lane = Lane(klass, models, backend, stats.get(klass.name), precedence, pending, pipelines, contention)
             lanes[klass.name] = lane
             rss = trim()
             lane.start()

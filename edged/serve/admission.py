@@ -83,12 +83,21 @@ class Backlog:
     slows it, and admission divides the work ahead by it.
     """
 
-    def __init__(self, workers: int = 1, on_empty: Callable[[], None] | None = None, watched: bool = False) -> None:
+    def __init__(
+        self,
+        workers: int = 1,
+        on_empty: Callable[[], None] | None = None,
+        watched: bool = False,
+        share: Callable[[], float] | None = None,
+    ) -> None:
         self._depth = 0
         self._work_ns = 0
         self._lock = threading.Lock()
         self._on_empty = on_empty  # told each time the last job is answered
         self._ideal = float(workers)  # each worker getting through a priced ns in a ns
+        # The share of a core each worker gets now, by the box's other load (edged.serve.contention):
+        # what the pace starts from after an idle spell.
+        self._share = share
         self._pace = self._ideal
         self._measured = False  # whether the pace is a sample's, or the ideal (unmeasured, or stale)
         self._watched = watched  # see PACE_STALE_NS
@@ -106,7 +115,7 @@ class Backlog:
             if not self._depth:
                 now_ns = time.monotonic_ns()
                 if now_ns - self._last_ns > PACE_STALE_NS:
-                    self._pace, self._measured = self._ideal, False
+                    self._pace, self._measured = self.starting_pace, False
                 self._new_spell(now_ns)
                 self._busy_since_ns = now_ns
             self._depth += 1
@@ -179,6 +188,12 @@ class Backlog:
     def average_job_ns(self) -> float:
         """The estimated work of the average job held (0 with none)."""
         return self._work_ns / max(self._depth, 1)
+
+    @property
+    def starting_pace(self) -> float:
+        """The pace the lane starts from after an idle spell: its workers' count, times the
+        share of a core each gets beside the box's other load (edged.serve.contention)."""
+        return self._ideal * (self._share() if self._share else 1.0)
 
     @property
     def pace(self) -> float:

@@ -392,3 +392,16 @@ def test_one_stalled_run_does_not_price_a_pipeline_out_of_every_deadline() -> No
         service.observe_run("p", 1 * MS, 1)
     service.observe_run("p", 100 * MS, 1)
     assert service.bound_ns("p", 1) < 10 * service.charge_ns("p", 1)
+
+
+def test_a_lane_starts_work_after_idle_at_its_share_of_a_core() -> None:
+    """Where other processes keep the box busy, a niced worker gets a tenth of a core:
+    admission must start a burst from that, not from a core to itself."""
+    share = [0.1]
+    backlog = Backlog(workers=2, share=lambda: share[0])
+    backlog.add(1_000_000)
+    assert backlog.pace == 0.2
+    backlog.finish(1_000_000)
+    share[0] = 1.0
+    backlog.add(1_000_000)  # not idle a second yet: the pace it had stands
+    assert backlog.pace == 0.2

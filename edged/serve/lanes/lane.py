@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from edged.backends import Backend
@@ -23,6 +24,7 @@ from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, Shed, admit
 from edged.serve.answers import Answers
+from edged.serve.contention import Contention
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.crew import Crew
 from edged.serve.lanes.precedence import Precedence
@@ -67,11 +69,13 @@ class Lane:
         precedence: Precedence | None = None,
         pending: PendingBytes | None = None,
         pipelines: list[ModelEntry] | None = None,
+        contention: Contention | None = None,
     ) -> None:
         self.klass = klass
         self.stats = stats or ClassStats()
         self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
-        self.backlog = Backlog(klass.workers, self.precedence.idle, klass.gives_way)
+        share = partial(contention.share, klass.nice) if contention else None
+        self.backlog = Backlog(klass.workers, self.precedence.idle, klass.gives_way, share)
         self.precedence.join(klass.order, self.backlog)
         self.service = ServiceTimes()
         self._pending = pending or PendingBytes()  # daemon-wide, kept across reloads

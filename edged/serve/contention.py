@@ -1,0 +1,63 @@
+"""What the box's other processes take of its cores: where a lane's pace starts from
+when it takes work after an idle spell (edged.serve.admission.Backlog).
+
+A lane's pace is measured while it works; after a second idle it starts over, from a
+guess. The guess was each worker with a core to itself. On a box whose other processes
+keep every core busy, a niced bulk worker gets about a tenth of one, and a burst taken
+at that guess expired in the queue: 11-13 of the 14-19 requests admitted, in
+tests/serve/test_busy_box.py beside two busy loops on two cores (2026-11-27). So the
+guess is the share of a core the kernel's fair scheduler gives a thread of the lane's
+niceness beside what the other processes used in the last second; the measure takes
+over within LIVE_MIN_NS of the lane's work, as before.
+
+Sampled by the steering thread (its one writer, every second); read by the loops.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+# The fair scheduler's weight of a nice-0 thread; each nice level divides it by 1.25
+# (the kernel's sched_prio_to_weight table, within 1%).
+NICE_0_WEIGHT = 1024.0
+NICE_STEP = 1.25
+# The shortest span a sample covers: /proc/stat counts in ticks of 10 ms.
+MIN_SAMPLE_S = 0.5
+
+
+class Contention:
+    """The share of the box's cores its other processes used over the last sample."""
+
+    def __init__(self) -> None:
+        self.others = 0.0  # 0: they used none of any core; 1: all of every core
+        self._last = _reading()
+
+    def sample(self) -> None:
+        """Measure since the last sample (the steering thread, about every second)."""
+        now = _reading()
+        if now is not None and self._last is not None:
+            wall_s, busy_s, own_s = (b - a for a, b in zip(self._last, now))
+            if wall_s < MIN_SAMPLE_S:
+                return  # too short for the kernel's 10 ms ticks: measured at a later call
+            cores = os.cpu_count() or 1
+            self.others = min(max((busy_s - own_s) / (wall_s * cores), 0.0), 1.0)
+        self._last = now
+
+    def share(self, nice: int) -> float:
+        """The share of a core a thread at `nice` gets when it wants one: all of it where
+        nothing else runs, its weight's part of a core where another process keeps it busy."""
+        weight = NICE_0_WEIGHT / NICE_STEP**nice
+        return (1.0 - self.others) + self.others * weight / (weight + NICE_0_WEIGHT)
+
+
+def _reading() -> tuple[float, float, float] | None:
+    """Now (s), the CPU time every core of the box has been busy (s), and this process's own."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None  # not Linux, or no /proc: the guess stays each worker's whole core
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is in user already.
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
+    return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
