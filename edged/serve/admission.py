@@ -33,9 +33,10 @@ class Shed:
 # A lane's pace: the priced work it answers per ns of wall time while it holds work,
 # sampled over PACE_WINDOW_NS (or a shorter busy spell, of at least PACE_MIN_NS), each
 # sample weighing PACE_WEIGHT in the average. After PACE_STALE_NS idle, it starts over
-# from the ideal. On a watched lane (ClassConfig.gives_way) its first sample then
-# replaces the ideal whole: averaged with it, a lane starved through its first window
-# would look half as fast as the ideal in the next. Elsewhere it is averaged: a top
+# from a guess (Backlog.starting_pace: the ideal, at the share of a core the box's other
+# load leaves). On a watched lane (ClassConfig.gives_way) its first sample then
+# replaces the guess whole: averaged with it, a lane starved through its first window
+# would look half as fast as the guess in the next. Elsewhere it is averaged: a top
 # lane's first sample of a short, crowded spell, taken whole, shed its next requests.
 PACE_WINDOW_NS = 50_000_000
 PACE_MIN_NS = 1_000_000
@@ -46,7 +47,8 @@ PACE_STALE_NS = 1_000_000_000
 LIVE_MIN_NS = 10_000_000
 # How far ahead a lane's pace is trusted: TRUST_RATIO times as long as the lane has been
 # busy without a break, and TRUST_MIN_NS in any case, once its sample under way has
-# LIVE_MIN_NS of its own time (nothing before); its own work ahead beyond that counts
+# LIVE_MIN_NS of its own time and one of its calls has come back (nothing before: on a
+# busy box a 3.5 ms call took 35 ms and more); its own work ahead beyond that counts
 # UNPROVEN_FACTOR times over. A burst is read and admitted within a few ms,
 # before any sample can show what reading it does to the lane (on two cores, niced bulk
 # workers beside a socket loop reading one were seen to take 70-130 ms over a 2 ms
@@ -99,7 +101,7 @@ class Backlog:
         # what the pace starts from after an idle spell.
         self._share = share
         self._pace = self._ideal
-        self._measured = False  # whether the pace is a sample's, or the ideal (unmeasured, or stale)
+        self._measured = False  # whether the pace is a sample's, or the guess (unmeasured, or stale)
         self._watched = watched  # see PACE_STALE_NS
         self._spell_ns = 0  # when the current sample began
         self._busy_since_ns = 0  # when the lane last went from idle to holding work

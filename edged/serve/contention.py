@@ -4,11 +4,11 @@ when it takes work after an idle spell (edged.serve.admission.Backlog).
 A lane's pace is measured while it works; after a second idle it starts over, from a
 guess. The guess was each worker with a core to itself. On a box whose other processes
 keep every core busy, a niced bulk worker gets about a tenth of one, and a burst taken
-at that guess expired in the queue: 11-13 of the 14-19 requests admitted, in
-tests/serve/test_busy_box.py beside two busy loops on two cores (2026-11-27). So the
-guess is the share of a core the kernel's fair scheduler gives a thread of the lane's
-niceness beside what the other processes used in the last second; the measure takes
-over within LIVE_MIN_NS of the lane's work, as before.
+at that guess expired in the queue: 29 of the 55 requests admitted in 5 runs of
+bench/busy_box.py, two busy loops on two cores (2026-11-27). So the guess is the share
+of a core the kernel's fair scheduler gives a thread of the lane's niceness beside what
+the other processes used in the last second; the lane's own measure takes over once it
+has worked a while (Backlog.outlook).
 
 Sampled by the steering thread (its one writer, every second); read by the loops.
 """
