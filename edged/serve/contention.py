@@ -16,6 +16,7 @@ Sampled by the steering thread (its one writer, every second); read by the loops
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 # The fair scheduler's weight of a nice-0 thread; each nice level divides it by 1.25
@@ -32,9 +33,15 @@ class Contention:
     def __init__(self) -> None:
         self.others = 0.0  # 0: they used none of any core; 1: all of every core
         self._last = _reading()
+        self._owner = threading.get_ident()  # the steering thread: the one that made it
 
     def sample(self) -> None:
-        """Measure since the last sample (the steering thread, about every second)."""
+        """Measure since the last sample (the steering thread, about every second; from
+        any other, a bug, which raises)."""
+        if threading.get_ident() != self._owner:
+            raise RuntimeError(
+                f"the box's load is sampled by the steering thread only, not {threading.current_thread().name!r}"
+            )
         now = _reading()
         if now is not None and self._last is not None:
             wall_s, busy_s, own_s = (b - a for a, b in zip(self._last, now))
