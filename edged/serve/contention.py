@@ -47,7 +47,7 @@ class Contention:
             wall_s, busy_s, own_s = (b - a for a, b in zip(self._last, now))
             if wall_s < MIN_SAMPLE_S:
                 return  # too short for the kernel's 10 ms ticks: measured at a later call
-            cores = os.cpu_count() or 1
+            cores = len(os.sched_getaffinity(0))
             self.others = min(max((busy_s - own_s) / (wall_s * cores), 0.0), 1.0)
         self._last = now
 
@@ -59,12 +59,18 @@ class Contention:
 
 
 def _reading() -> tuple[float, float, float] | None:
-    """Now (s), the CPU time every core of the box has been busy (s), and this process's own."""
+    """Now (s), the CPU time the cores this process may run on have been busy (s), and
+    this process's own: only those cores, for a daemon pinned to some of a larger box."""
+    mine = {f"cpu{core}" for core in os.sched_getaffinity(0)}
+    busy = 0
     try:
         with open("/proc/stat") as stat:
-            ticks = [int(field) for field in stat.readline().split()[1:]]
+            for line in stat:
+                name, *fields = line.split()
+                if name in mine:
+                    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest is in user already.
+                    ticks = [int(field) for field in fields[:8]]
+                    busy += sum(ticks) - ticks[3] - ticks[4]
     except (OSError, ValueError):
         return None  # not Linux, or no /proc: the guess stays each worker's whole core
-    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is in user already.
-    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
     return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()

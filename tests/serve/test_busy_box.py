@@ -26,7 +26,7 @@ SAMPLED_S = 3.0  # the steering thread samples the box's load every second, over
 @contextmanager
 def busy_loops() -> Iterator[None]:
     """One busy loop per core, at the default niceness."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
     try:
         yield
     finally:
