@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from edged.loadgen.burst import stampede
-from edged.loadgen.launch import DaemonProcess, checkout_program
+from edged.loadgen.launch import LOAD_SEEN_S, DaemonProcess, busy_loops, checkout_program
 
 PEERS, PER_PEER, DEADLINE_MS = 100, 10, 300.0
-SAMPLED_S = 3.0  # the daemon samples the box's load every second, over at least half of one
 
 
 def one_run(program: list[str] | None) -> dict[str, Any]:
@@ -36,7 +34,7 @@ def one_run(program: list[str] | None) -> dict[str, Any]:
         endpoint = f"ipc://{folder}/edged.sock"
         with DaemonProcess([endpoint], None, Path(folder) / "daemon.log", program=program) as daemon:
             daemon.wait_serving()
-            time.sleep(SAMPLED_S)
+            time.sleep(LOAD_SEEN_S)
             burst = stampede(endpoint, PEERS, PER_PEER, deadline_ms=DEADLINE_MS)
     return {
         "admitted": burst.admitted,
@@ -56,9 +54,8 @@ def main() -> int:
     sides: dict[str, list[str] | None] = {"edged": None}
     if args.baseline:
         sides["baseline"] = checkout_program(args.baseline)
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
-    try:
+    with busy_loops():
         for run in range(args.runs):
             for name, program in sides.items():
                 figures = one_run(program)
@@ -68,10 +65,6 @@ def main() -> int:
                     f"ok {figures['ok']:>3}  lost {figures['lost']}  duplicated {figures['duplicated']}",
                     flush=True,
                 )
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
     for name, figures in runs.items():
         admitted = sum(f["admitted"] for f in figures)
         expired = sum(f["expired"] for f in figures)

@@ -8,9 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from edged.client import Client, EdgedError
+
+# How long a daemon needs to have seen a change in the box's load: its steering thread
+# samples it every second, over at least half of one (edged.serve.contention).
+LOAD_SEEN_S = 3.0
 
 
 class DaemonProcess:
@@ -111,6 +117,19 @@ def thread_run_seconds(pid: int) -> dict[str, float]:
         except FileNotFoundError:  # a thread that ended meanwhile
             continue
     return seconds
+
+
+@contextmanager
+def busy_loops() -> Iterator[None]:
+    """A busy box: one busy loop at the default niceness on each core this process may
+    run on, for the length of the block."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def _stat_cpu_seconds(stat: Path) -> float:

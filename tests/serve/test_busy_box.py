@@ -5,34 +5,17 @@ completes. Correctness only: no figure of speed is asserted here."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pytest
 from support import RunningDaemon
 
 from edged.client import Client
 from edged.loadgen.burst import stampede
+from edged.loadgen.launch import LOAD_SEEN_S, busy_loops
 
 pytestmark = pytest.mark.slow
-
-SAMPLED_S = 3.0  # the steering thread samples the box's load every second, over at least half of one
-
-
-@contextmanager
-def busy_loops() -> Iterator[None]:
-    """One busy loop per core, at the default niceness."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 def after_idle(daemon: RunningDaemon) -> dict[str, float]:
@@ -44,12 +27,12 @@ def test_the_pace_a_lane_starts_from_follows_the_other_processes_load(
     own_daemon: Callable[..., RunningDaemon],
 ) -> None:
     daemon = own_daemon()
-    time.sleep(SAMPLED_S)
+    time.sleep(LOAD_SEEN_S)
     quiet = after_idle(daemon)
     with busy_loops():
-        time.sleep(SAMPLED_S)
+        time.sleep(LOAD_SEEN_S)
         busy = after_idle(daemon)
-    time.sleep(SAMPLED_S)
+    time.sleep(LOAD_SEEN_S)
     again = after_idle(daemon)
     # Bulk's workers run at nice 10: a tenth of a core beside a busy one; realtime's at 0, a half.
     assert quiet["bulk"] >= 0.7 and again["bulk"] >= 0.7, (quiet, busy, again)
@@ -66,7 +49,7 @@ def test_a_burst_on_a_busy_box_is_admitted_only_as_far_as_it_completes(
     (docs/benchmarks.md, "A burst on a busy box")."""
     with busy_loops():
         daemon = own_daemon()
-        time.sleep(SAMPLED_S)
+        time.sleep(LOAD_SEEN_S)
         burst = stampede(daemon.ipc, 100, 10, deadline_ms=300.0)
     figures = burst.summary()
     assert (burst.lost, burst.duplicated) == (0, 0), figures
