@@ -105,7 +105,6 @@ class Backlog:
         self._watched = watched  # see PACE_STALE_NS
         self._spell_ns = 0  # when the current sample began
         self._busy_since_ns = 0  # when the lane last went from idle to holding work
-        self._answered_since_busy = False  # whether a job has been answered since then
         self._answered_ns = 0  # priced work answered since then
         # Time its workers spent waiting for higher classes since then (edged.serve.lanes.precedence):
         # not the lane's own time, for admission counts that work apart (`above_ns`).
@@ -120,7 +119,7 @@ class Backlog:
                 if now_ns - self._last_ns > PACE_STALE_NS:
                     self._pace, self._measured = self.starting_pace, False
                 self._new_spell(now_ns)
-                self._busy_since_ns, self._answered_since_busy = now_ns, False
+                self._busy_since_ns = now_ns
             self._depth += 1
             self._work_ns += cost_ns
 
@@ -131,7 +130,6 @@ class Backlog:
             self._work_ns -= cost_ns
             self._answered_ns += cost_ns
             self._last_ns = now_ns
-            self._answered_since_busy = True
             spell_ns = now_ns - self._spell_ns
             emptied = self._depth == 0
             if spell_ns >= PACE_WINDOW_NS or (emptied and spell_ns >= PACE_MIN_NS):
@@ -188,7 +186,7 @@ class Backlog:
         live = (self._answered_ns + in_hand_ns) / elapsed_ns
         # Calls in flight are credited as if done: until one has come back since the lane
         # took work, that is a guess, and nothing ahead is trusted on it.
-        trusted_ns = trusted_ns if self._answered_since_busy else 0
+        trusted_ns = trusted_ns if self._last_ns > self._busy_since_ns else 0
         return Outlook(max(min(self._pace, live), self._ideal / 100), trusted_ns, done_ns)
 
     @property

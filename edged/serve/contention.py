@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import NamedTuple
 
 # The fair scheduler's weight of a nice-0 thread; each nice level divides it by 1.25
 # (the kernel's sched_prio_to_weight table, within 1%).
@@ -42,13 +43,13 @@ class Contention:
             raise RuntimeError(
                 f"the box's load is sampled by the steering thread only, not {threading.current_thread().name!r}"
             )
-        now = _reading()
-        if now is not None and self._last is not None:
-            wall_s, busy_s, own_s = (b - a for a, b in zip(self._last, now))
+        now, last = _reading(), self._last
+        if now is not None and last is not None:
+            wall_s = now.at_s - last.at_s
             if wall_s < MIN_SAMPLE_S:
                 return  # too short for the kernel's 10 ms ticks: measured at a later call
-            cores = len(os.sched_getaffinity(0))
-            self.others = min(max((busy_s - own_s) / (wall_s * cores), 0.0), 1.0)
+            others_s = (now.busy_s - last.busy_s) - (now.own_s - last.own_s)
+            self.others = min(max(others_s / (wall_s * now.cores), 0.0), 1.0)
         self._last = now
 
     def share(self, nice: int) -> float:
@@ -58,9 +59,17 @@ class Contention:
         return (1.0 - self.others) + self.others * weight / (weight + NICE_0_WEIGHT)
 
 
-def _reading() -> tuple[float, float, float] | None:
-    """Now (s), the CPU time the cores this process may run on have been busy (s), and
-    this process's own: only those cores, for a daemon pinned to some of a larger box."""
+class Reading(NamedTuple):
+    """The cores this process may run on (only those: a daemon may be pinned to some of a
+    larger box), how long they have been busy, and how much of it was this process."""
+
+    at_s: float
+    busy_s: float
+    own_s: float
+    cores: int
+
+
+def _reading() -> Reading | None:
     mine = {f"cpu{core}" for core in os.sched_getaffinity(0)}
     busy = 0
     try:
@@ -73,4 +82,4 @@ def _reading() -> tuple[float, float, float] | None:
                     busy += sum(ticks) - ticks[3] - ticks[4]
     except (OSError, ValueError):
         return None  # not Linux, or no /proc: the guess stays each worker's whole core
-    return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+    return Reading(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time(), len(mine))
