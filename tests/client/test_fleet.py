@@ -194,13 +194,13 @@ def test_no_reply_within_half_the_deadline_is_retried_on_the_other_daemon(
     silent = victim(own_daemon)
     with Client([silent.ipc, daemon.ipc], timeout_ms=5000) as client:
         warm(client)
-        os.kill(silent.pid, signal.SIGSTOP)
+        silent.pause()
         try:
             reply, took_s, before = first_copy_to(
                 client, silent.ipc, lambda: client.infer_reply("mlp-light", mlp_input(), deadline_ms=1000)
             )
         finally:
-            os.kill(silent.pid, signal.SIGCONT)
+            silent.resume()
         assert reply.status.value == "OK"
         # Given up after 500 ms, answered at once by the other daemon: well inside the deadline.
         assert 0.5 <= took_s < 1.0, f"the call took {took_s:.2f} s"
@@ -215,11 +215,11 @@ def test_a_hedge_returns_one_result_and_the_losers_late_reply_is_counted_and_dro
     with Client([slow.ipc, daemon.ipc], timeout_ms=5000, hedge=True, hedge_after_ms=50) as client:
         warm(client)
         first = random_input("mlp-light", 1, 7)
-        os.kill(slow.pid, signal.SIGSTOP)
+        slow.pause()
         try:
             result, took_s, before = first_copy_to(client, slow.ipc, lambda: client.infer("mlp-light", first))
         finally:
-            os.kill(slow.pid, signal.SIGCONT)
+            slow.resume()
         assert_close(result["scores"], reference.run("mlp-light", first))
         # The hedge went after 50 ms; the first copy's share (half of 5 s) never came.
         assert took_s < 1.0, f"the hedged call took {took_s:.2f} s"
@@ -268,7 +268,7 @@ def test_the_async_client_hedges_too_and_counts_the_late_reply(
         async with AsyncClient([slow.ipc, daemon.ipc], timeout_ms=5000, hedge=True, hedge_after_ms=50) as client:
             while not all(counters.ok for counters in client.counters().values()):  # both connected
                 await client.infer("mlp-light", first)
-            os.kill(slow.pid, signal.SIGSTOP)
+            slow.pause()
             try:
                 for before in tries(client):  # until a call's first copy goes to the stopped daemon
                     started = time.monotonic()
@@ -279,7 +279,7 @@ def test_the_async_client_hedges_too_and_counts_the_late_reply(
                 else:
                     raise AssertionError(f"no call went to the stopped daemon: {client.counters()}")
             finally:
-                os.kill(slow.pid, signal.SIGCONT)
+                slow.resume()
             assert_close(result["scores"], reference.run("mlp-light", first))
             assert took_s < 1.0, f"the hedged call took {took_s:.2f} s"
             end = time.monotonic() + 10

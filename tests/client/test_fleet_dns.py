@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -194,13 +192,13 @@ def test_a_daemon_removed_and_stopped_loses_no_call(
                 await asyncio.sleep(0.05)
             while time.monotonic() < end and client.counters()[at(4)].ok < 20:
                 await asyncio.sleep(0.05)
-            os.kill(third.pid, signal.SIGSTOP)  # the copies sent there now stay in flight
+            third.pause()  # the copies sent there now stay in flight
             await asyncio.sleep(0.3)
             records.set(NAME, ["127.0.0.2", "127.0.0.3"])
             while time.monotonic() < end and at(4) in client.endpoints:
                 await asyncio.sleep(0.01)
             still_open = at(4) in client.counters()  # left the members, not yet its copies' replies
-            os.kill(third.pid, signal.SIGCONT)
+            third.resume()
             await asyncio.to_thread(third.stop)
             while time.monotonic() < end and at(4) in client.counters():
                 await asyncio.sleep(0.05)

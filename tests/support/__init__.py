@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -69,9 +70,34 @@ class RunningDaemon:
     def stop(self, timeout_s: float = 30.0) -> int:
         return self.process.stop(timeout_s)
 
+    def pause(self, timeout_s: float = 10.0) -> None:
+        """Stop the daemon (SIGSTOP), returning once none of its threads can run. kill()
+        only starts a stop: the process stops when a thread it woke is next scheduled,
+        and on a busy box the others serve a request or two meanwhile."""
+        os.kill(self.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: all_stopped(self.pid), timeout_s, f"the daemon's threads to stop (pid {self.pid})")
+        except AssertionError:
+            self.resume()
+            raise
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
     def close(self) -> None:
         self.stop()  # also closes the log of a daemon that already exited
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def all_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped: state T in /proc/<pid>/task/*/stat."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            states.append(stat.read_text().rpartition(")")[2].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return bool(states) and all(state == "T" for state in states)
 
 
 def start_daemon(
