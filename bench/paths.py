@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,11 +110,13 @@ def serve_echo(endpoint: str) -> None:
         sock.send_multipart(sock.recv_multipart())
 
 
-def serve_naive(endpoint: str, timed: bool = False, steps: Path | None = None) -> None:
+def serve_naive(endpoint: str, timed: bool = False, steps: Path | None = None, polled: bool = False) -> None:
     """The simplest correct server: everything on one thread, no queues. `timed`: its
     replies carry timing_us as edged's do (for heavy_breakdown.py; compare.py's is not).
     `steps`: a file it rewrites every second with its CPU ns in each step, summed, and
-    the requests served (for hot_path.py)."""
+    the requests served (for hot_path.py). `polled`: it waits as edged's loop does, in
+    zmq_poll on its socket and an eventfd, then receives without blocking (for
+    bare_loop.py: what that wait costs, apart from the rest of edged)."""
     import msgpack
     import onnxruntime as ort
 
@@ -127,9 +131,10 @@ def serve_naive(endpoint: str, timed: bool = False, steps: Path | None = None) -
     totals = dict.fromkeys(("requests", "recv", "decode", "run", "encode", "send"), 0)
     if steps is not None:
         threading.Thread(target=_write_every_second, args=(steps, totals), daemon=True).start()
+    receive = _polled_receive(sock) if polled else sock.recv_multipart
     while True:
         at_recv = cpu()
-        identity, header_frame, *payloads = sock.recv_multipart()
+        identity, header_frame, *payloads = receive()
         received_ns, at_decode = time.monotonic_ns(), cpu()
         header = msgpack.unpackb(header_frame)
         spec = header["inputs"][0]
@@ -160,6 +165,21 @@ def serve_naive(endpoint: str, timed: bool = False, steps: Path | None = None) -
         totals["send"] += cpu() - at_send
 
 
+def _polled_receive(sock: zmq.Socket) -> Callable[[], list[bytes]]:
+    wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # never written: a second thing to wait on
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(wake, zmq.POLLIN)
+    nonblocking = int(zmq.NOBLOCK)
+
+    def receive() -> list[bytes]:
+        while not poller.poll():  # no timeout: returns once the socket has a message
+            pass
+        return sock.recv_multipart(nonblocking)
+
+    return receive
+
+
 def _write_every_second(path: Path, totals: dict[str, int]) -> None:
     while True:
         time.sleep(1)
@@ -175,9 +195,11 @@ def write_whole(path: Path, text: str) -> None:
 
 def helper_server(path: str, endpoint: str, steps: Path | None = None) -> subprocess.Popen[bytes]:
     """The echo (`path` "zmq_echo") or a naive server (any other; "naive_timed": with
-    timing_us; `steps`: see serve_naive) in a process of its own, given time to load its models."""
+    timing_us; "naive_polled": waiting as edged's loop does; `steps`: see serve_naive) in a
+    process of its own, given time to load its models."""
     args = ["--serve-echo", endpoint] if path == "zmq_echo" else ["--serve-naive", endpoint]
     args += ["--timed"] if path == "naive_timed" else []
+    args += ["--polled"] if path == "naive_polled" else []
     args += ["--steps", str(steps)] if steps is not None else []
     process = subprocess.Popen([sys.executable, __file__, *args])
     time.sleep(0.5 if path == "zmq_echo" else 2.0)
@@ -191,11 +213,12 @@ def main() -> None:
     serve.add_argument("--serve-naive", metavar="ENDPOINT")
     parser.add_argument("--timed", action="store_true", help="the naive server's replies carry timing_us")
     parser.add_argument("--steps", type=Path, help="the naive server writes its CPU per step here")
+    parser.add_argument("--polled", action="store_true", help="the naive server waits in zmq_poll, as edged's loop")
     args = parser.parse_args()
     if args.serve_echo:
         serve_echo(args.serve_echo)
     else:
-        serve_naive(args.serve_naive, timed=args.timed, steps=args.steps)
+        serve_naive(args.serve_naive, timed=args.timed, steps=args.steps, polled=args.polled)
 
 
 if __name__ == "__main__":
