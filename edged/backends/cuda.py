@@ -17,7 +17,6 @@ from edged.backends.cuda_calls import INSTALL_HINT, CudaError, check, check_driv
 from edged.backends.cuda_ipc import IpcMemory
 from edged.backends.cuda_memory import (
     DeviceBuffer,
-    Event,
     Lender,
     Lent,
     PinnedBuffer,
@@ -34,7 +33,6 @@ __all__ = [
     "CudaError",
     "DeviceBuffer",
     "DeviceInfo",
-    "Event",
     "Graph",
     "IpcMemory",
     "Lender",

@@ -18,28 +18,6 @@ if TYPE_CHECKING:
     from edged.backends.cuda import Stream
 
 
-class Event:
-    """A timing event: record on a stream, wait for it, read the time between two."""
-
-    def __init__(self) -> None:
-        rt = runtime()
-        self.handle = check("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags(rt.cudaEventDefault))
-
-    def record(self, stream: Stream) -> None:
-        check("cudaEventRecord", runtime().cudaEventRecord(self.handle, stream.handle))
-
-    def synchronize(self) -> None:
-        check("cudaEventSynchronize", runtime().cudaEventSynchronize(self.handle))
-
-    def elapsed_ms_since(self, start: Event) -> float:
-        return float(check("cudaEventElapsedTime", runtime().cudaEventElapsedTime(start.handle, self.handle)))
-
-    def close(self) -> None:
-        if self.handle is not None:
-            check("cudaEventDestroy", runtime().cudaEventDestroy(self.handle))
-            self.handle = None
-
-
 class DeviceBuffer:
     """cudaMalloc'd memory, allocated once at load and reused by every call."""
 
