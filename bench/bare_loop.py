@@ -3,7 +3,7 @@ decisions: edged, edged with its decisions taken out, and the naive server, inte
 
     python bench/bare_loop.py [--rounds 10] [--requests 2000] [--baseline DIR] [--json FILE]
 
-Three servers of mlp-light, each given closed-loop round trips in turn, round after round
+Servers of mlp-light, each given closed-loop round trips in turn, round after round
 (the default class, on the shared endpoint, as bench/compare.py's `edged` path sends them):
 - edged: a fresh daemon, as shipped;
 - edged, bare: a fresh daemon, started through this script (`--serve-bare`), whose

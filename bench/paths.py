@@ -173,8 +173,7 @@ def _polled_receive(sock: zmq.Socket) -> Callable[[], list[bytes]]:
     nonblocking = int(zmq.NOBLOCK)
 
     def receive() -> list[bytes]:
-        while not poller.poll():  # no timeout: returns once the socket has a message
-            pass
+        poller.poll()  # no timeout: returns once the socket has a message (the eventfd is never written)
         return sock.recv_multipart(nonblocking)
 
     return receive
