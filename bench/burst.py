@@ -13,7 +13,10 @@ Each run, in turn:
    send mlp-light every 20 ms through the client library.
 Reported per run: requests lost or answered twice; admitted bulk that then expired;
 realtime OK and its round trip (with the daemon's own span beside it); the time to
-answer the whole burst against the floor's; the OVERLOADED round trip; the daemon's
+answer the whole burst against the floor's, and against the floor's plus the admitted
+requests' own compute (issue 36's target: the bulk lane's calls and rows from `stats`,
+each priced by cnn-heavy run in this process on one thread, at 1 and at 16 rows, before
+the first run); the OVERLOADED round trip; the daemon's
 CPU seconds by thread during the burst; its RSS before the burst and 1 s after its
 last reply. With --baseline DIR, each run also gives the same burst to another
 checkout's daemon (a worktree of an earlier commit), the two in an order swapped from
@@ -39,13 +42,48 @@ from typing import Any, NamedTuple
 import msgpack
 import zmq
 
-from edged.loadgen.burst import realtime_beside, stampede
+from edged.client import Client
+from edged.loadgen.burst import IMAGE, realtime_beside, stampede
 from edged.loadgen.launch import DaemonProcess, checkout_program, resident_kib, thread_cpu_seconds
 
 REALTIME_PEERS = 10
 REALTIME_PERIOD_MS = 20.0
 BULK_DEADLINE_MS = 3000.0
 SHED_ONLY_DEADLINE_MS = 1.0  # under cnn-heavy's 2 ms run: admission sheds every request
+CNN_HEAVY = Path(__file__).resolve().parents[1] / "engines" / "cnn-heavy" / "model.onnx"
+
+
+class OwnCompute(NamedTuple):
+    """cnn-heavy's compute with a core to itself: a call's first row and each row after it."""
+
+    first_row_s: float
+    extra_row_s: float
+
+    @classmethod
+    def measure(cls, runs: int = 15) -> OwnCompute:
+        """Time cnn-heavy here, on one thread, at 1 and 16 rows (the median of `runs` each)."""
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(str(CNN_HEAVY), options, providers=["CPUExecutionProvider"])
+
+        def median_s(rows: int) -> float:
+            feed = {"image": IMAGE.repeat(rows, axis=0)}
+            samples = []
+            for i in range(runs + 3):
+                start = time.perf_counter()
+                session.run(None, feed)
+                if i >= 3:  # the first calls warm the session up
+                    samples.append(time.perf_counter() - start)
+            return sorted(samples)[len(samples) // 2]
+
+        one, sixteen = median_s(1), median_s(16)
+        return cls(one, max(sixteen - one, 0.0) / 15)
+
+    def of(self, calls: int, rows: int) -> float:
+        """The seconds `calls` calls carrying `rows` rows in all take."""
+        return calls * self.first_row_s + (rows - calls) * self.extra_row_s
 
 
 def floor_server(endpoint: str, ready: Any, stop: Any) -> None:
@@ -119,20 +157,25 @@ def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon) -> dict[st
         burst, beside, cpu = beside_burst(endpoint, peers, per_peer, daemon.deadline_ms, process.process.pid)
         time.sleep(1.0)
         rss_after = resident_kib(process.process.pid)
+        with Client(endpoint) as client:
+            bulk = client.stats()["classes"]["bulk"]
     return {
         "burst": burst,
+        "bulk_calls": {"calls": bulk["backend_calls"], "rows": bulk["backend_rows"]},
         "realtime": beside,
         "rss_kib": {"before": rss_before, "after_1s": rss_after},
         "daemon_cpu_s": cpu,
     }
 
 
-def report(run: str, floor: dict[str, Any], edged: dict[str, Any]) -> str:
+def report(run: str, floor: dict[str, Any], edged: dict[str, Any], own: OwnCompute) -> str:
     burst, rt, rss = edged["burst"], edged["realtime"], edged["rss_kib"]
     ok = rt["statuses"].get("OK", 0) / rt["sent"] if rt["sent"] else 0.0
     trip, inside, floor_trip = rt["round_trip_ms"], rt["daemon_total_ms"], floor["realtime"]["round_trip_ms"]
     took, floor_took = burst["seconds_to_answer_all"], floor["burst"]["seconds_to_answer_all"]
     shed_took = burst["seconds_to_answer_shed"]
+    calls = edged["bulk_calls"]
+    target = floor_took + own.of(calls["calls"], calls["rows"])
     return "\n".join(
         [
             f"run {run}: {burst['sent']} bulk requests from the peers; statuses {burst['statuses']}",
@@ -146,6 +189,8 @@ def report(run: str, floor: dict[str, Any], edged: dict[str, Any]) -> str:
             f"  whole burst answered in {took:.2f} s, the floor's in {floor_took:.2f} s: {took / floor_took:.2f}x; "
             f"its sheds in {shed_took:.2f} s ({shed_took / floor_took:.2f}x), "
             f"the rest being the {burst['admitted']} admitted requests' compute",
+            f"  against the floor's time plus the admitted requests' own compute ({calls['calls']} calls, "
+            f"{calls['rows']} rows: {floor_took:.2f} + {target - floor_took:.2f} s): {took / target:.2f}x",
             f"  OVERLOADED round trip p50: {burst['overloaded_round_trip_p50_ms'] or 0:.1f} ms",
             f"  the daemon's CPU seconds during the burst, by thread: {edged['daemon_cpu_s']}",
             f"  RSS {rss['before'] / 1024:.0f} MiB before, {rss['after_1s'] / 1024:.0f} MiB 1 s after "
@@ -169,6 +214,12 @@ def main() -> int:
         daemons["baseline"] = Daemon(checkout_program(args.baseline))
     if args.shed_only:
         daemons["shed only"] = Daemon(config=args.config, deadline_ms=SHED_ONLY_DEADLINE_MS)
+    own = OwnCompute.measure()
+    print(
+        f"cnn-heavy here, one thread: {own.first_row_s * 1e3:.2f} ms a call's first row, "
+        f"{own.extra_row_s * 1e3:.2f} ms each row after it",
+        flush=True,
+    )
     runs = []
     for run in range(1, args.runs + 1):
         order = list(daemons) if run % 2 else list(reversed(daemons))
@@ -177,9 +228,10 @@ def main() -> int:
             figures = {name: edged_run(folder, args.peers, args.per_peer, daemons[name]) for name in order}
         runs.append({"floor": floor, **figures})
         for name in daemons:
-            print(report(f"{run} ({name})", floor, figures[name]), flush=True)
+            print(report(f"{run} ({name})", floor, figures[name], own), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"peers": args.peers, "per_peer": args.per_peer, "runs": runs}, indent=1))
+        document = {"peers": args.peers, "per_peer": args.per_peer, "own_compute": own._asdict(), "runs": runs}
+        args.json.write_text(json.dumps(document, indent=1))
     return 0
 
 
