@@ -2,7 +2,8 @@
 
     python bench/gpu_bench.py [--duration 10] [--repeats 3] [--scenarios 1,2,...] [--out DIR]
 
-NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh). Scenarios,
+Ran on an NVIDIA H200 and an NVIDIA H100 (2026-11-27; docs/benchmarks-gpu.md), through
+bench/gpu_verify.sh. Scenarios,
 each against a fresh daemon, run in the order given, repeated `--repeats` times,
 interleaved (A B C D, A B C D, ...), so a drift of the machine falls on every scenario alike:
 1. realtime alone (mlp-light, its lane on a stream of priority -1);

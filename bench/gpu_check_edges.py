@@ -1,5 +1,5 @@
 """bench/gpu_checks.py edges: a kept output is the runner's own device buffer, holding what `run`
-downloads (see there). NOT YET RUN."""
+downloads (see there). Ran on an NVIDIA H200 and an NVIDIA H100 (2026-11-27; docs/benchmarks-gpu.md)."""
 
 from __future__ import annotations
 

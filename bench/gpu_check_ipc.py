@@ -1,5 +1,5 @@
 """bench/gpu_checks.py ipc: a client's device memory read by a lane through CUDA IPC (issue 24).
-NOT YET RUN: written on a machine with no GPU.
+Ran on an NVIDIA H200 and an NVIDIA H100 (2026-11-27; docs/benchmarks-gpu.md).
 
 A model made here, `frame-mean` (image [1, 3, 1080, 1920] float32, one 1080p frame's 25 MB,
 to y [1, 3], its mean per channel: almost no compute, so the round trip is mostly what the

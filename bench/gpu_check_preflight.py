@@ -5,7 +5,8 @@ kernel (`uname -r`; 4.4.0 is gVisor, where CUDA IPC, green contexts and stream w
 are unproven), the versions that matter, the CUDA device, a green context's stream, and
 a `cuStreamWaitValue32` on mapped host memory that must hold its stream until the host
 sets the word. An item a machine lacks is UNSUPPORTED with CUDA's error; the check
-fails only when there is no CUDA device at all. NOT YET RUN on a GPU.
+fails only when there is no CUDA device at all. Ran on an NVIDIA H200 and an NVIDIA H100
+(2026-11-27; docs/benchmarks-gpu.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""bench/gpu_checks.py weights: each model's weights held once on the device (see there). NOT YET RUN."""
+"""bench/gpu_checks.py weights: each model's weights held once on the device (see there).
+Ran on an NVIDIA H200 and an NVIDIA H100 (2026-11-27; docs/benchmarks-gpu.md)."""
 
 from __future__ import annotations
 

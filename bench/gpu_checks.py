@@ -8,7 +8,8 @@
     python bench/gpu_checks.py ipc [--out DIR]
     python bench/gpu_checks.py edges [--out DIR]
 
-NOT YET RUN: written on machines with no GPU (see bench/gpu_verify.sh, which runs them all).
+Ran on an NVIDIA H200 and an NVIDIA H100 (2026-11-27; docs/benchmarks-gpu.md), through
+bench/gpu_verify.sh, which runs them all.
 
 preflight: what the machine is, in a few seconds (bench/gpu_check_preflight.py).
 
