@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import statistics
 import sys
 import tempfile
 import time
@@ -41,16 +42,16 @@ from typing import Any, NamedTuple
 
 import msgpack
 import zmq
+from paths import InProcess
 
 from edged.client import Client
-from edged.loadgen.burst import IMAGE, realtime_beside, stampede
+from edged.loadgen.burst import realtime_beside, stampede
 from edged.loadgen.launch import DaemonProcess, checkout_program, resident_kib, thread_cpu_seconds
 
 REALTIME_PEERS = 10
 REALTIME_PERIOD_MS = 20.0
 BULK_DEADLINE_MS = 3000.0
 SHED_ONLY_DEADLINE_MS = 1.0  # under cnn-heavy's 2 ms run: admission sheds every request
-CNN_HEAVY = Path(__file__).resolve().parents[1] / "engines" / "cnn-heavy" / "model.onnx"
 
 
 class OwnCompute(NamedTuple):
@@ -61,24 +62,10 @@ class OwnCompute(NamedTuple):
 
     @classmethod
     def measure(cls, runs: int = 15) -> OwnCompute:
-        """Time cnn-heavy here, on one thread, at 1 and 16 rows (the median of `runs` each)."""
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        session = ort.InferenceSession(str(CNN_HEAVY), options, providers=["CPUExecutionProvider"])
-
-        def median_s(rows: int) -> float:
-            feed = {"image": IMAGE.repeat(rows, axis=0)}
-            samples = []
-            for i in range(runs + 3):
-                start = time.perf_counter()
-                session.run(None, feed)
-                if i >= 3:  # the first calls warm the session up
-                    samples.append(time.perf_counter() - start)
-            return sorted(samples)[len(samples) // 2]
-
-        one, sixteen = median_s(1), median_s(16)
+        """Time cnn-heavy here (bench/paths.py's in-process floor: one thread) at 1 and 16
+        rows, the median of `runs` each."""
+        timed = InProcess()
+        one, sixteen = (statistics.median(timed("cnn-heavy", runs, 3, rows)) / 1e6 for rows in (1, 16))
         return cls(one, max(sixteen - one, 0.0) / 15)
 
     def of(self, calls: int, rows: int) -> float:

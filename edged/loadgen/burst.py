@@ -168,12 +168,13 @@ def realtime_beside(endpoint: str, peers: int, period_ms: float, duration_s: flo
     return {
         "statuses": dict(statuses),
         "sent": sum(statuses.values()),
-        "round_trip_ms": _percentiles(round_trips),
-        "daemon_total_ms": _percentiles(inside),
+        "round_trip_ms": percentiles(round_trips),
+        "daemon_total_ms": percentiles(inside),
     }
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50, p99 and max of `values` ({} for none)."""
     if not values:
         return {}
     return {name: float(np.percentile(values, q)) for name, q in (("p50", 50), ("p99", 99), ("max", 100))}
