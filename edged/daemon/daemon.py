@@ -59,9 +59,7 @@ class Daemon:
     only leave news for it (`_news`) and wake it."""
 
     def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
-        # The imported modules' objects stay put from here: a full collection walked their
-        # 35,000 in 26-30 ms (the 2-core VM), holding the interpreter lock from every thread.
-        gc.freeze()
+        gc.freeze()  # the modules' 35,000 objects: a collection of them held the GIL 26-30 ms
         self.config = config
         if config.classes[0].cpu_affinity:
             # The highest class's loop runs its inline calls: it runs on that class's cores.
@@ -209,8 +207,7 @@ class Daemon:
         old, self._loaded = self._loaded, result
         first = old is None
         self.config = result.config
-        # What loading left stays put too, its garbage collected first: before inference
-        # opens, since a collection holds the interpreter lock (1 ms here at start-up).
+        # Loading's objects frozen too, its garbage collected first: before inference opens.
         gc.collect()
         gc.freeze()
         if self.lifecycle.open or self.lifecycle.state is State.STARTING:
