@@ -246,12 +246,18 @@ def admit(
     # The estimate of a long queue errs by a share of its length, and a job admitted with
     # no slack then expires: admission keeps that share in hand.
     ahead_ns = queued_ns + queued_ns // QUEUE_SLACK_DIVISOR
-    # Its own price's share, or its measured bound: both would count its spread twice.
-    own_ns = max(cost_ns + cost_ns // QUEUE_SLACK_DIVISOR, bound_ns)
+    # Behind work, its own run goes at the pace too (one worker's share, never faster than
+    # its price): at its price, a burst on a busy box (bulk at a tenth of a core, a 3.6 ms
+    # call taking 45 ms) admitted requests that expired in their own run. Not on an idle
+    # lane: only a run can measure its pace again, and realtime, slowed once, shed every
+    # request until that pace went stale (59 of 190 in 1.2 s, bench/isolation_compare.py).
+    run_ns = int(cost_ns * max(klass.workers / outlook.pace, 1.0)) if depth else cost_ns
+    # Its run's share in hand, or its measured bound: both would count its spread twice.
+    own_ns = max(run_ns + run_ns // QUEUE_SLACK_DIVISOR, bound_ns)
     if ahead_ns + own_ns > budget_ns:
         if own_ns > budget_ns:
             message = (
-                f"class {klass.name!r} cannot meet the deadline: the model alone takes about {cost_ns / 1e6:.3f} ms "
+                f"class {klass.name!r} cannot meet the deadline: the model alone takes about {run_ns / 1e6:.3f} ms "
                 f"({own_ns / 1e6:.3f} with what is kept in hand), more than the {max(budget_ns, 0) / 1e6:.3f} ms "
                 "left; a retry needs a longer deadline"
             )

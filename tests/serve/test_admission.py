@@ -119,6 +119,30 @@ def test_a_lane_starved_now_is_seen_before_its_first_sample_closes() -> None:
     assert backlog.outlook(later_ns, (0, 5 * MS)).pace == backlog.pace
 
 
+def test_a_requests_own_run_behind_work_is_counted_at_the_lanes_pace() -> None:
+    """Bulk at a tenth of a core on a busy box: a 3.6 ms call takes 36 ms, its own run
+    as much as the work ahead of it. Counted at its price, the last requests a burst
+    admitted there expired in their own run."""
+    slow = Outlook(0.1)
+    # 1 ms ahead (10 ms at this pace, 12 with a fifth in hand), then its own 4 ms run: 40 ms, 48 in hand.
+    shed = admit(lane(), backlog_of(1 * MS), cost_ns=4 * MS, budget_ns=59 * MS, outlook=slow)
+    assert shed is not None and shed.reason == "deadline", shed
+    assert admit(lane(), backlog_of(1 * MS), cost_ns=4 * MS, budget_ns=60 * MS, outlook=slow) is None
+    # Each worker runs a call of its own: two at a tenth of a core each (a pace of 0.2) take
+    # 5 ms over the 1 ms ahead (6 in hand), then 40 for its run (48): not 20 (24).
+    two = backlog_of(1 * MS, workers=2)
+    assert admit(lane(workers=2), two, cost_ns=4 * MS, budget_ns=53 * MS, outlook=Outlook(0.2)) is not None
+    assert admit(lane(workers=2), two, cost_ns=4 * MS, budget_ns=54 * MS, outlook=Outlook(0.2)) is None
+    # A lane never runs a call faster than its price.
+    assert admit(lane(), backlog_of(1 * MS), cost_ns=4 * MS, budget_ns=5 * MS, outlook=Outlook(2.0)) is not None
+
+
+def test_an_idle_lane_counts_a_requests_run_at_its_price() -> None:
+    """Only a run measures an idle lane's pace again: a realtime lane slowed once, had it
+    counted each request's run at that pace, shed every one until the pace went stale."""
+    assert admit(lane(), backlog_of(), cost_ns=4 * MS, budget_ns=5 * MS, outlook=Outlook(0.1)) is None
+
+
 def test_work_ahead_beyond_what_a_lane_has_seen_its_pace_hold_for_counts_more() -> None:
     """A burst is admitted within a few ms, before any sample shows what it does to
     the lane: until its own time reaches LIVE_MIN_NS and a job has come back, no work
