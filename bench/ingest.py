@@ -33,7 +33,7 @@ from edged.models.repository import discover
 from edged.serve.dispatch import Dispatcher, Serving
 from edged.serve.lanes.lane import Lane
 from edged.serve.pending import PendingBytes
-from edged.serve.regions import Regions
+from edged.shm.registry import Regions
 from edged.wire import fast
 from edged.wire.codec import encode_request
 

@@ -1,4 +1,4 @@
-"""The `[shm]` table: tensors in shared memory for local clients (edged.serve.regions).
+"""The `[shm]` table: tensors in shared memory for local clients (edged.shm.registry).
 Off unless enabled: a local client that may connect can then hand the daemon sealed
 memfds to map, and, only where `trust_posix_names` says such clients are trusted, have
 it map POSIX objects it names (docs/operations.md says what each can and cannot do)."""

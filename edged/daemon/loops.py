@@ -19,15 +19,15 @@ from collections.abc import Callable
 from edged.config import Config
 from edged.daemon.lifecycle import Lifecycle
 from edged.daemon.systemd import Notifier
+from edged.metrics.prometheus import PrometheusEndpoint
 from edged.serve.dispatch import Dispatcher, Serving
-from edged.serve.fd_intake import FdIntake
 from edged.serve.figures import figures
 from edged.serve.pending import PendingBytes
-from edged.serve.prometheus import PrometheusEndpoint
-from edged.serve.regions import Regions
 from edged.serve.transport.loop import Loop
 from edged.serve.transport.sockets import Sockets
 from edged.serve.transport.turns import Turns
+from edged.shm.intake import FdIntake
+from edged.shm.registry import Regions
 
 log = logging.getLogger("edged")
 

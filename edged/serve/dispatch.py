@@ -23,10 +23,10 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
 from edged.serve.figures import figures, model_wire
 from edged.serve.pending import PendingBytes
-from edged.serve.region_maps import Slot
-from edged.serve.regions import Regions
 from edged.serve.transport import Route, local, peer, reply
 from edged.serve.transport.loop import Loop
+from edged.shm.maps import Slot
+from edged.shm.registry import Regions
 from edged.wire import fast
 from edged.wire.codec import Buffer, ProtocolError, Request, RequestId, ShmRef, Status, decode_request, encode_reply
 
@@ -210,7 +210,7 @@ class Dispatcher:
 
     def _region_op(self, route: Route, request: Request, region: ShmRef) -> None:
         """shm_register (of a POSIX object or of device memory) or shm_unregister, for the
-        peer that sent it (edged.serve.regions)."""
+        peer that sent it (edged.shm.registry)."""
         regions, is_local, request_id = self.serving.regions, local(route), request.id
         if request.op == "shm_unregister":
             regions.unregister(region.region, is_local, request_id)

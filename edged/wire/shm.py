@@ -1,15 +1,15 @@
 """Tensors in shared memory: an optional, additive extension of protocol v1
 (docs/protocol.md, "Shared memory").
 
-A local client hands the daemon a sealed memfd on its memfd socket (edged.serve.
-fd_intake), or, where the daemon trusts it, registers a POSIX shared-memory object by
+A local client hands the daemon a sealed memfd on its memfd socket (edged.shm.
+intake), or, where the daemon trusts it, registers a POSIX shared-memory object by
 name (op `shm_register`), and gets back a region: a handle no other client can guess,
 valid on every socket of the daemon (a client's class sockets are other connections).
 An input may then name a region, an offset and a byte count instead of carrying a
 payload frame, and an output may be written into one (`outputs_shm`). On a GPU daemon
 a region may instead be device memory the client exports with a CUDA IPC handle
 (`cuda_ipc`), read by inputs only. A client that uses none of it sees protocol v1
-unchanged. This module reads and writes the references; edged.serve.regions maps the
+unchanged. This module reads and writes the references; edged.shm.registry maps the
 regions.
 """
 

@@ -38,7 +38,7 @@ class Job:
     elements: int = 0  # its size, for a model priced by size (Signature.elements); else 0
     peer: bytes = b""  # who sent it, and the bytes its inputs hold, counted until it is answered
     nbytes: int = 0
-    # Outputs to write into the client's shared memory (edged.serve.region_maps.Slot), by name.
+    # Outputs to write into the client's shared memory (edged.shm.maps.Slot), by name.
     into: dict[str, Any] = field(default_factory=dict)
     # An input is in a client's device memory (edged.backends.DeviceTensor): never stacked.
     device: bool = False

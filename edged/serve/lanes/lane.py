@@ -168,7 +168,7 @@ class Lane:
     ) -> Job | Shed:
         """Admit a checked request of `rows` rows (and `elements`, for a model priced by
         size) and place it, or shed it at once: from its header, its payload untouched.
-        `into`: where its outputs go in the client's shared memory (edged.serve.region_maps.Slot);
+        `into`: where its outputs go in the client's shared memory (edged.shm.maps.Slot);
         `inline_ns`: the dearest job the loop may run itself now (`inline_limit_ns`; 0
         while other requests wait behind this one, which may then share a worker's call);
         `handoff_ns`: what a hand-off to a worker costs now (a pipeline's price counts it)."""

@@ -94,7 +94,7 @@ def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread:
 
 
 def restrict_ipc_socket(path: Path, mode: int, group: int | None) -> None:
-    """Give an ipc socket file (the memfd socket's too: edged.serve.fd_intake) its mode and group."""
+    """Give an ipc socket file (the memfd socket's too: edged.shm.intake) its mode and group."""
     try:
         os.chmod(path, mode)
         if group is not None:

@@ -1,7 +1,7 @@
 """One client region as the daemon maps it, and the checks at each use: a POSIX object
 mapped by name, a sealed memfd handed over a unix socket, a client's device memory
 opened by its CUDA IPC handle (DeviceRegion), and where an output goes (Slot). The
-registry that holds them, by handle and per connection, is edged.serve.regions.
+registry that holds them, by handle and per connection, is edged.shm.registry.
 
 A memfd region cannot shrink under the daemon: it is refused unless sealed with
 F_SEAL_SHRINK, a seal no one can remove. A POSIX object mapped by name can be shrunk

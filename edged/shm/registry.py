@@ -5,7 +5,7 @@ A region is known by a handle the daemon draws at random (128 bits), not by the
 client's connection: a client's class sockets are other connections, and ZeroMQ's
 own peer ids are small counters another client could set on a socket of its own.
 Limits count the regions of the connection that registered them: a ZeroMQ peer's, or
-a unix connection's on the memfd socket (edged.serve.fd_intake), whose regions are
+a unix connection's on the memfd socket (edged.shm.intake), whose regions are
 forgotten when it closes.
 
 Written by several threads: the serving loops (dispatch: registers by name, resolves,
@@ -16,7 +16,7 @@ keep their region mapped: Python unmaps an mmap only once nothing views it, so a
 region unregistered, swept or forgotten while a request reads it stays mapped until
 that request is answered.
 
-Each region is mapped, and checked at each use, by edged.serve.region_maps, which says
+Each region is mapped, and checked at each use, by edged.shm.maps, which says
 why a memfd must be sealed against shrinking and a name is mapped only with
 `shm.trust_posix_names`.
 
@@ -37,7 +37,7 @@ from typing import Any
 
 from edged.backends import BackendError, DeviceMemory
 from edged.config.shm import ShmConfig
-from edged.serve.region_maps import SHM_ROOT, DeviceRegion, Owner, Region, Slot, map_posix, map_sealed
+from edged.shm.maps import SHM_ROOT, DeviceRegion, Owner, Region, Slot, map_posix, map_sealed
 from edged.wire.messages import ProtocolError, Request, RequestId, ShmRef, Status
 
 
@@ -77,7 +77,7 @@ class Regions:
             return self._add(Region(name, peer, mapping, ref.nbytes, time.monotonic_ns()))
 
     def register_fd(self, owner: int, fd: int, nbytes: int, name: str, request_id: RequestId) -> str:
-        """Map `nbytes` of the memfd `fd` a client handed over (edged.serve.fd_intake) for
+        """Map `nbytes` of the memfd `fd` a client handed over (edged.shm.intake) for
         the unix connection `owner`; its handle. Refused, with a sentence, unless it is a
         memfd sealed against shrinking and at least `nbytes` long. Raises ProtocolError."""
 

@@ -1,5 +1,5 @@
 """Shared memory a client cannot shrink under the daemon (issue 37): sealed memfds handed
-over on the memfd socket (edged.serve.fd_intake), on a real daemon over real sockets.
+over on the memfd socket (edged.shm.intake), on a real daemon over real sockets.
 
 A client that truncates its region while the daemon reads or writes it used to end
 the daemon with a SIGBUS; sealed, the truncation fails and the daemon serves on. What

@@ -4,7 +4,7 @@ shm_socket_path) where local clients hand the daemon sealed memfds to map as reg
 
 One thread owns the listening sockets and every connection (the ZeroMQ guide's rule,
 kept for plain sockets): it accepts, reads each request with its descriptor
-(SCM_RIGHTS), has edged.serve.regions check the seals and map the memfd, and answers
+(SCM_RIGHTS), has edged.shm.registry check the seals and map the memfd, and answers
 with the region's handle, which the client then names in its ZeroMQ requests. A
 region belongs to the connection that registered it: when that connection closes,
 its regions are forgotten (and unmapped once no request reads them).
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import cast
 
 from edged.config import Config
-from edged.serve.regions import Regions
 from edged.serve.transport.binding import EndpointError, prepare_ipc_path, restrict_ipc_socket
+from edged.shm.registry import Regions
 from edged.wire.codec import Limits, ProtocolError, Status, decode_request, encode_reply
 from edged.wire.endpoints import shm_socket_path
 

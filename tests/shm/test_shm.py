@@ -1,4 +1,4 @@
-"""Tensors in shared memory (edged.serve.regions, edged.client.shm), on a real daemon
+"""Tensors in shared memory (edged.shm.registry, edged.client.shm), on a real daemon
 over real ipc sockets: inputs read in place and outputs written in place give what
 frames give; every bad reference is refused with one clear reply and harms nothing;
 a region stays mapped while a request reads it, and is unmapped once forgotten."""

@@ -1,0 +1,1 @@
+"""The daemon's figures for scrapers: the Prometheus endpoint, on a thread of its own."""
