@@ -1,25 +1,12 @@
 """Memory a burst leaves behind, given back to the system off the serving threads.
 
-A burst's messages are allocated by ZeroMQ's I/O thread faster than the loop reads and
-sheds them: hundreds of MiB at once. Freed, they stay resident, since the allocator
-keeps what it cannot return from the top of a heap (after 500 peers' burst of 490 MB:
-106 MiB before, 284 MiB 1 s after). glibc's `malloc_trim` gives those pages back, but
-took 14 ms to free 170 MiB: on the socket loop, a realtime request would wait that
-long. So it runs on a thread of its own, with the GIL released (ctypes releases it
-around a foreign call), and only once the RSS has stopped growing: after the burst, not
-in it. A thread that allocates or frees meanwhile in the arena being trimmed still
-waits for it (the loop frees the messages that ZeroMQ's thread allocated), once, after
-the burst. The thread keeps the daemon's priority: at nice 19 it was preempted while it
-held an arena's lock, and the loop waited behind it (realtime's p99 beside the burst
-6.8-8.5 ms in 3 runs, against 6.1-6.3 without a trimmer; at nice 0, 5.8-6.4 against 6.2-6.4).
-
-Returning freed messages at once instead (a fixed `M_MMAP_THRESHOLD` below their size)
-was tried and not kept: RSS 1.2x after the burst, but every message then costs an mmap
-on ZeroMQ's thread and an munmap on the loop (the loop's CPU in the burst 0.66-0.75 s
-against 0.5), and a large tensor faults in every page on every request.
-
-The figures: bench/burst.py on the 2-core VM, 2026-11-25 (docs/benchmarks-history.md,
-"Bursts: what the burst leaves resident, given back").
+A burst's messages, freed, stay resident: the allocator keeps what it cannot return
+from the top of a heap. glibc's `malloc_trim` gives them back, but took 14 ms for 170
+MiB, which a realtime request would wait for on a loop. So it runs on a thread of its
+own, with the GIL released (ctypes releases it around a foreign call), once the RSS has
+stopped growing, and at the daemon's priority: at nice 19 it was preempted holding an
+arena's lock, and the loop waited behind it. The figures, and what was tried instead:
+docs/benchmarks-history.md, "Bursts: what the burst leaves resident, given back".
 """
 
 from __future__ import annotations

@@ -44,15 +44,10 @@ Key = TypeVar("Key", str, int)
 
 def price_clock(runner: Runner) -> Callable[[], int]:
     """The clock a call of `runner` is priced by, in ns: the calling thread's CPU time
-    where the call computes on that thread alone, else the wall's.
-
-    A price is what a call costs with a core to itself; how much of a core the lane gets
-    is its pace (edged.serve.admission.Backlog), measured apart. Priced by the wall, a
-    niced lane's calls starved through a burst (2 ms of compute over 25-37 ms) raised
-    its prices tenfold: admission then counted the starvation twice, and preemption (since
-    removed), predicting each call's end from that price, cancelled calls that were nearly
-    done, up to 169 a burst (bench/burst.py, 2026-11-25: docs/benchmarks-history.md,
-    "Bursts: prices by the CPU")."""
+    where the call computes on that thread alone, else the wall's. A price is what a call
+    costs with a core to itself; how much of one the lane gets is its pace, measured apart:
+    priced by the wall, a starved lane's slowness was counted twice (docs/models.md,
+    "What a request costs")."""
     return time.thread_time_ns if computes_on_caller(runner) else time.perf_counter_ns
 
 
@@ -200,20 +195,12 @@ class SizeCosts:
         return int(costs[i - 1] + (costs[i] - costs[i - 1]) * (elements - low) / (high - low))
 
     def beyond_ns(self, elements: int) -> int:
-        """A row larger than any measured, never below the dearest cost measured.
-
-        With two sizes measured, the line through the last two, extended: what they
-        justify, a fixed part and a part per element (for the OCR detector warmed up at
-        320 and 640 pixels square, 960 was priced within 5x of its compute, 2026-11-25;
-        docs/models.md, "What a request costs", has later runs). With one
-        size, or two whose costs fell with size (noise), how the cost grows is unknown,
-        and the price is a guess: the geometric mean of the least it can cost, the cost
-        measured, and the most, that cost in proportion to size, which is that cost times
-        the square root of the size's ratio. In proportion alone, a 1x1-pixel warm-up
-        priced a 320x480 image at minutes, shed it for ever, never ran it, so never
-        measured it; the mean prices it at about 0.25 s, and it runs in a 5 s deadline
-        (then measured), while a 960x960 image in 20 ms (about 0.6 s) is shed unrun (the
-        pricing test's procedure on PP-OCRv4's detector, 2026-11-25)."""
+        """A row larger than any measured, never below the dearest cost measured: on the
+        line through the two largest sizes, extended. With one size (or two whose costs
+        fell with size: noise), a guess between the least it can cost and the most (that
+        cost in proportion to size): their geometric mean, the cost times the square root
+        of the size ratio, which runs a size once in a long deadline, so that it is
+        measured, and sheds it from a short one (docs/models.md, "What a request costs")."""
         largest = self.sizes[-1]
         if self.slope_ns:
             return int(max(self.costs_ns[-1] + self.slope_ns * (elements - largest), self.top_ns))
