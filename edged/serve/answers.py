@@ -108,7 +108,8 @@ class Answers:
         else:
             taken_ns, compute_ns = ran
             timing = timing_us((taken_ns - job.received_ns) // 1000, compute_ns // 1000, waited_us)
-        self._backlog.finish(job.cost_ns)
+        # A pipeline's steps that ran (`ran`) did some of its work; the rest did none.
+        self._backlog.finish(job.cost_ns, ran=ran is not None)
         reply(job.route, encode_reply(job.request_id, status, error=message, timing_us=timing))
 
 
