@@ -13,7 +13,8 @@ import sys
 import threading
 
 from edged.backends import BACKENDS, VARIANTS_OF, cuda
-from edged.backends.onnxruntime_cuda import DEVICE, OnnxRuntimeCuda, OnnxRuntimeCudaRunner
+from edged.backends.onnxruntime_cuda import OnnxRuntimeCuda
+from edged.backends.onnxruntime_cuda_runner import DEVICE, OnnxRuntimeCudaRunner
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 

@@ -86,8 +86,8 @@ def test_every_cuda_driver_name_exists_in_cuda_bindings(path: str) -> None:
 
 def test_every_tensorrt_runtime_name_exists_in_tensorrt_lean() -> None:
     trt = pytest.importorskip("tensorrt_lean", reason="TensorRT's lean runtime is not installed (tensorrt-lean-cu13)")
-    # The runner, and the engines it shares (one per file: edged.backends.tensorrt_engines).
-    paths = ("edged/backends/tensorrt.py", "edged/backends/tensorrt_engines.py")
+    # The backend, its runner, and the engines it shares (one per file: edged.backends.tensorrt_engines).
+    paths = ("edged/backends/tensorrt.py", "edged/backends/tensorrt_runner.py", "edged/backends/tensorrt_engines.py")
     for receivers, real in (
         ({"trt"}, trt),
         ({"runtime"}, trt.Runtime),

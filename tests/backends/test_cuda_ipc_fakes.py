@@ -15,7 +15,16 @@ import pytest
 from support.fake_cuda import FakeCuda, FakeTrt
 from support.gpu import MLP, REALTIME, fake_ort
 
-from edged.backends import BackendError, DeviceTensor, cuda_calls, cuda_ipc, cuda_memory, onnxruntime_cuda, tensorrt
+from edged.backends import (
+    BackendError,
+    DeviceTensor,
+    cuda_calls,
+    cuda_ipc,
+    cuda_memory,
+    onnxruntime_cuda,
+    tensorrt,
+    tensorrt_runner,
+)
 from edged.backends import cuda as cuda_layer
 
 BASE, SIZE = 0x7000_0000, 4096  # the fake allocation an opened handle points at
@@ -118,7 +127,10 @@ def test_fake_ort_and_trt_runners_hand_a_device_input_to_the_copy_on_their_own_s
     backend = onnxruntime_cuda.OnnxRuntimeCuda()
     backend.reserve([MLP], [REALTIME], backend.free_bytes())
     trt = FakeTrt(log)
-    for runner in (backend.load(MLP, REALTIME), tensorrt.TensorRtRunner(trt, trt.engine, MLP.signature, REALTIME)):
+    for runner in (
+        backend.load(MLP, REALTIME),
+        tensorrt_runner.TensorRtRunner(trt, trt.engine, MLP.signature, REALTIME),
+    ):
         fake_cuda.copied.clear()
         runner.run({"x": tensor}, ["scores"])
         assert [(stream, value) for stream, _, value in fake_cuda.copied] == [(runner.stream, tensor)]

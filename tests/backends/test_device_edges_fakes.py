@@ -16,7 +16,14 @@ import pytest
 from support.fake_cuda import FakeOrt, FakeTrt, _Context
 from support.gpu import MLP, REALTIME, fake_ort
 
-from edged.backends import DeviceTensor, KeepsOnDevice, cuda_calls, cuda_memory, onnxruntime_cuda, tensorrt
+from edged.backends import (
+    DeviceTensor,
+    KeepsOnDevice,
+    cuda_calls,
+    cuda_memory,
+    onnxruntime_cuda_runner,
+    tensorrt_runner,
+)
 from edged.backends import cuda as cuda_layer
 from edged.backends.device_weights import DeviceWeights
 from edged.backends.gpu_memory import ModelReservation, io_bytes
@@ -100,10 +107,10 @@ class ComputingContext(_Context):
         return True
 
 
-def trt_runner(log: list[str]) -> tensorrt.TensorRtRunner:
+def trt_runner(log: list[str]) -> tensorrt_runner.TensorRtRunner:
     trt = FakeTrt(log)
     trt.engine.create_execution_context = lambda strategy: ComputingContext(trt)
-    return tensorrt.TensorRtRunner(trt, trt.engine, MLP.signature, REALTIME)
+    return tensorrt_runner.TensorRtRunner(trt, trt.engine, MLP.signature, REALTIME)
 
 
 class ComputingBinding:
@@ -136,15 +143,17 @@ class ComputingSession:
         host_view(scores, f32, scores_shape)[:] = twice_plus_one(host_view(x, f32, x_shape))[:, :10]
 
 
-def ort_runner(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> onnxruntime_cuda.OnnxRuntimeCudaRunner:
+def ort_runner(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> onnxruntime_cuda_runner.OnnxRuntimeCudaRunner:
     ort: FakeOrt = fake_ort(monkeypatch, log)
     monkeypatch.setattr(ort, "InferenceSession", lambda *args, **kwargs: ComputingSession(), raising=False)
     # The weights are not what is checked here: an empty allocation stands in for them.
     monkeypatch.setattr(
-        onnxruntime_cuda, "load_device_weights", lambda ort, path, device: DeviceWeights(cuda_layer.DeviceBuffer(1), {})
+        onnxruntime_cuda_runner,
+        "load_device_weights",
+        lambda ort, path, device: DeviceWeights(cuda_layer.DeviceBuffer(1), {}),
     )
     reservation = ModelReservation(MLP.name, 1, io_bytes(MLP, REALTIME.max_batch), 0)
-    return onnxruntime_cuda.OnnxRuntimeCudaRunner(ort, MLP, REALTIME, reservation)
+    return onnxruntime_cuda_runner.OnnxRuntimeCudaRunner(ort, MLP, REALTIME, reservation)
 
 
 def test_fake_cuda_memory_trt_a_kept_output_is_its_own_buffer_with_the_bytes_run_downloads(

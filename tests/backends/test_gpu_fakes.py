@@ -17,7 +17,14 @@ from support import wait_for
 from support.fake_cuda import PROVIDER, FakeCuda, FakeTrt
 from support.gpu import MLP, REALTIME, fake_installed, fake_ort
 
-from edged.backends import BackendError, cuda_calls, onnxruntime_cuda, onnxruntime_gpu, tensorrt
+from edged.backends import (
+    BackendError,
+    cuda_calls,
+    onnxruntime_cuda,
+    onnxruntime_cuda_runner,
+    onnxruntime_gpu,
+    tensorrt_runner,
+)
 from edged.backends import cuda as cuda_layer
 from edged.backends.capture_gate import CaptureGate
 from edged.config import ClassConfig
@@ -311,8 +318,8 @@ def test_fake_ort_close_frees_the_binding_then_the_session_then_its_weights_then
 # --- TensorRT ---------------------------------------------------------------------
 
 
-def trt_runner(trt: FakeTrt, klass: ClassConfig = REALTIME) -> tensorrt.TensorRtRunner:
-    return tensorrt.TensorRtRunner(trt, trt.engine, MLP.signature, klass)
+def trt_runner(trt: FakeTrt, klass: ClassConfig = REALTIME) -> tensorrt_runner.TensorRtRunner:
+    return tensorrt_runner.TensorRtRunner(trt, trt.engine, MLP.signature, klass)
 
 
 def test_fake_trt_close_frees_graphs_then_context_then_its_memory_then_buffers_then_stream(
@@ -444,7 +451,7 @@ def test_fake_ort_a_runner_given_a_stream_leaves_it_to_its_owner(
     backend = onnxruntime_cuda.OnnxRuntimeCuda()
     backend.reserve([MLP], [REALTIME], backend.free_bytes())
     shared = fake_cuda.Stream(0)
-    runner = onnxruntime_cuda.OnnxRuntimeCudaRunner(
+    runner = onnxruntime_cuda_runner.OnnxRuntimeCudaRunner(
         backend._ort, MLP, REALTIME, backend.reservation_of(MLP, REALTIME), stream=shared
     )
     assert runner.stream is shared

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from support.gpu import MLP, fake_cuda_layer, fake_ort
 
-from edged.backends import cuda, green, onnxruntime_cuda
+from edged.backends import cuda, green, onnxruntime_cuda, onnxruntime_cuda_runner
 from edged.config import ClassConfig
 
 SMS = 132
@@ -161,13 +161,15 @@ def test_fake_ort_a_class_with_sm_count_computes_on_a_green_stream(monkeypatch: 
         log.append(f"green {sm_count}")
         return fake.Stream(priority)
 
-    monkeypatch.setattr(onnxruntime_cuda, "green", types.SimpleNamespace(green_stream=green_stream))
+    monkeypatch.setattr(onnxruntime_cuda_runner, "green", types.SimpleNamespace(green_stream=green_stream))
     fake_ort(monkeypatch, log)
     for sm_count in (100, 0):
         klass = ClassConfig("bulk", order=2, sm_count=sm_count)
         backend = onnxruntime_cuda.OnnxRuntimeCuda()
         backend.reserve([MLP], [klass], backend.free_bytes())
-        runner = onnxruntime_cuda.OnnxRuntimeCudaRunner(backend._ort, MLP, klass, backend.reservation_of(MLP, klass))
+        runner = onnxruntime_cuda_runner.OnnxRuntimeCudaRunner(
+            backend._ort, MLP, klass, backend.reservation_of(MLP, klass)
+        )
         runner.close()
     assert [entry for entry in log if entry.startswith(("green", "stream.create"))] == [
         "green 100",

@@ -18,7 +18,7 @@ import pytest
 from support.fake_cuda import FakeCuda, FakeTrt
 from support.gpu import MLP, REALTIME, fake_ort
 
-from edged.backends import onnxruntime_cuda, tensorrt
+from edged.backends import onnxruntime_cuda, onnxruntime_cuda_runner, tensorrt
 from edged.backends.device_weights import DEVICE_WEIGHTS, shareable, weights_key
 from edged.backends.tensorrt_engines import ENGINES
 from edged.config import ClassConfig
@@ -60,7 +60,7 @@ def test_fake_ort_two_lanes_of_one_model_share_one_device_copy_and_the_last_clos
     assert len(weights) == 2 and weights[0] == weights[1]  # the very same OrtValues in both sessions
     assert set(weights[0]) == set(shareable(MLP.variant.path)) != set()
     assert {value.device for value in weights[0].values()} == {(2, 0)}  # kDLCUDA, device 0
-    key = weights_key(MLP, onnxruntime_cuda.DEVICE)
+    key = weights_key(MLP, onnxruntime_cuda_runner.DEVICE)
     realtime.close()
     assert DEVICE_WEIGHTS.holds(key)  # bulk still runs on them
     del log[:]

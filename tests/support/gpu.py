@@ -9,7 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from edged.backends import device_weights, onnxruntime_cuda, onnxruntime_gpu, tensorrt
+from edged.backends import (
+    device_weights,
+    onnxruntime_cuda,
+    onnxruntime_cuda_runner,
+    onnxruntime_gpu,
+    tensorrt,
+    tensorrt_runner,
+)
 from edged.config import ClassConfig
 from edged.models.repository import discover
 from support import ENGINES
@@ -23,7 +30,7 @@ REALTIME = ClassConfig("realtime", order=0, max_batch=2, stream_priority=-1)
 def fake_cuda_layer(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> FakeCuda:
     """The fake cuda layer, wherever the GPU backends reach it."""
     cuda = FakeCuda(log)
-    for module in (onnxruntime_cuda, device_weights, tensorrt):
+    for module in (onnxruntime_cuda, onnxruntime_cuda_runner, device_weights, tensorrt, tensorrt_runner):
         monkeypatch.setattr(module, "cuda", cuda)
     return cuda
 
