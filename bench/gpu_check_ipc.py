@@ -119,7 +119,8 @@ def run(out: Path) -> int:
         print(f"| {path} | {row['round_trip_p50_ms']} | {row['compute_p50_ms']} | {row['overhead_p50_ms']} |")
     overhead = rows.get("cuda_ipc", {}).get("overhead_p50_ms")
     met = overhead is not None and overhead <= TARGET_MS
-    write(out, "ipc", {"shape": SHAPE, "rounds": ROUNDS, "rows": rows, "target_met": met, "failures": failures})
+    record = {"shape": SHAPE, "rounds": ROUNDS, "rows": rows, "target_met": met, "failures": failures}
+    write(out, "ipc", record | {"outcome": "FAIL" if failures else "PASS"})
     target = f"overhead {overhead} ms beyond compute, target {TARGET_MS} ms {'met' if met else 'NOT met'}"
     if failures:
         print("ipc: FAIL: " + "; ".join(failures) + f" ({target})")
