@@ -1,24 +1,21 @@
 """The daemon's life: bind, load and warm every lane, serve, reload, drain, stop.
 
-Its threads, each with one job:
-- the steering thread (the main thread, here): signals, loading and reloads, the drain
-  and the stop, the systemd watchdog, stuck workers. It never runs a backend call and
-  never touches a socket, so a signal is acted on at once, whatever a call is doing.
-- a loop per class (edged.serve.transport.loop): its sockets, its admission, its
-  inline calls and its replies; the default class's loop also owns the shared endpoints.
-- each lane's workers, and the loader while it builds lanes.
-
-Sockets are bound first, so that a client asking during start-up hears `starting`
-rather than nothing; inference opens only once every loop has taken up its warm lane,
-and only then is systemd told READY. The steering thread asks a loop for something by
-handing it a callable (`Loop.call_soon`); a loop answers by waking it. The loops, their
-binding, those asks and their closing are edged.daemon.loops.
+The main thread steers it: signals, loading and reloads, the drain and the stop, the
+systemd watchdog, stuck workers. It never runs a backend call and never touches a
+socket, so a signal is acted on at once, whatever a call is doing. Each class has a
+loop (edged.serve.transport.loop) and each lane its workers (the threads, one job each:
+docs/operations.md). Sockets are bound first, so that a client asking during start-up
+hears `starting` rather than nothing; inference opens only once every loop has taken up
+its warm lane, and only then is systemd told READY. This thread asks a loop for
+something by handing it a callable (`Loop.call_soon`); a loop answers by waking it. The
+loops, their binding, those asks and their closing are edged.daemon.loops.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import select
 import signal
@@ -45,10 +42,12 @@ log = logging.getLogger("edged")
 # Python hands the GIL over every 5 ms by default: a reply ready on a worker could wait
 # that long behind a loop reading a burst. 0.5 ms bounds that wait at a small cost in switches.
 GIL_SWITCH_INTERVAL_S = 0.0005
-# How often the steering thread looks at the lanes and loops while nothing wakes it:
-# often while a drain or a switch of lanes waits on them, rarely otherwise.
-STEER_EVERY_S = 0.05
+# How long the steering thread sleeps while nothing wakes it: briefly while a drain or a
+# switch waits on the loops, a while as lanes retire, else until its next timer, so that
+# an idle daemon wakes it a few times a second, not 24 (a fixed 50 ms tick).
 STEER_WAITING_S = 0.002
+STEER_EVERY_S = 0.05
+STEER_IDLE_S = 1.0
 STATUS_EVERY_NS = 5_000_000_000
 SWEEP_EVERY_NS = 1_000_000_000
 
@@ -106,13 +105,27 @@ class Daemon:
         poller.register(self._wake_fd, select.POLLIN)
         try:
             while not self._stopped:
-                waiting = self._switch is not None or self.lifecycle.stopping
-                if poller.poll(1000 * (STEER_WAITING_S if waiting else STEER_EVERY_S)):
+                if poller.poll(1000 * self._rest_s(time.monotonic_ns())):
                     os.eventfd_read(self._wake_fd)
                 self._steer()
         finally:
             self._shut_down()
         return self.exit_code
+
+    def _rest_s(self, now: int) -> float:
+        """How long this thread may sleep before its next turn, unless news wakes it."""
+        if self._switch is not None or self.lifecycle.stopping:
+            return STEER_WAITING_S
+        if self._retiring or self._reload_asked:
+            return STEER_EVERY_S
+        due = min(
+            self.loops.next_check_ns,
+            self.trimmer.next_check_ns,
+            self._next_sweep_ns,
+            self._next_status_ns if self.lifecycle.open else math.inf,
+            *(lane.next_check_ns(now) for lane in self.lanes),
+        )
+        return min(max(due - now, 0) / 1e9, STEER_IDLE_S)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # A handler runs on this thread between two bytecodes: it only leaves the news.
@@ -225,10 +238,8 @@ class Daemon:
     # --- housekeeping ----------------------------------------------------------
 
     def _housekeeping(self, now: int) -> None:
-        """Answer and replace stuck calls, ping systemd's watchdog while every loop turns,
-        let go of retired lanes, ask for what a burst left resident to be given back,
-        forget the shared memory of clients long silent, measure what the box's other
-        processes take of its cores, refresh the status line."""
+        """Stuck calls, systemd's watchdog, retired lanes, memory a burst left resident,
+        silent clients' shared memory, the box's other load, the status line."""
         for lane in self.lanes:
             lane.check_stuck(now)
         self.loops.check(now, self.notifier)

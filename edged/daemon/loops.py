@@ -97,6 +97,11 @@ class Loops:
                 dispatcher.loop.call_soon(ask, dispatcher)
             dispatcher.loop.call_soon(dispatcher.pass_fence, self.fence)
 
+    @property
+    def next_check_ns(self) -> int:
+        """When `check` asks the loops for a fence next."""
+        return self._next_check_ns
+
     def fenced(self) -> bool:
         return all(dispatcher.fence >= self.fence for dispatcher in self.dispatchers)
 

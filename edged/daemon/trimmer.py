@@ -34,6 +34,10 @@ class Trimmer:
         self._thread = threading.Thread(target=self._run, name="trimmer", daemon=True)
         self._thread.start()
 
+    @property
+    def next_check_ns(self) -> int:
+        return self._next_check_ns
+
     def check(self, now_ns: int) -> None:
         """Wake the trimming thread if the RSS grew well past its value after the last trim,
         and has stopped growing."""

@@ -6,6 +6,7 @@ routes) is edged.serve.lanes.lane."""
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -132,6 +133,12 @@ class Crew:
         log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
         for _ in range(stuck.workers_lost):
             self._recovery = (f"recovering: {why}", self._start_worker(None))
+
+    def next_check_ns(self, now_ns: int) -> float:
+        """When `check_stuck` must look next: as the oldest open call passes `stuck_after_ms`
+        (a call that begins later passes it later still)."""
+        limit_ms = self.klass.stuck_after_ms
+        return self.calls.oldest_ns(now_ns) + limit_ms * 1_000_000 if limit_ms else math.inf
 
     def answer_open_calls(self, message: str) -> int:
         """Answer INTERNAL every request still inside a backend call: the last act of a

@@ -287,6 +287,10 @@ class Lane:
         the worker inside it (edged.serve.lanes.crew)."""
         self._crew.check_stuck(now_ns)
 
+    def next_check_ns(self, now_ns: int) -> float:
+        """When `check_stuck` must look next."""
+        return self._crew.next_check_ns(now_ns)
+
     def answer_open_calls(self, message: str) -> int:
         """Answer INTERNAL every request still inside a backend call: the last act of a
         shutdown whose grace ran out, so that nothing admitted goes unanswered."""

@@ -68,6 +68,11 @@ class OpenCalls:
                 lost += 1
         return Overdue(jobs, lost)
 
+    def oldest_ns(self, now_ns: int) -> int:
+        """When the oldest call not yet found overdue began; `now_ns` with none open."""
+        with self._lock:
+            return min((call.started_ns for call in self._open.values() if not call.overdue), default=now_ns)
+
     def progress(self, now_ns: int) -> tuple[int, int]:
         """The calls in flight as admission counts them (the lane's loop, on each arrival):
         how much of the work charged for them is done, by their elapsed time (each at
