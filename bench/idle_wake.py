@@ -1,16 +1,17 @@
 """What waking an idle core costs a round trip on this box: edged and the naive server,
 with the box's cores left to idle between requests and with them kept awake.
 
-    python bench/idle_wake.py [--rounds 6] [--requests 600] [--json FILE]
+    python bench/idle_wake.py [--rounds 6] [--requests 600] [--json FILE] [--baseline DIR]
 
 mlp-light, closed loop, the default class on the shared endpoint (as bench/compare.py's
 `edged` path sends it), beside the naive server (bench/paths.py) and a second edged whose
 whole process is pinned to one core (`taskset`: every hand-off between its threads stays
-on that core), round after round, in an order reversed each round. Each round runs
-twice: as the box is, then with one busy loop per core at SCHED_IDLE, which takes only
-the time nothing else wants, so that no core idles while every thread of the servers
-still runs first. Reported: each way's round trip p50 (the median over the rounds) and
-each round's ratio to the naive server's in the same round and way.
+on that core), and with --baseline DIR another checkout's daemon (edged-before), round
+after round, in an order reversed each round. Each round runs twice: as the box is, then
+with one busy loop per core at SCHED_IDLE, which takes only the time nothing else wants,
+so that no core idles while every thread of the servers still runs first. Reported: each
+way's round trip p50 (the median over the rounds) and each round's ratio to the naive
+server's in the same round and way.
 
 Why: on a VM whose guest halt polling is off, as on the box of docs/benchmarks.md, a
 core that idles is woken by the hypervisor, and a ratio read off such a box can carry
@@ -34,7 +35,7 @@ from pathlib import Path
 import msgpack
 from paths import RoundTrips, helper_server
 
-from edged.loadgen.launch import DaemonProcess
+from edged.loadgen.launch import DaemonProcess, checkout_program
 
 # Lowered to SCHED_IDLE before it spins: never ahead of a thread of either server.
 EDGED = [sys.executable, "-m", "edged"]
@@ -76,6 +77,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--json", type=Path, help="write every round's figures here")
+    parser.add_argument("--baseline", help="also run another checkout's daemon (edged-before), in the same rounds")
     args = parser.parse_args()
     print(f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()}", flush=True)
     p50s: dict[str, list[float]] = {}
@@ -87,14 +89,17 @@ def main() -> int:
                 DaemonProcess([f"ipc://{folder}/edged-one-core.sock"], program=["taskset", "-c", core, *EDGED])
             ),
         ]
+        if args.baseline:
+            before = DaemonProcess([f"ipc://{folder}/edged-before.sock"], program=checkout_program(args.baseline))
+            daemons.append(stack.enter_context(before))
         naive = helper_server("naive_server", f"ipc://{folder}/naive.sock")
         stack.callback(naive.kill)
         for daemon in daemons:
             daemon.wait_serving()
-        names = ("edged", "edged-one-core", "naive")
+        names = ("edged", "edged-one-core", "naive", *(("edged-before",) if args.baseline else ()))
         clients = {name: RoundTrips(f"ipc://{folder}/{name}.sock", klass=None) for name in names}
         for client in clients.values():
-            client("mlp-light", 300, 100)  # both warm, and the naive server surely up
+            client("mlp-light", 300, 100)  # each warm, and the naive server surely up
         for turn in range(args.rounds):
             for awake in (False, True):
                 with cores_awake(awake):

@@ -1,6 +1,7 @@
-"""bench/idle_wake.py measures edged, edged on one core and the naive server, with the
-box's cores idling and kept awake, and keeps them awake only with busy loops that yield
-to every other thread (SCHED_IDLE): a short run."""
+"""bench/idle_wake.py measures edged, edged on one core, the naive server and a baseline
+checkout's daemon (this checkout stands in), with the box's cores idling and kept
+awake, and keeps them awake only with busy loops that yield to every other thread
+(SCHED_IDLE): a short run."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from idle_wake import cores_awake
 
 def test_the_idle_wake_bench_measures_every_server_both_ways(tmp_path: Path) -> None:
     figures = tmp_path / "idle.json"
-    run_bench("idle_wake.py", "--rounds", "1", "--requests", "50", "--json", str(figures))
+    args = ["--rounds", "1", "--requests", "50", "--json", str(figures), "--baseline", str(REPO_ROOT)]
+    run_bench("idle_wake.py", *args)
     ways = json.loads(figures.read_text())["ways"]
-    servers, states = ("edged", "edged-one-core", "naive"), ("as the box is", "kept awake")
+    servers, states = ("edged", "edged-one-core", "naive", "edged-before"), ("as the box is", "kept awake")
     assert set(ways) == {f"{server}, cores {state}" for server in servers for state in states}
     for way, figure in ways.items():
         assert figure["p50_us"] > 0, way
