@@ -37,8 +37,8 @@ from paths import RoundTrips, helper_server
 
 from edged.loadgen.launch import DaemonProcess, checkout_program
 
-# Lowered to SCHED_IDLE before it spins: never ahead of a thread of either server.
 EDGED = [sys.executable, "-m", "edged"]
+# Lowered to SCHED_IDLE before it spins: never ahead of a thread of any server.
 SPIN = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"
 
 
