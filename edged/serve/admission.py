@@ -78,7 +78,9 @@ class Backlog:
     Owned by a Lane. `Lane.offer` adds (the class's loop); whoever answers a job takes
     it away (the loop for a job it ran inline, else a worker, the watchdog or the
     shutdown): every change under `_lock`. `depth`, `work_ns` and `pace` are single
-    fields, so a reader on any thread sees a value some moment held, never a torn one.
+    fields, so a reader on any thread sees a value some moment held, never a torn one;
+    `depth` and `work_ns` are plain attributes, read on every arrival (a property is a
+    call there), and written here alone.
 
     The pace is measured, not assumed: whatever else takes the lane's cores (the
     higher classes it yields to, the loops reading a burst, another process)
@@ -92,8 +94,8 @@ class Backlog:
         watched: bool = False,
         share: Callable[[], float] | None = None,
     ) -> None:
-        self._depth = 0
-        self._work_ns = 0
+        self.depth = 0
+        self.work_ns = 0
         self._lock = threading.Lock()
         self._on_empty = on_empty  # told each time the last job is answered
         self._ideal = float(workers)  # each worker getting through a priced ns in a ns
@@ -114,14 +116,14 @@ class Backlog:
 
     def add(self, cost_ns: int) -> None:
         with self._lock:
-            if not self._depth:
+            if not self.depth:
                 now_ns = time.monotonic_ns()
                 if now_ns - self._last_ns > PACE_STALE_NS:
                     self._pace, self._measured = self.starting_pace, False
                 self._new_spell(now_ns)
                 self._busy_since_ns = now_ns
-            self._depth += 1
-            self._work_ns += cost_ns
+            self.depth += 1
+            self.work_ns += cost_ns
 
     def finish(self, cost_ns: int, ran: bool = True) -> None:
         """A job is answered; `ran`: its work was done. A job answered unrun (expired,
@@ -130,13 +132,13 @@ class Backlog:
         of the 13 requests admitted on it expired."""
         now_ns = time.monotonic_ns()
         with self._lock:
-            self._depth -= 1
-            self._work_ns -= cost_ns
+            self.depth -= 1
+            self.work_ns -= cost_ns
             if ran:
                 self._answered_ns += cost_ns
             self._last_ns = now_ns
             spell_ns = now_ns - self._spell_ns
-            emptied = self._depth == 0
+            emptied = self.depth == 0
             if spell_ns >= PACE_WINDOW_NS or (emptied and spell_ns >= PACE_MIN_NS):
                 own_ns = self._own_ns(now_ns)
                 if own_ns >= PACE_MIN_NS:
@@ -181,7 +183,7 @@ class Backlog:
         Read without the lock: a sample that restarts meanwhile gives a figure that is
         too high, which the average then bounds."""
         done_ns, in_hand_ns = in_flight
-        if not self._depth or not watched:
+        if not self.depth or not watched:
             return Outlook(self._pace, done_ns=done_ns)
         trusted_ns = TRUST_MIN_NS + TRUST_RATIO * (now_ns - self._busy_since_ns)
         elapsed_ns = self._own_ns(now_ns)
@@ -197,7 +199,7 @@ class Backlog:
     @property
     def average_job_ns(self) -> float:
         """The estimated work of the average job held (0 with none)."""
-        return self._work_ns / max(self._depth, 1)
+        return self.work_ns / max(self.depth, 1)
 
     @property
     def starting_pace(self) -> float:
@@ -209,14 +211,6 @@ class Backlog:
     def pace(self) -> float:
         """Priced ns of work the lane answers per ns while it has work (its workers' count, ideally)."""
         return self._pace
-
-    @property
-    def depth(self) -> int:
-        return self._depth
-
-    @property
-    def work_ns(self) -> int:
-        return self._work_ns
 
 
 def admit(

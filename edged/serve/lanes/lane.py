@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -90,6 +91,7 @@ class Lane:
         else:
             self._inline_cap_ns = int(klass.deadline_ms * 1e6 / INLINE_SHARE)
         self._inline: Worker | None = None  # runners of the owner's own: never shared with a worker
+        self._clocks: dict[str, Callable[[], int]] = {}  # each inline runner's price_clock, by model name
         self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0
 
@@ -106,6 +108,7 @@ class Lane:
             worker = self._crew.new_worker(replace(self.klass, cuda_graph=False), inline=self._models)
             worker.load(pin=False)  # the loop's thread keeps its own settings
             self._inline = worker
+            self._clocks = {name: price_clock(runner) for name, runner in worker.runners.items()}
 
     def own(self) -> None:
         """Become the lane of the calling thread, the class's loop, which alone admits to
@@ -184,14 +187,16 @@ class Lane:
         left_ns = budget_ns - (now_ns - received_ns)
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
+        backlog, depth = self.backlog, self.backlog.depth
         # Watched whether or not a higher class holds work now: the higher classes' loops
         # run beside this one, so that work is often in flight at an arrival, and an
         # outlook taken on trust then admitted a burst at the ideal pace (a third expired).
-        outlook = self.backlog.outlook(now_ns, self._crew.calls.progress(now_ns), self.klass.gives_way)
-        shed = admit(self.klass, self.backlog, cost_ns, left_ns, above_ns, outlook, priced.bound_ns if priced else 0)
+        # An idle lane has no work ahead to weigh, and admission none to ask of it.
+        outlook = backlog.outlook(now_ns, self._crew.calls.progress(now_ns), self.klass.gives_way) if depth else None
+        shed = admit(self.klass, backlog, cost_ns, left_ns, above_ns, outlook, priced.bound_ns if priced else 0)
         if shed is None:  # its bytes are held only once admission admits it
             who, nbytes = peer(route), sum(len(payload) for payload in request.payloads)
-            shed = self._pending.take(who, nbytes, self.backlog)
+            shed = self._pending.take(who, nbytes, backlog)
         if shed is not None and shed.reason == "deadline" and priced is not None:
             shed = replace(shed, message=priced.shed(left_ns, shed.message))
         if shed is not None:
@@ -213,10 +218,10 @@ class Lane:
             into=into or {},
             device=bool(request.device_inputs),
             priced=priced,
-            wakes=self.backlog.depth < self.klass.workers,
+            wakes=depth < self.klass.workers,
         )
-        if not self.backlog.depth and self._inline_fits(job, inline_ns):
-            self.backlog.add(cost_ns)
+        if not depth and self._inline_fits(job, inline_ns):
+            backlog.add(cost_ns)
             self._run_inline(job)
         else:
             self.enqueue(job)
@@ -246,7 +251,7 @@ class Lane:
         runner, name = self._inline.runners[job.model.name], job.model.name
         self.stats.inline += 1
         self.stats.call(job.rows)
-        clock = price_clock(runner)
+        clock = self._clocks[name]
         start_ns, priced_from = time.monotonic_ns(), clock()
         try:
             outputs = dict(zip(job.output_names, runner.run(job.inputs, job.output_names)))

@@ -66,6 +66,7 @@ class Loop:
         self._soon: deque[tuple[Callable[..., Any], tuple[Any, ...], int]] = deque()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name=f"serve-{name}", daemon=True)
+        self._ident: int | None = None  # the thread's, once it runs: `send` compares it on every reply
         self._closing = False  # written by this loop's thread alone (in _finish)
         self.closed = threading.Event()
         self.lost = 0  # replies handed to it after it closed (none, when the daemon stops in order)
@@ -74,11 +75,6 @@ class Loop:
         self.handoff_ns = 0.0
         self._woken_ns: deque[int] = deque(maxlen=HANDOFFS_KEPT)
         self._asleep_since_ns = 0
-
-    @property
-    def here(self) -> bool:
-        """Whether the calling thread is this loop's."""
-        return threading.get_ident() == self._thread.ident
 
     def start(self) -> None:
         self._thread.start()
@@ -115,8 +111,8 @@ class Loop:
 
     def send(self, route: Route, frames: list[Buffer]) -> None:
         """Send a reply on one of this loop's sockets: now on its own thread, else soon."""
-        if self.here:
-            self._send(route, frames)
+        if threading.get_ident() == self._ident:
+            self.bound[route[1]].send(route[2], frames)
         else:
             self.call_soon(self._send, route, frames)
 
@@ -143,6 +139,7 @@ class Loop:
         self.bound[route[1]].send(route[2], frames)
 
     def _run(self) -> None:
+        self._ident = threading.get_ident()
         poller = zmq.Poller()
         for bound in self.bound:
             poller.register(bound.sock, zmq.POLLIN)
