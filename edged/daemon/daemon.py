@@ -31,6 +31,7 @@ from edged.config import Config
 from edged.daemon.lifecycle import Lifecycle, State
 from edged.daemon.loading import Loaded, load
 from edged.daemon.loops import Loops
+from edged.daemon.stopping import stop_lanes
 from edged.daemon.systemd import Notifier
 from edged.daemon.trimmer import Trimmer
 from edged.serve.contention import Contention
@@ -204,8 +205,8 @@ class Daemon:
                 lane.retire()
             self._retiring.extend(result.lanes.values())
             return
-        served = f"{', '.join(m.name for m in result.models)} with classes {', '.join(result.lanes)}"
-        log.info("%s %s (%.1f s)", "loaded" if state is State.STARTING else "reload loaded", served, result.seconds)
+        verb = "loaded" if state is State.STARTING else "reload loaded"
+        log.info("%s %s (%.1f s)", verb, result.served, result.seconds)
         self._generation += 1
         regions = self.serving.regions
         regions.open_device, regions.backend = result.open_ipc, result.config.backend
@@ -229,11 +230,10 @@ class Daemon:
             lane.retire()
             self._retiring.append(lane)
         self.notifier.notify(READY="1", STATUS=status_line(self.serving))
-        served = f"{', '.join(m.name for m in result.models)} with classes {', '.join(result.lanes)}"
         if first:
             log.info("ready on %s", ", ".join(self.config.endpoints))
         else:
-            log.info("reloaded: now serving %s", served)
+            log.info("reloaded: now serving %s", result.served)
 
     # --- housekeeping ----------------------------------------------------------
 
@@ -291,18 +291,8 @@ class Daemon:
             kind, value = self._news.popleft()
             if kind == "loaded" and isinstance(value, Loaded):
                 self._retiring.extend(value.lanes.values())
-        lanes = self.lanes
-        unanswered = sum(lane.reject_queued("the daemon is shutting down") for lane in lanes)
-        # A call already inside the backend cannot be cut short: wait for its reply,
-        # so that nothing admitted goes unanswered (systemd's TimeoutStopSec is the backstop).
         end = time.monotonic() + self.config.stop_grace_ms / 1000
-        for lane in lanes:
-            lane.stop(timeout_s=max(end - time.monotonic(), 0.0))
-        unanswered += sum(lane.reject_queued("the daemon is shutting down") for lane in lanes)
-        message = "the daemon stopped before this backend call returned"
-        cut_short = sum(lane.answer_open_calls(message) for lane in lanes)
-        if cut_short:
-            log.error("%d requests were still inside the backend at exit: answered INTERNAL", cut_short)
+        unanswered = stop_lanes(self.lanes, end)
         self.loops.close(self.config.default_class, end)
         self.notifier.close()
         self.trimmer.close()

@@ -55,6 +55,11 @@ class Loaded:
     # The backend's way to open a client's CUDA IPC region; None on a backend with no GPU.
     open_ipc: Callable[[bytes, int], DeviceMemory] | None = None
 
+    @property
+    def served(self) -> str:
+        """What it serves, as the log says it."""
+        return f"{', '.join(m.name for m in self.models)} with classes {', '.join(self.lanes)}"
+
 
 def load(
     read_config: Callable[[], Config],
