@@ -15,6 +15,9 @@ server and the client in bench/paths.py):
   edged         the daemon, same requests, same raw DEALER client, default configuration;
                 the requests name no class (the default class, on the shared endpoint)
   edged_realtime the same daemon, realtime on its own socket (as the client library sends it)
+  edged_realtime_shared the same daemon, realtime named on the shared endpoint (what a tcp
+                client, or one that opens no class socket, sends): handed to realtime's
+                loop and its reply back, two hand-offs between threads
   edged_baseline given --baseline DIR: the daemon of another checkout (a worktree of an
                 earlier commit, say), default configuration, default class: before and
                 after, one run
@@ -51,13 +54,14 @@ from edged.loadgen.sweep import Stream, format_table, progress_to_stderr, run_lo
 from edged.wire.codec import encode_request
 from edged.wire.endpoints import class_endpoint
 
-PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged", "edged_realtime")
+PATHS = ("in_process", "zmq_echo", "naive_server", "naive_again", "edged", "edged_realtime", "edged_realtime_shared")
 # Each set beside the naive server, round by round and pooled; naive_again is the control.
-COMPARED = ("edged", "edged_realtime", "naive_again")
+COMPARED = ("edged", "edged_realtime", "edged_realtime_shared", "naive_again")
 # The class each edged path's requests name: edged takes the default class on the shared
 # endpoint (what a client that names none gets); edged_realtime is realtime on its own
-# socket (what the client library does when it names the class).
-PATH_CLASS = {"edged": None, "edged_realtime": "realtime", "edged_baseline": None}
+# socket (what the client library does when it names the class); edged_realtime_shared,
+# realtime on the shared endpoint.
+PATH_CLASS = {"edged": None, "edged_realtime": "realtime", "edged_realtime_shared": "realtime", "edged_baseline": None}
 WARMUP_BETWEEN = 20  # before each later round's: a path idles while the others run
 
 
@@ -198,6 +202,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder, contextlib.ExitStack() as stack:
         endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in names[1:]}
         endpoints["edged_realtime"] = class_endpoint(endpoints["edged"], "realtime") or ""
+        endpoints["edged_realtime_shared"] = endpoints["edged"]
         helpers = [helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server", "naive_again")]
         clients: list[RoundTrips] = []
         try:
@@ -235,10 +240,10 @@ def main() -> None:
 
 
 def _unloaded_table(unloaded: dict[str, Any]) -> str:
-    lines = ["", f"{'model':<10} {'path':<13} {'p50 us':>8} {'p99 us':>8} {'p99.9 us':>9}"]
+    lines = ["", f"{'model':<10} {'path':<21} {'p50 us':>8} {'p99 us':>8} {'p99.9 us':>9}"]
     for model, row in unloaded.items():
         for path, figures in row["pooled"].items():
-            lines.append(f"{model:<10} {path:<13} {figures['p50']:>8} {figures['p99']:>8} {figures['p999']:>9}")
+            lines.append(f"{model:<10} {path:<21} {figures['p50']:>8} {figures['p99']:>8} {figures['p999']:>9}")
     return "\n".join(lines)
 
 
