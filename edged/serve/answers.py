@@ -64,12 +64,7 @@ class Answers:
         done_ns = time.monotonic_ns()
         queue_us, compute_us = (taken_ns - job.received_ns) // 1000, compute_ns // 1000
         total_us = (done_ns - job.received_ns) // 1000
-        # The common answer, here: the fast encoder, for plain outputs not written into shared memory.
-        plain = outputs is not None and error is None and not job.into
-        frames = fast.encode_ok(job.request_id, queue_us, compute_us, total_us, outputs) if plain else None
-        ok = frames is not None
-        if frames is None:
-            frames, ok = _reply_frames(job, queue_us, compute_us, total_us, outputs, error)
+        frames, ok = _reply_frames(job, queue_us, compute_us, total_us, outputs, error)
         self.stats.done(ok, queue_us, compute_us, total_us, late=done_ns > job.deadline_ns)
         self._backlog.finish(job.cost_ns)
         reply(job.route, frames)
@@ -121,9 +116,13 @@ class Answers:
 def _reply_frames(
     job: Job, queue_us: int, compute_us: int, total_us: int, outputs: dict[str, np.ndarray] | None, error: str | None
 ) -> tuple[list[Buffer], bool]:
-    """A ran job's reply, other than the fast encoder's (Answers.result), and whether it
-    is OK: the checked encoder, which refuses an output the wire cannot carry, and writes
-    outputs into the client's shared memory."""
+    """A ran job's reply, and whether it is OK: the fast encoder for plain outputs, the
+    checked one for the rest (which refuses an output the wire cannot carry), and for
+    outputs written into the client's shared memory."""
+    if error is None and outputs is not None and not job.into:
+        frames = fast.encode_ok(job.request_id, queue_us, compute_us, total_us, outputs)
+        if frames is not None:
+            return frames, True
     timing = timing_us(queue_us, compute_us, total_us)
     if error is None:
         try:

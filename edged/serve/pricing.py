@@ -116,10 +116,7 @@ class ServiceTimes:
         sizes = self._sizes.get(model) if elements else None
         if sizes is not None:
             return rows * sizes.estimate_ns(elements // max(rows, 1))
-        # extra_row_ns, written out: admission charges every arrival.
-        first, extra = self._first_row_ns.get(model), self._extra_row_ns.get(model)
-        first_ns = first.value if first is not None else 0.0
-        return int(rows * max(first_ns, extra.value if extra is not None else first_ns))
+        return int(rows * max(_value(self._first_row_ns, model, 0.0), self.extra_row_ns(model)))
 
     def bound_ns(self, model: str, rows: int, elements: int = 0) -> int:
         """What a pipeline's run costs at most, but rarely: its price times what its last

@@ -17,6 +17,13 @@ _BUCKETS = _SUB * 40  # covers every value below 2**40 us (12 days)
 PERCENTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99, "p999": 0.999}
 
 
+def _bucket(value: int) -> int:
+    if value < 2 * _SUB:
+        return max(value, 0)
+    shift = value.bit_length() - _SUB_BITS - 1  # keeps the top 5 bits: 16 sub-buckets per power of two
+    return min(_SUB * shift + (value >> shift), _BUCKETS - 1)
+
+
 def _bucket_value(index: int) -> int:
     """The middle of a bucket's range, the estimate reported for values in it."""
     if index < 2 * _SUB:
@@ -37,13 +44,7 @@ class Histogram:
         self.max = 0
 
     def record(self, value_us: int) -> None:
-        # The bucket, worked out here: three records on every answer, where a call costs more than this.
-        if value_us < 2 * _SUB:
-            index = max(value_us, 0)
-        else:
-            shift = value_us.bit_length() - _SUB_BITS - 1  # keeps the top 5 bits: 16 sub-buckets per power of two
-            index = min(_SUB * shift + (value_us >> shift), _BUCKETS - 1)
-        self.counts[index] += 1
+        self.counts[_bucket(value_us)] += 1
         self.total += 1
         if value_us > self.max:
             self.max = value_us

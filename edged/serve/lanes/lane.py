@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -91,7 +90,6 @@ class Lane:
         else:
             self._inline_cap_ns = int(klass.deadline_ms * 1e6 / INLINE_SHARE)
         self._inline: Worker | None = None  # runners of the owner's own: never shared with a worker
-        self._clocks: dict[str, Callable[[], int]] = {}  # each inline runner's price_clock, by model name
         self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0
 
@@ -108,7 +106,6 @@ class Lane:
             worker = self._crew.new_worker(replace(self.klass, cuda_graph=False), inline=self._models)
             worker.load(pin=False)  # the loop's thread keeps its own settings
             self._inline = worker
-            self._clocks = {name: price_clock(runner) for name, runner in worker.runners.items()}
 
     def own(self) -> None:
         """Become the lane of the calling thread, the class's loop, which alone admits to
@@ -251,7 +248,7 @@ class Lane:
         runner, name = self._inline.runners[job.model.name], job.model.name
         self.stats.inline += 1
         self.stats.call(job.rows)
-        clock = self._clocks[name]
+        clock = price_clock(runner)
         start_ns, priced_from = time.monotonic_ns(), clock()
         try:
             outputs = dict(zip(job.output_names, runner.run(job.inputs, job.output_names)))

@@ -112,7 +112,7 @@ class Loop:
     def send(self, route: Route, frames: list[Buffer]) -> None:
         """Send a reply on one of this loop's sockets: now on its own thread, else soon."""
         if threading.get_ident() == self._ident:
-            self.bound[route[1]].send(route[2], frames)
+            self._send(route, frames)
         else:
             self.call_soon(self._send, route, frames)
 
