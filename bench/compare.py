@@ -1,6 +1,6 @@
 """Put edged beside its floors and a naive server, on the same models, in one run.
 
-    python bench/compare.py [--quick] [--rounds N] [--skip-overload] [--write-docs] [--baseline DIR]
+    python bench/compare.py [--quick] [--rounds N] [--skip-overload] [--write-docs] [--baseline DIR] [--tcp]
 
 Unloaded round trips, interleaved: every server is started first, then each round
 measures every path on every model, in an order rotated from round to round, so a
@@ -14,10 +14,11 @@ server and the client in bench/paths.py):
                 run, on this box; a ratio of edged's inside that band is not a difference
   edged         the daemon, same requests, same raw DEALER client, default configuration;
                 the requests name no class (the default class, on the shared endpoint)
-  edged_realtime the same daemon, realtime on its own socket (as the client library sends it)
-  edged_realtime_shared the same daemon, realtime named on the shared endpoint (what a tcp
-                client, or one that opens no class socket, sends): handed to realtime's
-                loop and its reply back, two hand-offs between threads
+  edged_realtime the same daemon, realtime on its own socket (as the client library sends it;
+                with --tcp, the socket of realtime's tcp_port)
+  edged_realtime_shared the same daemon, realtime named on the shared endpoint (what a client
+                that opens no class socket sends): handed to realtime's loop and its reply
+                back, two hand-offs between threads
   edged_baseline given --baseline DIR: the daemon of another checkout (a worktree of an
                 earlier commit, say), default configuration, default class: before and
                 after, one run
@@ -29,6 +30,7 @@ a burst of noise from the host lands on every path alike rather than on whicheve
 during it, long enough that each server runs warm. A round's p50 is compared; p99 and
 p99.9 come from all the rounds pooled, beside the control's (a round's p99, from 300
 samples, is its third-slowest).
+With --tcp every server listens on a port of 127.0.0.1 rather than an ipc socket.
 Then an open-loop load at the naive server's own capacity, offered to the naive
 server and to edged in turn; then the overload scenario: bulk floods the heavy model
 at 3x its capacity while realtime sends to the light model.
@@ -40,10 +42,12 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,6 +67,12 @@ COMPARED = ("edged", "edged_realtime", "edged_realtime_shared", "naive_again")
 # realtime on the shared endpoint.
 PATH_CLASS = {"edged": None, "edged_realtime": "realtime", "edged_realtime_shared": "realtime", "edged_baseline": None}
 WARMUP_BETWEEN = 20  # before each later round's: a path idles while the others run
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def percentiles(samples_us: list[float]) -> dict[str, float]:
@@ -191,6 +201,7 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.json")
     parser.add_argument("--triton-python", help="a Python with nvidia-pytriton, to add Triton to the comparison")
     parser.add_argument("--baseline", help="a checkout whose daemon runs beside this one's, as edged_baseline")
+    parser.add_argument("--tcp", action="store_true", help="every path on a port of 127.0.0.1, not an ipc socket")
     args = parser.parse_args()
     runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 6000}
     args.rounds = args.rounds or (5 if args.quick else 20)
@@ -200,13 +211,21 @@ def main() -> None:
     results: dict[str, Any] = {"machine": _machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
     results["compared"] = compared
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder, contextlib.ExitStack() as stack:
-        endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in names[1:]}
-        endpoints["edged_realtime"] = class_endpoint(endpoints["edged"], "realtime") or ""
+        if args.tcp:
+            endpoints = {mode: f"tcp://127.0.0.1:{free_port()}" for mode in names[1:]}
+            realtime_port = free_port()
+            config: Path | None = Path(folder) / "edged.toml"
+            config.write_text(f"[classes.realtime]\ntcp_port = {realtime_port}\n[classes.standard]\n[classes.bulk]\n")
+        else:
+            endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in names[1:]}
+            realtime_port, config = None, None
+        endpoints["edged_realtime"] = class_endpoint(endpoints["edged"], "realtime", realtime_port) or ""
         endpoints["edged_realtime_shared"] = endpoints["edged"]
+        results["transport"] = "tcp" if args.tcp else "ipc"
         helpers = [helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server", "naive_again")]
         clients: list[RoundTrips] = []
         try:
-            daemon = stack.enter_context(DaemonProcess([endpoints["edged"]]))
+            daemon = stack.enter_context(DaemonProcess([endpoints["edged"]], config=config))
             started = [daemon]
             if args.baseline:
                 baseline = checkout_program(args.baseline)

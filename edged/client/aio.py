@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -20,7 +20,7 @@ from edged.wire.codec import Reply, decode_reply
 
 class AsyncClient(Api):
     """An asyncio client: any number of calls in flight, replies matched by id; one
-    endpoint, several, or a name that stands for several, as `Client`.
+    endpoint, several, or a name that stands for several, and a class's own sockets, as `Client`.
 
     Each method returns an awaitable: `outputs = await client.infer(...)`.
     """
@@ -35,11 +35,13 @@ class AsyncClient(Api):
         hedge_after_ms: float | None = None,
         resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
         resolve: Resolve | None = None,
+        class_ports: Mapping[str, int] | None = None,
     ):
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
         self._context = zmq.asyncio.Context()
         self._curve = curve
+        self._class_ports = dict(class_ports or {})
         self._regions = []
         self._fd_channel = None
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id

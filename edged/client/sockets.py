@@ -1,5 +1,5 @@
 """The daemons' sockets as the fleet changes: one DEALER per daemon (and per class where
-a daemon's ipc endpoint has a class's own), opened as daemons join and closed once a
+a daemon's endpoint has a class's own), opened as daemons join and closed once a
 leaver's copies have settled (edged.client.fleet's slots), and the one socket setup.
 Run by the sockets' owner, as edged.client.sync and edged.client.aio say who that is."""
 
@@ -23,6 +23,7 @@ class Sockets:
     _members: Membership | None  # a client of a DNS name: who resolves it
     _context: Any
     _curve: ClientKeys | None
+    _class_ports: dict[str, int]  # by class: the port of its own socket beside a tcp endpoint
     _sockets: list[Any]  # per daemon (fleet slot): its shared endpoint's DEALER; None once the slot is free
     _daemon_of: dict[Any, int]  # every socket open: the daemon it reaches, by slot
     # Per daemon and class: a DEALER on that class's own socket; None where it has none.
@@ -62,7 +63,7 @@ class Sockets:
 
     def _connect(self, index: int, endpoint: str) -> Any:
         """A DEALER on daemon `index`'s `endpoint` (a class's own), read like the others."""
-        sock = dealer(self._context, endpoint, None, immediate=True)
+        sock = dealer(self._context, endpoint, self._curve, immediate=True)
         self._watch(sock, index)
         return sock
 
@@ -103,13 +104,14 @@ class Sockets:
 
     def _sockets_for(self, index: int, klass: str | None) -> list[Any]:
         """Where a copy for daemon `index` may go, in order: its class's own socket, when
-        its endpoint has one (edged.wire.endpoints.class_endpoint), then the shared one.
+        its endpoint has one (edged.wire.endpoints.class_endpoint: beside a tcp endpoint,
+        where `class_ports` names the class), then the shared one.
         The class's socket takes nothing while it is not connected (ZMQ_IMMEDIATE)."""
         if klass is None:
             return [self._sockets[index]]
         key = (index, klass)
         if key not in self._class_sockets:
-            endpoint = class_endpoint(self._fleet.endpoints[index], klass)
+            endpoint = class_endpoint(self._fleet.endpoints[index], klass, self._class_ports.get(klass))
             self._class_sockets[key] = None if endpoint is None else self._connect(index, endpoint)
         own = self._class_sockets[key]
         return [self._sockets[index]] if own is None else [own, self._sockets[index]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -29,6 +29,11 @@ class Client(Api):
     every address behind the name, looked up again every `resolve_every_s` and at once
     when no daemon takes a call (edged.client.members). `resolve(host, port)` replaces the
     system resolver: a list of addresses, or an exception (which keeps the last answer).
+
+    A call that names a class goes to that class's own socket where the daemon has one,
+    else to the shared endpoint (docs/protocol.md, "A socket per class"): beside an ipc
+    endpoint at its fixed place; beside a tcp endpoint on the port `class_ports` gives
+    the class (the daemon's `[classes.NAME] tcp_port`).
     """
 
     def __init__(
@@ -42,11 +47,13 @@ class Client(Api):
         hedge_after_ms: float | None = None,
         resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
         resolve: Resolve | None = None,
+        class_ports: Mapping[str, int] | None = None,
     ):
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
         self._context = context or zmq.Context.instance()
         self._curve = curve
+        self._class_ports = dict(class_ports or {})
         self._regions = []
         self._fd_channel = None
         self._poller = zmq.Poller()

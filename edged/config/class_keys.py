@@ -65,6 +65,18 @@ CLASS = Section(
             default="derived as it serves",
         ),
         Key(
+            "tcp_port",
+            "integer",
+            "A tcp socket of the class alone beside each tcp endpoint: tcp://HOST:PORT gives tcp://HOST:tcp_port, "
+            "read by the class's own loop, under the same CURVE keys, and listed in health's ingress. A tcp client "
+            "sends the class there (edged.client: class_ports), as an ipc client does to the ipc socket beside "
+            "its endpoint; named on the shared endpoint, the class pays two hand-offs between threads. Left out: "
+            'none. See docs/protocol.md, "A socket per class".',
+            low=1,
+            high=65535,
+            default="none",
+        ),
+        Key(
             "threads",
             "integer",
             "ONNX Runtime intra-op threads per session; 0: ONNX Runtime's own default.",

@@ -36,6 +36,7 @@ class ClassConfig:
     threads_spin: bool | None = None
     cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
     nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
+    tcp_port: int | None = None  # a socket of its own beside each tcp endpoint, on this port; None: none
     stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
     sm_count: int = 0  # GPU backends: run the lane's kernels in a green context of this many SMs; 0: all
     # GPU backends: ONNX Runtime's memory arena cap for the lane, split between its
@@ -187,7 +188,8 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         no_unknown(settings, CLASS.names, prefix)
         values: dict[str, Any] = {}
         for key in CLASS.keys:
-            # Left out, inline_max_us and threads_spin stay None: derived (edged.serve.lanes.lane, resolve_spin).
+            # Left out, tcp_port stays None, as do inline_max_us and threads_spin (derived:
+            # edged.serve.lanes.lane, resolve_spin).
             if key.name not in settings and getattr(base, key.name, 0) is None:
                 continue
             if key.type == "boolean":
@@ -222,4 +224,6 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         classes.append(replace(base, **values))
     orders = [c.order for c in classes]
     expect(len(set(orders)) == len(orders), "classes.*.order", orders, "a distinct order for each class")
+    ports = [c.tcp_port for c in classes if c.tcp_port is not None]
+    expect(len(set(ports)) == len(ports), "classes.*.tcp_port", ports, "a distinct port for each class that names one")
     return resolved(classes)

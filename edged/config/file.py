@@ -153,6 +153,12 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     default_class = server.get("default_class", "standard")
     names = [c.name for c in classes]
     expect(default_class in names, "server.default_class", default_class, f"one of the classes: {names}")
+    for c in classes:
+        if c.tcp_port is not None and not class_sockets:
+            raise ConfigError(
+                f"classes.{c.name}.tcp_port asks for a socket of the class, and server.class_sockets = false: "
+                "drop one of the two"
+            )
     return Config(
         endpoints=tuple(endpoints),
         model_repository=repo_path,

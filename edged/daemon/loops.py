@@ -47,6 +47,7 @@ class Loops:
             names,
             config.default_class,
             class_sockets=config.class_sockets,
+            tcp_ports={c.name: c.tcp_port for c in config.classes if c.tcp_port is not None},
             ipc_mode=config.ipc_mode,
             ipc_group=config.ipc_group,
             security=config.security,

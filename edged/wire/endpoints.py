@@ -1,6 +1,6 @@
 """What an endpoint string says: tcp or not, whether a tcp one binds to loopback only,
-and where a class's own socket and the memfd socket sit beside an ipc one. Shared by
-the daemon (binding, CURVE) and the clients, which both may import it."""
+where a class's own socket sits beside it, and where the memfd socket sits beside an ipc
+one. Shared by the daemon (binding, CURVE) and the clients, which both may import it."""
 
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ def is_loopback(endpoint: str) -> bool:
         return False
 
 
-def class_endpoint(endpoint: str, klass: str) -> str | None:
-    """Where the socket of `klass` alone sits beside the shared ipc `endpoint`:
-    ipc://DIR/NAME.sock gives ipc://DIR/NAME-KLASS.sock. None for tcp, which has none."""
-    if not endpoint.startswith("ipc://"):
-        return None
+def class_endpoint(endpoint: str, klass: str, tcp_port: int | None = None) -> str | None:
+    """Where the socket of `klass` alone sits beside the shared `endpoint`: ipc://DIR/NAME.sock
+    gives ipc://DIR/NAME-KLASS.sock; tcp://HOST:PORT gives tcp://HOST:`tcp_port` (the
+    class's tcp_port, which both sides must know), and None without one."""
+    if is_tcp(endpoint):
+        return None if tcp_port is None else f"{endpoint.rpartition(':')[0]}:{tcp_port}"
     path = PurePosixPath(endpoint[len("ipc://") :])
     return f"ipc://{path.with_name(f'{path.stem}-{klass}{path.suffix}')}"
 

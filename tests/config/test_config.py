@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -280,7 +281,8 @@ def test_the_example_config_names_every_key_at_its_default() -> None:
     raw = tomllib.loads(example.read_text())
     # inline_max_us's default follows the deadlines, threads_spin's the cores: the tables
     # explain them in comments, and written out they would not follow a change beside them.
-    keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name", "inline_max_us", "threads_spin"}
+    # tcp_port's default is no value, which TOML cannot write.
+    keys = {f.name for f in dataclasses.fields(ClassConfig)} - {"name", "inline_max_us", "threads_spin", "tcp_port"}
     for name, table in raw["classes"].items():
         assert set(table) == keys, f"classes.{name} lacks {sorted(keys - set(table))}, or has more"
 
@@ -321,3 +323,22 @@ def test_the_inline_cap_is_as_set_or_left_to_the_daemon() -> None:
     assert {c.inline_max_us for c in parse("").classes} == {None}  # derived as it serves (tests/serve/lanes)
     assert parse(klass("realtime", "inline_max_us = 70")).classes[0].inline_max_us == 70
     assert parse(klass("realtime", "inline_max_us = 0")).classes[0].inline_max_us == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        (
+            "[classes.realtime]\ntcp_port = 6001\n[classes.bulk]\ntcp_port = 6001\n",
+            "classes.*.tcp_port = [6001, 6001] is not valid: set it to a distinct port",
+        ),
+        (
+            '[server]\nclass_sockets = false\ndefault_class = "realtime"\n[classes.realtime]\ntcp_port = 6001\n',
+            "classes.realtime.tcp_port asks for a socket of the class, and server.class_sockets = false",
+        ),
+    ],
+    ids=["a port twice", "class sockets off"],
+)
+def test_a_class_tcp_port_is_refused_where_it_cannot_be_bound(text: str, refusal: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        parse(text)

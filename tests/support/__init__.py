@@ -47,6 +47,15 @@ def free_tcp_port() -> int:
         return probe.getsockname()[1]
 
 
+def established(port: int) -> bool:
+    """Whether a tcp connection on 127.0.0.1 to `port` is established (what `ss` shows)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, _remote, state = line.split()[1:4]
+        if local == f"0100007F:{port:04X}" and state == "01":
+            return True
+    return False
+
+
 @dataclass
 class RunningDaemon:
     """`edged serve` in a child process, with where to reach it and its log."""

@@ -1,7 +1,8 @@
 """Every socket the daemon binds, grouped by the loop that will own it: a class's own
-sockets (one beside each ipc endpoint, edged.wire.endpoints.class_endpoint) go to that
-class's loop, and the shared endpoints to the default class's loop, which hands
-requests naming another class to that class's loop (edged.serve.dispatch)."""
+sockets (one beside each ipc endpoint, and beside each tcp endpoint where the class names
+a tcp_port: edged.wire.endpoints.class_endpoint) go to that class's loop, and the
+shared endpoints to the default class's loop, which hands requests naming another class
+to that class's loop (edged.serve.dispatch)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import SecurityConfig
-from edged.serve.transport.binding import Bound, SocketOptions, bind
+from edged.serve.transport.binding import Bound, EndpointError, SocketOptions, bind
 from edged.serve.transport.curve import server_keys, start_authenticator
-from edged.wire.endpoints import class_endpoint
+from edged.wire.endpoints import class_endpoint, is_tcp
 
 log = logging.getLogger("edged.server")
 
@@ -31,12 +32,14 @@ class Sockets:
         default_class: str,
         *,
         class_sockets: bool = True,
+        tcp_ports: dict[str, int] | None = None,
         ipc_mode: int = 0o660,
         ipc_group: int | None = None,
         security: SecurityConfig | None = None,
     ) -> None:
-        # Refuse an unsafe or unreadable key set before anything is bound.
+        # Refuse an unsafe or unreadable key set, or a port with nowhere to go, before anything is bound.
         curve = server_keys(endpoints, security or SecurityConfig())
+        _check_tcp_ports(endpoints, tcp_ports or {})
         options = SocketOptions(max_message_bytes, ipc_mode, ipc_group, curve)
         # A second I/O thread carries the class sockets: the first may be busy copying a burst.
         self._context = zmq.Context(io_threads=2 if class_sockets else 1)
@@ -49,9 +52,9 @@ class Sockets:
                 self._authenticator = start_authenticator(self._context, curve.allowed_clients_dir)
             for klass in classes if class_sockets else ():
                 for shared in endpoints:
-                    if (own := class_endpoint(shared, klass)) is not None:
+                    if (own := class_endpoint(shared, klass, (tcp_ports or {}).get(klass))) is not None:
                         sock = bind(self._context, own, options, io_thread=1)
-                        self.by_class[klass].append(Bound(sock, klass, own, local=True))
+                        self.by_class[klass].append(Bound(sock, klass, own, local=own.startswith("ipc://")))
             for endpoint in endpoints:
                 sock = bind(self._context, endpoint, options)
                 self.by_class[default_class].append(Bound(sock, None, endpoint, local=endpoint.startswith("ipc://")))
@@ -74,3 +77,15 @@ class Sockets:
             self._authenticator.stop()
             self._authenticator = None
         self._context.destroy(linger=0)
+
+
+def _check_tcp_ports(endpoints: tuple[str, ...], tcp_ports: dict[str, int]) -> None:
+    """A class's tcp_port sits beside a tcp endpoint and is not one's own port: known only
+    here, once --endpoint has replaced the file's endpoints."""
+    tcp = [endpoint for endpoint in endpoints if is_tcp(endpoint)]
+    for klass, port in tcp_ports.items():
+        key = f"classes.{klass}.tcp_port = {port}"
+        if not tcp:
+            raise EndpointError(f"{key} sits beside a tcp endpoint, and the daemon has none: add one or drop the key")
+        if any(endpoint.rpartition(":")[2] == str(port) for endpoint in tcp):
+            raise EndpointError(f"{key} is the port of a shared endpoint ({', '.join(tcp)}): choose another")

@@ -1,17 +1,20 @@
-"""A socket per class beside each ipc endpoint (docs/protocol.md, "A socket per class"),
+"""A socket per class beside each ipc endpoint, and beside each tcp endpoint for a class
+with a tcp_port (docs/protocol.md, "A socket per class"),
 each read by its class's own loop (tests/serve/transport/test_loops.py): a request there
 is of that class; health lists them; and clients that know nothing of them, or daemons
 that have none, work as before."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
 import numpy as np
+import pytest
 import zmq
-from support import RunningDaemon, bounded, exchange
+from support import RunningDaemon, bounded, established, exchange, free_tcp_port, run_edged, short_dir, wait_for
 
 from edged.client import Client
 from edged.wire.codec import encode_request
@@ -55,3 +58,67 @@ def test_the_client_falls_back_to_the_shared_socket_where_a_class_has_none(
         for _ in range(3):
             assert client.infer("mlp-light", {"x": X}, klass="realtime")["scores"].shape == (1, 10)
     assert not Path(str(class_endpoint(plain.ipc, "realtime"))[len("ipc://") :]).exists()
+
+
+def three_classes(realtime: str) -> str:
+    """A config of the three built-in classes, realtime's table given `realtime`'s lines."""
+    return f"[classes.realtime]\n{realtime}\n[classes.standard]\n[classes.bulk]\n"
+
+
+def test_a_tcp_port_gives_a_class_a_socket_beside_each_tcp_endpoint(
+    own_daemon: Callable[..., RunningDaemon], context: zmq.Context
+) -> None:
+    """tcp_port: realtime's own tcp socket, listed in health, taking realtime alone; the
+    client that is given the port sends realtime there, and other classes to the shared one."""
+    port = free_tcp_port()
+    running = own_daemon(three_classes(f"tcp_port = {port}"), tcp=True)
+    assert running.tcp is not None
+    own = f"tcp://127.0.0.1:{port}"
+    assert class_endpoint(running.tcp, "realtime", port) == own
+    with Client(running.tcp) as client:
+        assert client.health()["ingress"]["realtime"] == [class_endpoint(running.ipc, "realtime"), own]
+        before = client.stats()["classes"]["realtime"]["received"]
+    sock = bounded(context.socket(zmq.DEALER))
+    sock.connect(own)
+    try:
+        assert exchange(sock, encode_request(1, model="mlp-light", inputs={"x": X})).header["status"] == "OK"
+        refused = exchange(sock, encode_request(2, model="mlp-light", klass="bulk", inputs={"x": X}))
+        assert refused.header["status"] == "INVALID_ARGUMENT"
+        assert "takes class 'realtime' alone" in refused.header["error"]
+    finally:
+        sock.close(linger=0)
+    # Closing is the ZeroMQ I/O thread's to finish: until then the kernel keeps the connection.
+    wait_for(lambda: not established(port), 5.0, "the raw socket's connection to close")
+    with Client(running.tcp, class_ports={"realtime": port}) as client:
+        assert client.stats()["classes"]["realtime"]["received"] == before + 1
+        client.infer("mlp-light", {"x": X}, klass="realtime")
+        wait_for(lambda: established(port), 5.0, "the client's connection to realtime's tcp socket")
+        for _ in range(3):
+            assert client.infer("mlp-light", {"x": X}, klass="realtime")["scores"].shape == (1, 10)
+        assert client.stats()["classes"]["realtime"]["received"] == before + 5
+
+
+@pytest.mark.parametrize(
+    ("realtime", "endpoints", "refusal"),
+    [
+        ("tcp_port = {port}", "ipc", "classes.realtime.tcp_port = {port} sits beside a tcp endpoint"),
+        ("tcp_port = {shared}", "ipc+tcp", "classes.realtime.tcp_port = {shared} is the port of a shared endpoint"),
+    ],
+    ids=["no tcp endpoint", "the shared endpoint's port"],
+)
+def test_a_tcp_port_with_nowhere_to_go_stops_start_up_naming_the_key(
+    realtime: str, endpoints: str, refusal: str
+) -> None:
+    port, shared = free_tcp_port(), free_tcp_port()
+    folder = short_dir()
+    try:
+        config = folder / "edged.toml"
+        config.write_text(three_classes(realtime.format(port=port, shared=shared)))
+        args = ["serve", "--config", str(config), "--endpoint", f"ipc://{folder}/d.sock"]
+        if endpoints == "ipc+tcp":
+            args += ["--endpoint", f"tcp://127.0.0.1:{shared}"]
+        result = run_edged(*args)
+        assert result.returncode == 1
+        assert refusal.format(port=port, shared=shared) in result.stderr, result.stderr
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import zmq.auth
 from support import (
     RunningDaemon,
     bounded,
+    established,
     free_tcp_port,
     header,
     nothing_more,
@@ -29,6 +31,7 @@ from support import (
     run_edged,
     short_dir,
     start_daemon,
+    wait_for,
 )
 
 from edged.client import AsyncClient, Client
@@ -318,3 +321,40 @@ def test_a_daemon_with_a_public_key_for_its_secret_exits_with_the_key_named(keys
         shutil.rmtree(folder, ignore_errors=True)
     assert result.returncode == 2
     assert "security.server_secret_key_file" in result.stderr
+
+
+def test_a_class_tcp_socket_takes_the_same_curve_keys(keys: Keys) -> None:
+    """A class's tcp_port socket serves the allowed key, through the client given the
+    port, and nothing to a plain client: CURVE guards it as it guards the shared one."""
+    port = free_tcp_port()
+    text = security_toml(keys) + f"[classes.realtime]\ntcp_port = {port}\n[classes.standard]\n[classes.bulk]\n"
+    running = start_daemon(text, tcp=True)
+    context = zmq.Context()
+    try:
+        assert running.tcp is not None
+        own = f"tcp://127.0.0.1:{port}"
+        allowed = keys.client(keys.allowed_secret)
+        with Client(running.tcp, curve=allowed, class_ports={"realtime": port}) as client:
+            assert own in client.health()["ingress"]["realtime"]
+            client.infer("mlp-light", random_input("mlp-light", 1, seed=2), klass="realtime")
+            # Held, not refused and retried: the client's handshake there carried its key.
+            wait_for(lambda: established(port), 5.0, "the client's connection to realtime's tcp socket")
+            for _ in range(10):
+                assert client.infer("mlp-light", random_input("mlp-light", 1, seed=2), klass="realtime")
+                assert established(port)
+                time.sleep(0.02)
+        keyed = bounded(context.socket(zmq.DEALER))
+        keyed.linger = 0
+        allowed.apply(keyed)
+        keyed.connect(own)
+        keyed.send_multipart([header(id=1, op="health")])
+        assert keyed.poll(10_000), "the allowed key got no answer on realtime's tcp socket"
+        plain = bounded(context.socket(zmq.DEALER), NO_REPLY_MS)
+        plain.linger = 0
+        plain.connect(own)
+        with contextlib.suppress(zmq.Again):
+            plain.send_multipart([header(id=1, op="health")])
+        assert nothing_more(plain, NO_REPLY_MS), "a plain client was answered on realtime's tcp socket"
+    finally:
+        context.destroy(linger=0)
+        running.close()

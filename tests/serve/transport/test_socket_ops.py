@@ -1,6 +1,7 @@
 """Every op the daemon knows is answered on every kind of ZeroMQ socket, as
 docs/protocol.md's table "Which socket answers which op" lists: the shared ipc and tcp
-endpoints and a class's own socket. Raw frames on real DEALER sockets, one daemon."""
+endpoints and a class's own sockets beside them (ipc, and tcp on the class's tcp_port).
+Raw frames on real DEALER sockets, one daemon."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from multiprocessing import shared_memory
 import numpy as np
 import pytest
 import zmq
-from support import REPO_ROOT, RawReply, RunningDaemon, connect, exchange, header, start_daemon
+from support import REPO_ROOT, RawReply, RunningDaemon, connect, exchange, free_tcp_port, header, start_daemon
 
+from edged.client import Client
 from edged.wire.codec import encode_request
 from edged.wire.messages import OPS, ShmRef
 
@@ -24,7 +26,10 @@ X_SPEC = {"name": "x", "dtype": "float32", "shape": [1, 64]}
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[RunningDaemon]:
-    running = start_daemon("[shm]\nenabled = true\ntrust_posix_names = true\n", tcp=True)
+    """Every kind of socket: shared ipc and tcp, and realtime's beside each (its tcp_port)."""
+    config = "[shm]\nenabled = true\ntrust_posix_names = true\n"
+    config += f"[classes.realtime]\ntcp_port = {free_tcp_port()}\n[classes.standard]\n[classes.bulk]\n"
+    running = start_daemon(config, tcp=True)
     yield running
     running.close()
 
@@ -43,6 +48,9 @@ def endpoint(daemon: RunningDaemon, kind: str) -> str:
         return daemon.tcp
     if kind == "shared ipc":
         return daemon.ipc
+    if kind == "realtime tcp socket":
+        with Client(daemon.ipc) as client:
+            return next(e for e in client.health()["ingress"]["realtime"] if e.startswith("tcp://"))
     return daemon.ipc.replace("d.sock", f"d-{kind.split()[0]}.sock")  # "realtime socket": its class's
 
 
@@ -59,12 +67,12 @@ def ask(daemon: RunningDaemon, kind: str, op: str, obj: shared_memory.SharedMemo
         return exchange(sock, encode_request(2, "shm_unregister", region=ShmRef(registered.header["region"], 0, 0)))
 
 
-@pytest.mark.parametrize("kind", ["shared ipc", "shared tcp", "realtime socket", "bulk socket"])
+@pytest.mark.parametrize("kind", ["shared ipc", "shared tcp", "realtime socket", "bulk socket", "realtime tcp socket"])
 def test_every_op_is_answered_on_every_kind_of_socket(
     daemon: RunningDaemon, kind: str, region: shared_memory.SharedMemory
 ) -> None:
     answers = {op: ask(daemon, kind, op, region) for op in OPS}
-    local = kind != "shared tcp"
+    local = "tcp" not in kind
     for op in ("infer", "models", "health", "stats"):
         assert answers[op].status == "OK", (op, answers[op].header)
     np.testing.assert_allclose(answers["infer"].output(), daemon_free_scores(), rtol=1e-5, atol=1e-6)
