@@ -204,7 +204,10 @@ class Loop:
         while current is not None:
             if not self._top:
                 self._give_way()
-            following = _read(sock) if (most is None or count < most) and _waiting(sock) else None
+            # The first look asks whether a message waits (the look behind a lone request
+            # mostly finds none, and the ask costs a third of a receive that finds none);
+            # once one was found, a burst is being read, and the next look receives at once.
+            following = _read(sock) if (most is None or count < most) and (count > 1 or _waiting(sock)) else None
             count += 1
             frames, received_ns = current
             # A REQ peer's envelope ends with an empty delimiter frame, and so must its reply.
