@@ -39,7 +39,8 @@ class Sockets:
     ) -> None:
         # Refuse an unsafe or unreadable key set, or a port with nowhere to go, before anything is bound.
         curve = server_keys(endpoints, security or SecurityConfig())
-        _check_tcp_ports(endpoints, tcp_ports or {})
+        tcp_ports = tcp_ports or {}
+        _check_tcp_ports(endpoints, tcp_ports)
         options = SocketOptions(max_message_bytes, ipc_mode, ipc_group, curve)
         # A second I/O thread carries the class sockets: the first may be busy copying a burst.
         self._context = zmq.Context(io_threads=2 if class_sockets else 1)
@@ -52,7 +53,7 @@ class Sockets:
                 self._authenticator = start_authenticator(self._context, curve.allowed_clients_dir)
             for klass in classes if class_sockets else ():
                 for shared in endpoints:
-                    if (own := class_endpoint(shared, klass, (tcp_ports or {}).get(klass))) is not None:
+                    if (own := class_endpoint(shared, klass, tcp_ports.get(klass))) is not None:
                         sock = bind(self._context, own, options, io_thread=1)
                         self.by_class[klass].append(Bound(sock, klass, own, local=own.startswith("ipc://")))
             for endpoint in endpoints:
