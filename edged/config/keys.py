@@ -131,7 +131,8 @@ SERVER = Section(
             "boolean",
             "Beside each ipc endpoint DIR/NAME.sock, a socket per class, DIR/NAME-CLASS.sock, which takes that "
             "class alone and is read by that class's own loop (the shared sockets belong to the default class's "
-            'loop); edged.client sends each class to its socket. See docs/protocol.md, "A socket per class".',
+            "loop); edged.client sends each class to its socket. Beside each tcp endpoint, one for each class with "
+            'a tcp_port (classes.NAME.tcp_port). See docs/protocol.md, "A socket per class".',
             wanted="true (beside each ipc endpoint, a socket per class) or false (the shared sockets only)",
         ),
     ),
