@@ -68,14 +68,18 @@ class Sockets:
         return sock
 
     def _open(self, index: int) -> None:
-        """The shared endpoint's socket of daemon `index`, new in the fleet or in a freed slot;
-        CURVE keys apply to every daemon of a fleet alike."""
+        """The shared endpoint's socket of daemon `index`, new in the fleet or in a freed slot,
+        and those of the classes given ports; CURVE keys apply to every daemon of a fleet alike."""
         sock = dealer(self._context, self._fleet.endpoints[index], self._curve, self._fleet.several)
         if index == len(self._sockets):
             self._sockets.append(sock)
         else:
             self._sockets[index] = sock
         self._watch(sock, index)
+        # A class given a tcp port connects now, so that its first call finds its socket ready
+        # (a connection still in its handshake takes nothing: the call would go the shared way).
+        for klass in self._class_ports:
+            self._sockets_for(index, klass)
 
     def _follow(self) -> None:
         """Take in the name's latest answer: sockets for the daemons that joined, and the
