@@ -250,6 +250,8 @@ def main() -> None:
         results["triton"] = triton(args.triton_python, runs["mlp-light"], duration)
         for model, figures in results["triton"]["latency_us"].items():
             results["unloaded"][model]["pooled"]["pytriton"] = figures
+    machine = results["machine"]
+    print(f"{machine['cpu']}, {machine['cpus']} CPUs, {' '.join(machine['cpu_flags'])}; {results['transport']}")
     print(_unloaded_table(results["unloaded"]))
     print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core")
     print(json.dumps(_verdicts(results), indent=2))
