@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from paths import RoundTrips, helper_server
+from paths import RoundTrips, helper_server, machine, machine_line
 
 from edged.loadgen.launch import DaemonProcess, checkout_program, thread_run_seconds
 
@@ -137,7 +137,9 @@ def main() -> int:
     parser.add_argument("--baseline", help="a checkout (a worktree of an earlier commit) whose daemon runs beside")
     parser.add_argument("--json", type=Path, help="also write every round's figures here")
     args = parser.parse_args()
-    result = measure(args.rounds, args.requests, args.baseline)
+    where = machine()
+    print(machine_line(where), flush=True)
+    result = {"machine": where, **measure(args.rounds, args.requests, args.baseline)}
     print(f"{args.rounds} rounds of {args.requests} mlp-light round trips per server; medians (x the naive server's)")
     print(f"{'server':14} {'p50 us':>16} {'p99 us':>16} {'busiest thread CPU us':>24}")
     for side, figures in result["summary"].items():

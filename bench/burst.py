@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 import zmq
-from paths import InProcess
+from paths import InProcess, machine, machine_line
 
 from edged.client import Client
 from edged.loadgen.burst import realtime_beside, stampede
@@ -204,6 +204,8 @@ def main() -> int:
         daemons["baseline"] = Daemon(checkout_program(args.baseline))
     if args.shed_only:
         daemons["shed only"] = Daemon(config=args.config, deadline_ms=SHED_ONLY_DEADLINE_MS)
+    where = machine()
+    print(machine_line(where), flush=True)
     own = OwnCompute.measure()
     print(
         f"cnn-heavy here, one thread: {own.first_row_s * 1e3:.2f} ms a call's first row, "
@@ -220,7 +222,8 @@ def main() -> int:
         for name in daemons:
             print(report(f"{run} ({name})", floor, figures[name], own), flush=True)
     if args.json:
-        document = {"peers": args.peers, "per_peer": args.per_peer, "own_compute": own._asdict(), "runs": runs}
+        document = {"machine": where, "peers": args.peers, "per_peer": args.per_peer, "own_compute": own._asdict()}
+        document["runs"] = runs
         args.json.write_text(json.dumps(document, indent=1))
     return 0
 

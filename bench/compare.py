@@ -51,7 +51,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from paths import MODEL_INPUTS, MODELS, ROOT, WARMUP, InProcess, RoundTrips, dealer, helper_server
+from paths import (
+    MODEL_INPUTS,
+    MODELS,
+    ROOT,
+    WARMUP,
+    InProcess,
+    RoundTrips,
+    dealer,
+    helper_server,
+    machine,
+    machine_line,
+)
 
 from edged.loadgen.launch import DaemonProcess, checkout_program, cpu_seconds
 from edged.loadgen.sweep import Stream, format_table, progress_to_stderr, run_load
@@ -208,7 +219,7 @@ def main() -> None:
     duration = 5.0 if args.quick else 20.0
     names = PATHS + (("edged_baseline",) if args.baseline else ())
     compared = COMPARED + (("edged_baseline",) if args.baseline else ())
-    results: dict[str, Any] = {"machine": _machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
+    results: dict[str, Any] = {"machine": machine(), "runs": runs, "rounds": args.rounds, "load_duration_s": duration}
     results["compared"] = compared
     with tempfile.TemporaryDirectory(prefix="edged-cmp-") as folder, contextlib.ExitStack() as stack:
         if args.tcp:
@@ -250,8 +261,7 @@ def main() -> None:
         results["triton"] = triton(args.triton_python, runs["mlp-light"], duration)
         for model, figures in results["triton"]["latency_us"].items():
             results["unloaded"][model]["pooled"]["pytriton"] = figures
-    machine = results["machine"]
-    print(f"{machine['cpu']}, {machine['cpus']} CPUs, {' '.join(machine['cpu_flags'])}; {results['transport']}")
+    print(f"{machine_line(results['machine'])}; {results['transport']}")
     print(_unloaded_table(results["unloaded"]))
     print(f"edged at idle: {results['edged_idle_cpu_percent']}% of one core")
     print(json.dumps(_verdicts(results), indent=2))
@@ -308,21 +318,6 @@ def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
 def _spread(ratios: list[float]) -> dict[str, float]:
     """Per-round ratios as the reader needs them: the best, the median round, the worst."""
     return {"min": min(ratios), "median": round(float(np.median(ratios)), 3), "max": max(ratios)}
-
-
-def _machine() -> dict[str, Any]:
-    import onnxruntime
-
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-    return {
-        "cpu": fields.get("Model name", "").strip(),
-        "cpu_flags": [f for f in fields.get("Flags", "").split() if f.startswith(("avx", "amx")) or "vnni" in f],
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "onnxruntime": onnxruntime.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-    }
 
 
 if __name__ == "__main__":

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
-import platform
 import random
 import shlex
 import subprocess
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paths import machine
 
 from edged.client import AsyncClient, Client, EdgedError
 from edged.loadgen.dns import Records, shared_port
@@ -188,19 +187,10 @@ def start(address: str, port: int, folder: Path) -> DaemonProcess:
     return DaemonProcess([f"ipc://{folder}/{address}.sock", f"tcp://{address}:{port}"], config=config)
 
 
-def machine(command: list[str]) -> dict[str, Any]:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "")
+def described(command: list[str]) -> dict[str, Any]:
+    """The machine (bench/paths.py), the commit and the command line of this run."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "load_average_1_5_15": os.getloadavg(),  # the box's other work while this ran
-        "python": platform.python_version(),
-        "commit": commit,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(command),
-    }
+    return {**machine(), "commit": commit, "command": shlex.join(command)}
 
 
 def main() -> int:
@@ -227,7 +217,7 @@ def main() -> int:
             for daemon in daemons.values():
                 daemon.stop()
     result = {
-        "machine": {**machine([sys.executable, *sys.argv]), "load_average_at_start": load_at_start},
+        "machine": {**described([sys.executable, *sys.argv]), "load_average_at_start": load_at_start},
         "period_s": args.period,
         "offered_rps": args.rate,
         "deadline_ms": DEADLINE_MS,

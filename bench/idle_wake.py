@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
-from paths import RoundTrips, helper_server
+from paths import RoundTrips, helper_server, machine, machine_line
 
 from edged.loadgen.launch import DaemonProcess, checkout_program
 
@@ -67,11 +67,6 @@ def ok_round_trips(client: RoundTrips, requests: int) -> list[float]:
     return [elapsed_us for elapsed_us, _ in timed]
 
 
-def cpu_model() -> str:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    return next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "?")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=6)
@@ -79,7 +74,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write every round's figures here")
     parser.add_argument("--baseline", help="also run another checkout's daemon (edged-before), in the same rounds")
     args = parser.parse_args()
-    print(f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()}", flush=True)
+    where = machine()
+    print(machine_line(where), flush=True)
     p50s: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="edged-idle-") as folder, contextlib.ExitStack() as stack:
         core = str(max(os.sched_getaffinity(0)))
@@ -117,7 +113,7 @@ def main() -> int:
         print(f"{way:40} p50 {statistics.median(values):7.1f} us   each round against the naive server: {ratios}")
     print(f"load average at the end {os.getloadavg()}")
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_model(), "requests": args.requests, "ways": report}, indent=1))
+        args.json.write_text(json.dumps({"machine": where, "requests": args.requests, "ways": report}, indent=1))
     return 0
 
 

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from paths import machine, machine_line
+
 from edged.loadgen.isolation import BEST, FACTORS, run_isolation
 from edged.loadgen.launch import checkout_program
 from edged.loadgen.sweep import progress_to_stderr
@@ -62,6 +64,8 @@ def main() -> int:
         "after": None,
         "before": checkout_program(args.baseline),
     }
+    where = machine()
+    print(machine_line(where), flush=True)
     capacity = run_isolation(args.duration, progress_to_stderr, configs=(BEST,))["bulk_capacity_rps"]
     print(f"bulk capacity alone ({BEST}, this checkout): {capacity:.1f} req/s", file=sys.stderr)
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
@@ -76,7 +80,13 @@ def main() -> int:
     text = table(runs)
     print(f"bulk capacity alone: {capacity:.1f} req/s of cnn-heavy; {args.duration:.0f} s a step\n{text}")
     if args.json:
-        record = {"capacity_rps": capacity, "duration_s": args.duration, "baseline": args.baseline, "runs": runs}
+        record = {
+            "machine": where,
+            "capacity_rps": capacity,
+            "duration_s": args.duration,
+            "baseline": args.baseline,
+            "runs": runs,
+        }
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -34,6 +35,30 @@ WARMUP = 50  # round trips before the measured ones, not counted
 # A server that takes no request for this long is stuck, not slow: a send blocked with no
 # peer or at the high-water mark raises zmq.Again then, rather than wait for ever.
 STUCK_MS = 60_000
+
+
+def machine() -> dict[str, Any]:
+    """Where a run ran, for beside its figures: lscpu's model and its SIMD flags, the cores
+    this process may use, the load average, and the versions that set the speed."""
+    import onnxruntime
+
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    return {
+        "cpu": fields.get("Model name", "?").strip(),
+        "cpu_flags": [f for f in fields.get("Flags", "").split() if f.startswith(("avx", "amx")) or "vnni" in f],
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_average": tuple(round(load, 2) for load in os.getloadavg()),
+        "python": sys.version.split()[0],
+        "onnxruntime": onnxruntime.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def machine_line(where: dict[str, Any]) -> str:
+    """`machine()` in one line."""
+    flags = " ".join(where["cpu_flags"]) or "no AVX"
+    return f"{where['cpu']}, {where['cpus']} CPUs ({flags}); load average {where['load_average']}"
 
 
 class InProcess:

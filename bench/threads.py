@@ -18,7 +18,7 @@ calls in flight in a bulk class of `threads = 2` (nice 10, yielding to realtime)
 pool spinning or not, and with no bulk at all; phases alternate. The realtime figure is
 the round trip and `timing_us.total` (receipt to result, inside the daemon).
 
-Prints lscpu's model name and the cores this process may use, and the load average at
+Prints lscpu's model and flags and the cores this process may use, and the load average at
 the start and the end: on a shared box, say so beside the figures.
 """
 
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paths import machine, machine_line
 
 from edged.client import Client, EdgedError
 from edged.loadgen.launch import DaemonProcess
@@ -193,18 +193,9 @@ def part_neighbours(endpoint: str, client: Client, seconds: float, repeats: int)
     }
 
 
-def machine() -> dict[str, Any]:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "?")
-    return {"cpu": model, "cores": len(os.sched_getaffinity(0)), "load_average_start": os.getloadavg()}
-
-
 def show(result: dict[str, Any]) -> None:
     where = result["machine"]
-    print(
-        f"{where['cpu']}, {where['cores']} cores; load average {where['load_average_start']} at the start, "
-        f"{where['load_average_end']} at the end"
-    )
+    print(f"{machine_line(where)} at the start, {where['load_average_end']} at the end")
     print("\ncnn-heavy, batch 1: p50 / p99 ms (x the in-process session of as many threads, ORT's default spin)")
     for name, row in result["threads"].items():
         ratio = f"  x{row['p50_over_in_process']}" if "p50_over_in_process" in row else ""
