@@ -79,6 +79,11 @@ def test_the_configmap_is_a_configuration_edged_accepts(tmp_path: Path) -> None:
     mounts = {m["mountPath"] for m in container()["volumeMounts"]}
     assert config.model_repository.as_posix() in mounts
     assert str(Path(config.endpoints[0].removeprefix("ipc://")).parent) in mounts
+    # Each tcp port the daemon binds (the shared one, each class's tcp_port) is the pod's and the Service's.
+    bound = {int(e.rpartition(":")[2]) for e in config.endpoints if e.startswith("tcp://")}
+    bound |= {c.tcp_port for c in config.classes if c.tcp_port is not None}
+    assert bound == {port["containerPort"] for port in container()["ports"]}
+    assert bound == {port["port"] for port in one("Service")["spec"]["ports"]}
 
 
 def test_the_grace_period_outlasts_the_prestop_head_start_the_drain_and_the_stop_grace() -> None:
@@ -126,7 +131,7 @@ def test_the_container_agrees_with_the_daemonset_user_command_volumes_port_and_p
     (command,) = instruction("CMD")
     assert json.loads(command) == edged["command"]
     (expose,) = instruction("EXPOSE")
-    assert int(expose) == edged["ports"][0]["containerPort"]
+    assert [int(port) for port in expose.split()] == [port["containerPort"] for port in edged["ports"]]
     (volumes,) = instruction("VOLUME")
     mounts = {Path(m["mountPath"]) for m in edged["volumeMounts"] if m["name"] != "tmp"}
     # Each mount of the pod (the config's files, the keys, the models, the socket) lies in a volume.
