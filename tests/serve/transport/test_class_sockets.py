@@ -69,7 +69,7 @@ def test_a_tcp_port_gives_a_class_a_socket_beside_each_tcp_endpoint(
     own_daemon: Callable[..., RunningDaemon], context: zmq.Context
 ) -> None:
     """tcp_port: realtime's own tcp socket, listed in health, taking realtime alone; the
-    client that is given the port sends realtime there, and other classes to the shared one."""
+    client given the port connects to it at once and is served there."""
     port = free_tcp_port()
     running = own_daemon(three_classes(f"tcp_port = {port}"), tcp=True)
     assert running.tcp is not None
