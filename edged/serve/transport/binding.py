@@ -31,8 +31,12 @@ class Bound:
     sock: zmq.Socket
     klass: str | None  # the class it takes alone; None: any (a shared endpoint)
     endpoint: str
-    local: bool = False  # an ipc endpoint's: its clients are on this machine
     unroutable: int = 0  # replies whose peer was gone or not reading
+
+    @property
+    def local(self) -> bool:
+        """Whether it is an ipc endpoint's: its clients are on this machine."""
+        return self.endpoint.startswith("ipc://")
 
     def send(self, envelope: list[Any], frames: list[Any]) -> None:
         """Send one reply; one whose peer is gone or full is counted."""

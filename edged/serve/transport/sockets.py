@@ -55,10 +55,10 @@ class Sockets:
                 for shared in endpoints:
                     if (own := class_endpoint(shared, klass, tcp_ports.get(klass))) is not None:
                         sock = bind(self._context, own, options, io_thread=1)
-                        self.by_class[klass].append(Bound(sock, klass, own, local=own.startswith("ipc://")))
+                        self.by_class[klass].append(Bound(sock, klass, own))
             for endpoint in endpoints:
                 sock = bind(self._context, endpoint, options)
-                self.by_class[default_class].append(Bound(sock, None, endpoint, local=endpoint.startswith("ipc://")))
+                self.by_class[default_class].append(Bound(sock, None, endpoint))
         except Exception:
             self.close()
             raise
