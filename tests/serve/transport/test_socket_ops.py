@@ -54,9 +54,9 @@ def endpoint(daemon: RunningDaemon, kind: str) -> str:
     return daemon.ipc.replace("d.sock", f"d-{kind.split()[0]}.sock")  # "realtime socket": its class's
 
 
-def ask(daemon: RunningDaemon, kind: str, op: str, obj: shared_memory.SharedMemory) -> RawReply:
-    """`op` sent on the socket of `kind`; shm_unregister after a shm_register there."""
-    with zmq.Context() as context, connect(context, endpoint(daemon, kind)) as sock:
+def ask(where: str, op: str, obj: shared_memory.SharedMemory) -> RawReply:
+    """`op` sent on the socket at `where`; shm_unregister after a shm_register there."""
+    with zmq.Context() as context, connect(context, where) as sock:
         if op == "infer":
             return exchange(sock, [header(id=1, model="mlp-light", inputs=[X_SPEC]), X.tobytes()])
         if op in ("models", "health", "stats"):
@@ -71,7 +71,8 @@ def ask(daemon: RunningDaemon, kind: str, op: str, obj: shared_memory.SharedMemo
 def test_every_op_is_answered_on_every_kind_of_socket(
     daemon: RunningDaemon, kind: str, region: shared_memory.SharedMemory
 ) -> None:
-    answers = {op: ask(daemon, kind, op, region) for op in OPS}
+    where = endpoint(daemon, kind)
+    answers = {op: ask(where, op, region) for op in OPS}
     local = "tcp" not in kind
     for op in ("infer", "models", "health", "stats"):
         assert answers[op].status == "OK", (op, answers[op].header)
