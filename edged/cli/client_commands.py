@@ -66,7 +66,7 @@ def _endpoint_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client-key", type=Path, help="a CURVE tcp endpoint: this client's .key_secret file")
 
 
-def _client(args: argparse.Namespace) -> Client:
+def _client(args: argparse.Namespace, class_ports: dict[str, int] | None = None) -> Client:
     from edged.client import Client
     from edged.client.keys import ClientKeys
 
@@ -76,7 +76,7 @@ def _client(args: argparse.Namespace) -> Client:
         curve = ClientKeys.from_files(args.server_key, args.client_key) if args.server_key else None
     except (OSError, ValueError) as exc:
         raise SystemExit(f"edged: {exc}") from None
-    return Client(args.endpoint, timeout_ms=args.timeout_ms, curve=curve)
+    return Client(args.endpoint, timeout_ms=args.timeout_ms, curve=curve, class_ports=class_ports)
 
 
 def _control(args: argparse.Namespace) -> int:
@@ -100,10 +100,16 @@ def _control(args: argparse.Namespace) -> int:
 
 
 def _infer(args: argparse.Namespace) -> int:
+    from edged.wire.endpoints import is_tcp, tcp_class_ports
+
     with _client(args) as client:
         model = _find_model(client.models(), args.model)
-        inputs = _inputs(model, args.input, args.batch)
-        latencies = []
+        # Over tcp, a class with a socket of its own (its tcp_port) is sent there, as the
+        # library's client given `class_ports` sends it: so --repeat times that path.
+        ports = tcp_class_ports(client.health()["ingress"]) if args.klass and is_tcp(args.endpoint) else {}
+    inputs = _inputs(model, args.input, args.batch)
+    latencies = []
+    with _client(args, ports) as client:
         for _ in range(args.repeat):
             reply = client.infer_reply(args.model, inputs, klass=args.klass, deadline_ms=args.deadline_ms)
             latencies.append(reply.header["timing_us"]["total"])

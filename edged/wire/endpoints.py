@@ -35,6 +35,12 @@ def class_endpoint(endpoint: str, klass: str, tcp_port: int | None = None) -> st
     return f"ipc://{path.with_name(f'{path.stem}-{klass}{path.suffix}')}"
 
 
+def tcp_class_ports(ingress: dict[str, list[str]]) -> dict[str, int]:
+    """Each class's tcp_port, read from health's `ingress`: what a client given only the
+    shared endpoint passes as `class_ports` (every tcp socket of a class has its one port)."""
+    return {klass: int(e.rpartition(":")[2]) for klass, endpoints in ingress.items() for e in endpoints if is_tcp(e)}
+
+
 def shm_socket_path(endpoint: str) -> str | None:
     """Where the daemon takes sealed memfds beside the ipc `endpoint` (docs/protocol.md,
     "Shared memory"): ipc://DIR/NAME.sock gives DIR/NAME.shm.sock. None for tcp. Not

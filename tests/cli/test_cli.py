@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from support import Reference, RunningDaemon, run_edged
+from support import Reference, RunningDaemon, established, free_tcp_port, run_edged
 
 from edged.client import Client
 
@@ -123,6 +126,28 @@ def test_infer_with_an_input_file_and_repeats(daemon: RunningDaemon, reference: 
     printed = result.stdout.split("scores: float32 [2, 10]\n", 1)[1].split("timing", 1)[0]
     values = np.array([float(v) for v in re.findall(r"-?\d+\.\d*(?:e[-+]\d+)?", printed)])
     np.testing.assert_allclose(values, reference.run("mlp-light", {"x": x}).ravel(), atol=1e-3)
+
+
+def test_infer_over_tcp_sends_a_class_with_a_tcp_port_to_its_own_socket(
+    own_daemon: Callable[..., RunningDaemon],
+) -> None:
+    """Given the shared tcp endpoint alone, `infer --class realtime` reads realtime's port
+    from health and sends its requests there: its connection to that port is seen while it runs."""
+    port = free_tcp_port()
+    running = own_daemon(f"[classes.realtime]\ntcp_port = {port}\n[classes.standard]\n[classes.bulk]\n", tcp=True)
+    assert running.tcp is not None
+    args = ("infer", "mlp-light", "--endpoint", running.tcp, "--class", "realtime", "--repeat", "2000")
+    done: list[subprocess.CompletedProcess[str]] = []
+    command = threading.Thread(target=lambda: done.append(edged(*args)))
+    command.start()
+    seen = False
+    while command.is_alive() and not seen:
+        seen = established(port)
+        time.sleep(0.005)
+    command.join()
+    assert done[0].returncode == 0, done[0].stderr
+    assert "2000 requests: total p50" in done[0].stdout
+    assert seen, "no connection to realtime's tcp port while the command ran"
 
 
 def test_infer_of_an_unknown_model_exits_1_saying_so(daemon: RunningDaemon) -> None:
