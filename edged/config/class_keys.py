@@ -58,8 +58,10 @@ CLASS = Section(
             "Run a request priced at most this, in microseconds, on the class's loop itself, at once, when its "
             "lane is idle: it saves a worker's two thread hand-offs. The loop reads no request meanwhile. 0: "
             "never. Left out: derived as the daemon serves, at most 100 of that loop's measured hand-offs and "
-            "at most 1/20 of the class's deadline, and 0 for a class with batch_wait_us; `edged stats --json` "
-            "shows the cap in force (inline_max_us) and the hand-off (handoff_us). See docs/operations.md, "
+            "at most 1/10 of the shortest deadline among the requests the loop reads (the class's own; for "
+            "server.default_class, whose loop reads the shared endpoints, every class's), and 0 for a class with "
+            "batch_wait_us; `edged stats --json` shows the cap in force (inline_max_us) and the hand-off "
+            "(handoff_us). See docs/operations.md, "
             '"Threads, and where a request runs".',
             low=0,
             default="derived as it serves",

@@ -171,8 +171,14 @@ def _start_lanes(
         # The weights' share of the device, taken before any lane: no lane's figure counts them.
         free = backend.free_bytes() if reserving else 0
         weights_bytes = free_before - free
+        # The default class's loop reads the shared endpoints, for every class: what it runs
+        # inline keeps the most urgent of them waiting too.
+        shortest_ms = min(c.deadline_ms for c in config.classes)
         for klass in config.classes:
-            lane = Lane(klass, models, backend, stats.get(klass.name), precedence, pending, pipelines, contention)
+            loop_ms = shortest_ms if klass.name == config.default_class else None
+            lane = Lane(
+                klass, models, backend, stats.get(klass.name), precedence, pending, pipelines, contention, loop_ms
+            )
             lanes[klass.name] = lane
             rss = trim()
             lane.start()

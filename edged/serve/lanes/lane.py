@@ -42,10 +42,13 @@ REMEASURE_EVERY_NS = 1_000_000_000
 # What a loop may run inline where classes.NAME.inline_max_us is left out: a job that a
 # worker's two hand-offs (each as the loop measures its own: Loop.handoff_ns) would slow
 # by 2% or more, so at most INLINE_HANDOFFS of them; and never more than 1/INLINE_SHARE of
-# the class's deadline, since the loop reads no request meanwhile. None for a class that
-# waits to fill batches (batch_wait_us).
+# the shortest deadline among the requests the loop reads, since it reads none meanwhile.
+# None for a class that waits to fill batches (batch_wait_us). A tenth, not a twentieth:
+# realtime's cap was then 1 ms, and cnn-heavy's 1.4 ms call went through a worker,
+# whose two hand-offs made its round trip 2,007 us p50 against 1,758 us inline, with the
+# light model's unchanged (209 against 212 us; two daemons interleaved, 2026-11-28).
 INLINE_HANDOFFS = 100
-INLINE_SHARE = 20
+INLINE_SHARE = 10
 PRICED_PAST_MEASURED = (
     "priced past the largest input measured on this lane; a warm-up sample of this size in the model's manifest "
     "measures it"
@@ -70,7 +73,10 @@ class Lane:
         pending: PendingBytes | None = None,
         pipelines: list[ModelEntry] | None = None,
         contention: Contention | None = None,
+        loop_deadline_ms: float | None = None,
     ) -> None:
+        """`loop_deadline_ms`: the shortest deadline among the requests its loop reads (the
+        default class's loop reads the shared endpoints, for every class); None: its own."""
         self.klass = klass
         self.stats = stats or ClassStats()
         self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
@@ -88,7 +94,7 @@ class Lane:
         elif klass.inline_max_us is not None:
             self._inline_cap_ns = klass.inline_max_us * 1000
         else:
-            self._inline_cap_ns = int(klass.deadline_ms * 1e6 / INLINE_SHARE)
+            self._inline_cap_ns = int((loop_deadline_ms or klass.deadline_ms) * 1e6 / INLINE_SHARE)
         self._inline: Worker | None = None  # runners of the owner's own: never shared with a worker
         self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0

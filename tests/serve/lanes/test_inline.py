@@ -163,3 +163,23 @@ def test_a_shed_at_a_guessed_price_sets_no_remeasure_going_padder(padder_reposit
     finally:
         lane.stop(2.0)
     assert backend.calls == []
+
+
+def test_the_shared_endpoints_loop_runs_inline_only_what_the_shortest_deadline_can_wait_for(
+    own_daemon, context: zmq.Context
+) -> None:
+    """The default class's loop reads the shared endpoints, where a realtime request may
+    come: with realtime's deadline at 2 ms, standard's loop runs inline nothing dearer than
+    a tenth of it, so cnn-heavy's 1.4 ms call goes to a worker, where standard's own 200 ms
+    deadline would have let its loop run it."""
+    running = own_daemon("[classes.realtime]\ndeadline_ms = 2\n[classes.standard]\n[classes.bulk]\n")
+    sock = connect(context, running.ipc)
+    try:
+        for i in range(10):
+            request = encode_request(i, model="cnn-heavy", klass="standard", inputs=random_input("cnn-heavy", 1, i))
+            assert exchange(sock, request).header["status"] == "OK"
+        standard = exchange(sock, [header(id="s", op="stats")]).header["classes"]["standard"]
+    finally:
+        sock.close(linger=0)
+    assert standard["inline_max_us"] <= 200, standard
+    assert standard["inline"] == 0, standard
