@@ -56,7 +56,9 @@ CLASS = Section(
             "inline_max_us",
             "integer",
             "Run a request priced at most this, in microseconds, on the class's loop itself, at once, when its "
-            "lane is idle: it saves a worker's two thread hand-offs. The loop reads no request meanwhile. 0: "
+            "lane is idle: it saves a worker's two thread hand-offs. The loop reads no request meanwhile, so "
+            "with requests waiting behind it (the highest class runs those in turn) at most deadline_ms / "
+            "queue_capacity. 0: "
             "never. Left out: derived as the daemon serves, at most 100 of that loop's measured hand-offs and "
             "at most 1/10 of the shortest deadline among the requests the loop reads (the class's own; for "
             "server.default_class, whose loop reads the shared endpoints, every class's), and 0 for a class with "
