@@ -131,7 +131,7 @@ class Crew:
         why = f"a backend call of {stuck.jobs[0].model.name} {late}"
         log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
         # Recovering before the replies say so: a client told that the lane is restarting
-        # its worker, asking health at once, was told "ok" (1 run in 30 of test_probes).
+        # its worker, asking health at once, was told "ok" (1 run in 13 of test_probes).
         for _ in range(stuck.workers_lost):
             self._recovery = (f"recovering: {why}", self._start_worker(None))
         self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
