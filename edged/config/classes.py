@@ -27,7 +27,7 @@ class ClassConfig:
     batch_wait_us: int = 0  # how long a worker may wait to fill a batch; 0 for latency classes
     # Run a job priced this cheap on the class's loop, now, when its lane is idle (0:
     # never): a hand-off to a worker and back would cost it more. The loop reads no request
-    # meanwhile. None: derived as it serves (edged.serve.lanes.lane.Lane.inline_limit_ns).
+    # meanwhile. None: derived as it serves (edged.serve.lanes.inline_cap).
     inline_max_us: int | None = None
     threads: int = 1  # ONNX Runtime intra-op threads of this lane's sessions
     # With threads other than 1: the pool's threads spin between the pieces of a call (as

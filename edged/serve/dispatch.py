@@ -180,7 +180,7 @@ class Dispatcher:
         # With requests behind it, a job goes to a worker, which may batch them; but the
         # highest class's latency is worth more than a batch: its loop runs cheap ones in turn.
         top = lane.klass.order == self.serving.config.classes[0].order
-        inline_ns = 0 if more and not top else lane.inline_limit_ns(self.loop.handoff_ns, behind=more)
+        inline_ns = 0 if more and not top else lane.inline_cap.limit_ns(self.loop.handoff_ns, behind=more)
         outcome = lane.offer(route, request, model, rows, elements, received_ns, slots, inline_ns, self.loop.handoff_ns)
         if isinstance(outcome, Shed):
             # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.

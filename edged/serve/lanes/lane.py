@@ -5,7 +5,8 @@ the job in one of its class's ways:
 - inline: on the class's loop thread, now, when the lane is idle, no request waits
   behind it on its socket (the highest class's loop runs cheap ones in turn too: see
   edged.serve.dispatch), and the job is priced within what the loop may run itself
-  (`inline_limit_ns`: a job that two hand-offs to a worker and back would slow by 2%);
+  (edged.serve.lanes.inline_cap: a job that two hand-offs to a worker and back would
+  slow by 2%);
 - a worker of the class, which a class with `batch_wait_us` (bulk's batcher) lets wait
   that long to fill a batch.
 """
@@ -27,6 +28,7 @@ from edged.serve.answers import Answers
 from edged.serve.contention import Contention
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.crew import Crew
+from edged.serve.lanes.inline_cap import InlineCap
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.priced import Priced
 from edged.serve.lanes.worker import Remeasure, Worker
@@ -39,16 +41,6 @@ from edged.wire.codec import Request, tensor_views
 log = logging.getLogger("edged.lanes")
 
 REMEASURE_EVERY_NS = 1_000_000_000
-# What a loop may run inline where classes.NAME.inline_max_us is left out: a job that a
-# worker's two hand-offs (each as the loop measures its own: Loop.handoff_ns) would slow
-# by 2% or more, so at most INLINE_HANDOFFS of them; and never more than 1/INLINE_SHARE of
-# the shortest deadline among the requests the loop reads, since it reads none meanwhile.
-# None for a class that waits to fill batches (batch_wait_us). A tenth, not a twentieth:
-# realtime's cap was then 1 ms, and cnn-heavy's 1.4 ms call went through a worker,
-# whose two hand-offs made its round trip 2,007 us p50 against 1,758 us inline, with the
-# light model's unchanged (209 against 212 us; two daemons interleaved, 2026-11-28).
-INLINE_HANDOFFS = 100
-INLINE_SHARE = 10
 PRICED_PAST_MEASURED = (
     "priced past the largest input measured on this lane; a warm-up sample of this size in the model's manifest "
     "measures it"
@@ -89,17 +81,7 @@ class Lane:
         # A pipeline's steps run on the workers (edged.serve.lanes.steps).
         self._crew = Crew(klass, models, pipelines or [], backend, self._answers, self.service, self.precedence)
         self._models = models
-        if not klass.runs_inline:
-            self._inline_cap_ns = 0
-        elif klass.inline_max_us is not None:
-            self._inline_cap_ns = klass.inline_max_us * 1000
-        else:
-            self._inline_cap_ns = int((loop_deadline_ms or klass.deadline_ms) * 1e6 / INLINE_SHARE)
-        # Requests behind one run inline wait in the socket, unread, so unadmitted and unshed:
-        # run in turn, a full queue of them must fit in one deadline. Realtime's 40-request
-        # burst of cnn-heavy was otherwise run 1.4 ms at a time, the last answered OK 65 ms
-        # after it was sent, none shed (tests/client/test_client.py).
-        self._in_turn_cap_ns = int((loop_deadline_ms or klass.deadline_ms) * 1e6 / klass.queue_capacity)
+        self.inline_cap = InlineCap.of(klass, loop_deadline_ms)  # read by its loop at each arrival
         self._inline: Worker | None = None  # runners of the owner's own: never shared with a worker
         self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0
@@ -125,7 +107,7 @@ class Lane:
         first call would make mid-request."""
         self._owner = threading.get_ident()
         for model in self._inline.models if self._inline is not None else ():
-            if self.service.estimate_ns(model.name) <= self._inline_cap_ns:
+            if self.service.estimate_ns(model.name) <= self.inline_cap.most_ns:
                 self._inline.runners[model.name].run(model.samples[0].inputs(), model.signature.output_names)
 
     def disown(self) -> None:
@@ -134,14 +116,6 @@ class Lane:
             for runner in self._inline.runners.values():
                 runner.close()
             self._inline = None
-
-    def inline_limit_ns(self, handoff_ns: float, behind: bool = False) -> int:
-        """What its loop may run inline now, given what a hand-off to it costs (see
-        INLINE_HANDOFFS); `behind`: other requests wait behind this one on its socket."""
-        limit = self._inline_cap_ns
-        if self.klass.inline_max_us is None:
-            limit = min(limit, int(INLINE_HANDOFFS * handoff_ns))
-        return min(limit, self._in_turn_cap_ns) if behind else limit
 
     @property
     def health(self) -> str:
@@ -182,7 +156,7 @@ class Lane:
         """Admit a checked request of `rows` rows (and `elements`, for a model priced by
         size) and place it, or shed it at once: from its header, its payload untouched.
         `into`: where its outputs go in the client's shared memory (edged.shm.maps.Slot);
-        `inline_ns`: the dearest job the loop may run itself now (`inline_limit_ns`; 0
+        `inline_ns`: the dearest job the loop may run itself now (`inline_cap.limit_ns`; 0
         while other requests wait behind this one, which may then share a worker's call);
         `handoff_ns`: what a hand-off to a worker costs now (a pipeline's price counts it)."""
         if threading.get_ident() != self._owner:

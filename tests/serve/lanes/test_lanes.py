@@ -325,17 +325,17 @@ def test_the_inline_cap_left_out_follows_the_loops_measured_hand_off_within_a_sh
     within that deadline; as set where set; nothing for a class that waits to fill batches."""
     backend = CountingBackend()
     realtime = Lane(ClassConfig("realtime", order=0, deadline_ms=20.0, queue_capacity=32), [], backend)
-    assert realtime.inline_limit_ns(8_000) == 800_000  # a quick box: 0.8 ms
-    assert realtime.inline_limit_ns(5_000) == 500_000
-    assert realtime.inline_limit_ns(40_000) == 2_000_000  # a loaded one, bounded by 20 ms / 10
-    assert realtime.inline_limit_ns(0) == 0  # nothing measured yet: nothing inline
+    assert realtime.inline_cap.limit_ns(8_000) == 800_000  # a quick box: 0.8 ms
+    assert realtime.inline_cap.limit_ns(5_000) == 500_000
+    assert realtime.inline_cap.limit_ns(40_000) == 2_000_000  # a loaded one, bounded by 20 ms / 10
+    assert realtime.inline_cap.limit_ns(0) == 0  # nothing measured yet: nothing inline
     # With requests behind it on its socket, unread while it runs: a queue of 32 such in one deadline.
-    assert realtime.inline_limit_ns(40_000, behind=True) == 20_000_000 // 32
+    assert realtime.inline_cap.limit_ns(40_000, behind=True) == 20_000_000 // 32
     standard = ClassConfig("standard", order=1, deadline_ms=200.0)
-    assert Lane(standard, [], backend).inline_limit_ns(400_000) == 20_000_000
+    assert Lane(standard, [], backend).inline_cap.limit_ns(400_000) == 20_000_000
     shared = Lane(standard, [], backend, loop_deadline_ms=20.0)  # its loop reads realtime's requests too
-    assert shared.inline_limit_ns(400_000) == 2_000_000
+    assert shared.inline_cap.limit_ns(400_000) == 2_000_000
     fixed = Lane(ClassConfig("standard", order=1, inline_max_us=300), [], backend)
-    assert fixed.inline_limit_ns(40_000) == 300_000
+    assert fixed.inline_cap.limit_ns(40_000) == 300_000
     bulk = Lane(ClassConfig("bulk", order=2, deadline_ms=5000.0, batch_wait_us=500), [], backend)
-    assert bulk.inline_limit_ns(40_000) == 0
+    assert bulk.inline_cap.limit_ns(40_000) == 0
