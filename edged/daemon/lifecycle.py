@@ -23,8 +23,7 @@ MOVES: dict[State, frozenset[State]] = {
     State.STOPPING: frozenset(),
 }
 
-# What the health and stats ops and Prometheus show: protocol v1 has three states.
-# A reload serves throughout; a stop before serving is still starting until it ends.
+# What health, stats and Prometheus show: protocol v1 has three states.
 REPORTED: dict[State, str] = {
     State.STARTING: "starting",
     State.SERVING: "serving",
@@ -36,23 +35,20 @@ REPORTED_STATES = tuple(dict.fromkeys(REPORTED.values()))
 
 
 class Lifecycle:
-    """The daemon's current state. One writer, the thread that made it: the daemon's
-    steering thread, which runs the socket loop (edged.daemon.daemon). A move from any other
-    thread is a bug, and raises, as asyncio's loop checks its thread. Dispatch reads the
-    state on whichever thread serves; the Prometheus endpoint reads `reported` from its own."""
+    """The daemon's current state. One writer, the thread that made it (the steering thread,
+    edged.daemon.daemon); any thread may read it."""
 
     def __init__(self) -> None:
         self.state = State.STARTING
         self._owner = threading.get_ident()
 
     def check_owner(self) -> None:
-        """Raise unless the calling thread is the one that steers the daemon's life."""
         if threading.get_ident() != self._owner:
             thread = threading.current_thread().name
             raise RuntimeError(f"the daemon's life is steered by its own thread only, not by {thread!r}")
 
     def move(self, to: State) -> None:
-        """Go to `to`; a move that MOVES does not list, or from another thread, is a bug, and raises."""
+        """Go to `to`; raises on a move MOVES does not list, or from another thread."""
         self.check_owner()
         if to not in MOVES[self.state]:
             raise RuntimeError(f"the daemon cannot go from {self.state} to {to}")

@@ -1,14 +1,7 @@
-"""The class loops as the steering thread holds them: bound, started, asked, watched, closed.
-
-Each class has a loop (edged.serve.transport.loop) with its sockets and its dispatcher;
-beside them serve the memfd intake of `[shm]` and the Prometheus endpoint. All are bound
-when `Loops` is made, before any model loads, so that a client asking during start-up
-hears `starting` rather than nothing. The steering thread (edged.daemon.daemon) asks a
-loop for something by handing it a callable, followed by a fence (`ask`); a loop answers
-by waking it, and `fenced` says whether every loop has passed the latest fence. The same
-fences feed systemd's watchdog (`check`) while every loop turns. Every method here is
-the steering thread's alone, as are the fence counts.
-"""
+"""The class loops as the steering thread (edged.daemon.daemon) holds them: every method
+here, and `fence`, are that thread's alone. All is bound on creation, before any model
+loads, so a client asking during start-up hears `starting`. `ask` hands the loops
+callables and a fence; the same fences feed systemd's watchdog (`check`)."""
 
 from __future__ import annotations
 
@@ -35,9 +28,8 @@ CHECK_LOOPS_EVERY_NS = 1_000_000_000  # or systemd's watchdog interval, where sh
 
 
 class Loops:
-    """Every class's loop, its sockets and its dispatcher (by class, in class order, in
-    `serving.dispatchers`), the fd intake and the Prometheus endpoint, bound on creation.
-    `wake` wakes the steering thread (a loop has passed a fence)."""
+    """Every class's loop and dispatcher (`serving.dispatchers`, in class order), the fd intake
+    and the Prometheus endpoint. `wake` wakes the steering thread when a loop passes a fence."""
 
     def __init__(self, config: Config, lifecycle: Lifecycle, wake: Callable[[], None]) -> None:
         names = tuple(c.name for c in config.classes)
@@ -61,7 +53,6 @@ class Loops:
             dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, top=name == names[0])
             self.serving.dispatchers[name] = dispatcher
         try:
-            # Sealed memfd regions ([shm]) come on unix sockets of their own, served by a thread of its own.
             self.fd_intake = FdIntake(config, self.serving.regions)
         except BaseException:
             self.sockets.close()
@@ -73,7 +64,7 @@ class Loops:
             except BaseException:
                 self.sockets.close()
                 raise
-        self.fence = 0  # the latest fence asked of the loops (see fenced)
+        self.fence = 0  # the latest fence asked of the loops
         self._next_check_ns = 0
         self._checked_fence = 0  # the fence the loops must pass before the next ping
         self._behind = False  # a loop missed the last one (logged once)
@@ -83,14 +74,13 @@ class Loops:
         return list(self.serving.dispatchers.values())
 
     def start(self) -> None:
-        """Start every loop's thread: from now on each reads its sockets."""
+        """Start the loops' threads: from now on each reads its sockets."""
         for dispatcher in self.dispatchers:
             dispatcher.loop.start()  # type: ignore[union-attr]
 
     def ask(self, ask: Callable[[Dispatcher], None] | None = None) -> None:
-        """Hand each loop `ask(its dispatcher)`, if given, then a fence: once every loop has
-        passed its fence (`fenced`), each has run what it was handed before, and has
-        finished the request it was handling when it was asked."""
+        """Hand each loop `ask(its dispatcher)`, if given, then a fence. Once `fenced`, every
+        loop has run what it was handed before and finished the request it was handling."""
         self.fence += 1
         for dispatcher in self.dispatchers:
             assert dispatcher.loop is not None
@@ -100,18 +90,14 @@ class Loops:
 
     @property
     def next_check_ns(self) -> int:
-        """When `check` asks the loops for a fence next."""
         return self._next_check_ns
 
     def fenced(self) -> bool:
         return all(dispatcher.fence >= self.fence for dispatcher in self.dispatchers)
 
     def check(self, now: int, notifier: Notifier) -> None:
-        """Once a second (or at the notifier's watchdog interval, where shorter): ask each
-        loop for a fence, and ping systemd's watchdog if every loop has passed the one
-        asked last time: a loop inside a call that does not return reads no socket, and
-        systemd restarts the daemon once the pings stop. (Each fence is also a hand-off
-        the loops measure: Loop.handoff_ns.)"""
+        """Ask for a fence; ping systemd's watchdog if every loop passed the last one (a stuck loop
+        reads no socket). Fences also feed Loop.handoff_ns, so they are asked without a watchdog too."""
         if now < self._next_check_ns:
             return
         interval_ns = notifier.watchdog_interval_ns
@@ -126,9 +112,7 @@ class Loops:
         self._checked_fence = self.fence
 
     def close(self, default: str, end: float) -> None:
-        """Close the loops, each reading its sockets dry, waiting for each until `end`
-        (time.monotonic()) but at least a second; then the sockets and the endpoints
-        beside them."""
+        """Close the loops (waiting for each until `end`, monotonic, but at least 1 s), then the rest."""
         # The shared endpoints' loop last: the other loops hand it replies to what it read.
         for dispatcher in sorted(self.dispatchers, key=lambda d: d.klass == default):
             assert dispatcher.loop is not None

@@ -1,9 +1,6 @@
-"""systemd's notify protocol, spoken directly: no libsystemd, no extra dependency.
-
-A datagram of `KEY=value` lines to the unix socket named by $NOTIFY_SOCKET
-(a leading '@' names an abstract socket). Without that variable every call is a
-no-op, so the daemon runs the same under systemd, in a terminal and in tests.
-"""
+"""systemd's notify protocol, spoken directly (no libsystemd): a datagram of `KEY=value`
+lines to $NOTIFY_SOCKET ('@' names an abstract socket). Without that variable every call
+is a no-op, so the daemon runs the same under systemd, in a terminal and in tests."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""Memory a burst leaves behind, given back to the system off the serving threads.
-
-A burst's messages, freed, stay resident: the allocator keeps what it cannot return
-from the top of a heap. glibc's `malloc_trim` gives them back, but took 14 ms for 170
-MiB, which a realtime request would wait for on a loop. So it runs on a thread of its
-own, with the GIL released (ctypes releases it around a foreign call), once the RSS has
-stopped growing, and at the daemon's priority: at nice 19 it was preempted holding an
-arena's lock, and the loop waited behind it. The figures, and what was tried instead:
-docs/benchmarks-history.md, "Bursts: what the burst leaves resident, given back".
-"""
+"""Memory a burst leaves resident, given back off the serving threads. glibc's `malloc_trim`
+returns it, but took 14 ms for 170 MiB, which a loop would wait for: so it runs on its own
+thread (ctypes releases the GIL) once the RSS stops growing, at the daemon's priority (at
+nice 19 it was preempted holding an arena's lock, and the loop waited behind it). Figures:
+docs/benchmarks-history.md, "Bursts: what the burst leaves resident, given back"."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ MIN_GROWTH_BYTES = 32 * 1024 * 1024  # ...and by at least this much, asks for a 
 
 
 class Trimmer:
-    """`check` (the serving thread's housekeeping, at most once a second) reads the RSS and
-    wakes the trimming thread when it has grown; the thread alone writes `_after`."""
+    """`check` is the steering thread's (its housekeeping); the trimming thread alone writes `_after`."""
 
     def __init__(self) -> None:
         self._after = rss_bytes()  # the RSS after the last trim
@@ -39,8 +33,7 @@ class Trimmer:
         return self._next_check_ns
 
     def check(self, now_ns: int) -> None:
-        """Wake the trimming thread if the RSS grew well past its value after the last trim,
-        and has stopped growing."""
+        """At most once a second: wake the trimming thread if the RSS grew well past `_after` and stopped growing."""
         if now_ns < self._next_check_ns:
             return
         self._next_check_ns = now_ns + CHECK_EVERY_NS

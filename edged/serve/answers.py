@@ -1,11 +1,7 @@
-"""Every admitted job answered exactly once, and counted once: by the worker that
-ran it, by the lane's watchdog, or at shutdown, whichever comes first.
-
-The claim decides who answers; whoever does also settles the job's accounting: the
-class's figures and its place in the backlog, each counted once. Both ways a job may
-run (inline on its class's loop, or on a worker) answer here, the same way. Nothing
-else in the daemon marks a job answered. A reply goes to the loop that owns the
-request's socket (edged.serve.transport.reply), which sends it.
+"""Every admitted job answered, and counted, exactly once: by whoever ran it (a worker or the
+class's loop), the lane's watchdog or shutdown, whichever claims it first. The claimant also
+settles the job's class figures and backlog. Nothing else marks a job answered. Replies go to
+the loop that owns the request's socket (edged.serve.transport.reply), which sends them.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ def timing_us(queue_us: int, compute_us: int, total_us: int) -> dict[str, int]:
 
 
 class Answers:
-    """One lane's answering. The one writer of `Job.answered`, under `_lock`: a
-    worker, the watchdog and the shutdown may race to answer a job, and one wins."""
+    """One lane's answering: the one writer of `Job.answered`, under `_lock`."""
 
     def __init__(self, stats: ClassStats, backlog: Backlog, pending: PendingBytes) -> None:
         self.stats = stats
@@ -75,9 +70,8 @@ class Answers:
         message: str = "its deadline passed while it was queued; it was not run",
         ran: tuple[int, int] | None = None,
     ) -> None:
-        """A job whose deadline passed (or, a pipeline's, would pass) before it ran:
-        DEADLINE_EXCEEDED, and counted expired, unless another answered it first.
-        `ran`: a pipeline's (taken ns, compute ns) when steps ran first, timed as compute, not queue."""
+        """DEADLINE_EXCEEDED for a job whose deadline passed (or, a pipeline's, would pass) before it
+        ran. `ran`: a pipeline's (taken, compute) ns when steps ran first, timed as compute."""
         if self._claim(job):
             self.stats.expiry()
             self._send_unrun(job, Status.DEADLINE_EXCEEDED, message, ran)
@@ -116,9 +110,8 @@ class Answers:
 def _reply_frames(
     job: Job, queue_us: int, compute_us: int, total_us: int, outputs: dict[str, np.ndarray] | None, error: str | None
 ) -> tuple[list[Buffer], bool]:
-    """A ran job's reply, and whether it is OK: the fast encoder for plain outputs, the
-    checked one for the rest (which refuses an output the wire cannot carry), and for
-    outputs written into the client's shared memory."""
+    """A ran job's reply and whether it is OK: the fast encoder for plain outputs, else the checked
+    one (which refuses what the wire cannot carry) and shared-memory writes."""
     if error is None and outputs is not None and not job.into:
         frames = fast.encode_ok(job.request_id, queue_us, compute_us, total_us, outputs)
         if frames is not None:

@@ -1,14 +1,7 @@
-"""What the box's other processes take of its cores: where a lane's pace starts from
-when it takes work after an idle spell (edged.serve.admission.Backlog).
-
-A lane's pace is measured while it works; after a second idle it starts over, from a
-guess. The guess was each worker with a core to itself. On a box whose other processes
-keep every core busy, a niced bulk worker gets about a tenth of one, and a burst taken
-at that guess expired in the queue: 29 of the 55 requests admitted in 5 runs of
-bench/busy_box.py, two busy loops on two cores (2026-11-27). So the guess is the share
-of a core the kernel's fair scheduler gives a thread of the lane's niceness beside what
-the other processes used in the last second; the lane's own measure takes over once it
-has worked a while (Backlog.outlook).
+"""What the box's other processes take of its cores, so a lane's pace restarts after an idle
+spell (Backlog.starting_pace) at the share of a core the fair scheduler gives its workers beside
+what the others used in the last second, not a whole core: beside busy cores a niced bulk
+worker gets about a tenth, and a burst admitted as if it had a core expired in the queue.
 
 Sampled by the steering thread (its one writer, every second); read by the loops.
 """
@@ -37,8 +30,7 @@ class Contention:
         self._owner = threading.get_ident()  # the steering thread: the one that made it
 
     def sample(self) -> None:
-        """Measure since the last sample (the steering thread, about every second; from
-        any other, a bug, which raises)."""
+        """Measure since the last sample: the steering thread's, about every second (another raises)."""
         if threading.get_ident() != self._owner:
             raise RuntimeError(
                 f"the box's load is sampled by the steering thread only, not {threading.current_thread().name!r}"

@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
 
 def figures(serving: Serving) -> dict[str, Any]:
-    """The stats op's figures, from any thread: each class's from its lane, as its own loop
-    has taken it up, read under the class's stats lock; the daemon's counts summed."""
+    """The stats op's figures: each class's from its lane, the daemon's counts summed."""
     dispatchers = serving.dispatchers.values()
     classes = {}
     for name, dispatcher in serving.dispatchers.items():

@@ -1,9 +1,7 @@
-"""The bytes of requests admitted and not yet answered, per peer and in all: what a
-daemon holds in memory for its queues. Queue capacities count requests, not bytes, and
-a request may carry anything up to `server.max_message_bytes`: so a request that would
-take its peer past `limits.max_pending_bytes_per_peer`, or the daemon past
-`limits.max_pending_bytes`, is shed OVERLOADED on arrival, before it is admitted.
-Whoever answers a request gives its bytes back (edged.serve.answers)."""
+"""The bytes that requests admitted and not yet answered hold, per peer and in all. Queue
+capacities count requests, not bytes, so a request that would take its peer past
+`limits.max_pending_bytes_per_peer`, or the daemon past `limits.max_pending_bytes`, is
+shed OVERLOADED on arrival. Whoever answers a request gives its bytes back (edged.serve.answers)."""
 
 from __future__ import annotations
 
@@ -24,9 +22,8 @@ class PendingBytes:
         self._lock = threading.Lock()
 
     def take(self, peer: bytes, nbytes: int, backlog: Backlog) -> Shed | None:
-        """Hold `nbytes` for `peer`: None when held, else the shed. Its retry hint: bytes
-        come back as requests are answered, about when the average job ahead on
-        `backlog`, the request's lane, is."""
+        """Hold `nbytes` for `peer`: None when held, else the shed, its retry hint the average
+        job on `backlog` (the request's lane), as bytes come back when requests are answered."""
         with self._lock:
             held = self._by_peer.get(peer, 0)
             if held + nbytes > self._peer_cap:

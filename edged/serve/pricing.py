@@ -1,6 +1,5 @@
-"""Prices: what a backend call of each model costs on one lane with its core (or its
-device) to itself, learned live, for admission (edged.serve.admission) to weigh a
-request against its deadline, at the lane's measured pace."""
+"""Prices: what a backend call of each model costs on one lane with its core (or its device) to itself,
+learned live. Admission (edged.serve.admission) weighs them against a deadline at the lane's measured pace."""
 
 from __future__ import annotations
 
@@ -16,52 +15,40 @@ from typing import Any, TypeVar
 
 from edged.backends import Runner, computes_on_caller
 
-# Weight of the newest observation in the service-time average, once it holds
-# 1/EWMA_WEIGHT of them: heavy enough to follow a change of load within a few dozen
-# requests, light enough to ignore one outlier (see Average).
+# Weight of the newest observation once an Average holds 1/EWMA_WEIGHT of them: it follows a change of
+# load within a few dozen requests, yet one outlier barely moves it.
 EWMA_WEIGHT = 0.1
 
-# A bound (`ServiceTimes.bound_ns`) is the second-dearest of a pipeline's last RUNS_KEPT
-# runs, relative to their price: at most one in two hundred passed it (their 99.5th
-# percentile), and one stalled run moves it nothing. A mean and a few deviations would
-# not do, for a pipeline's runs have a long tail (light-chain, on a quiet 2-core box:
-# p99 3.3 times its p50, its mean absolute deviation a tenth of its mean); nor the 99th
-# percentile of 100 runs, too noisy an estimate: admitted in the moments it dipped, 1.4%
-# expired (bench/pipeline_deadlines.py, 2026-11-27).
+# `bound_ns`: the second-dearest of the last RUNS_KEPT runs relative to their price (a 99.5th percentile that
+# one stalled run does not move). A mean plus deviations misses the long tail (light-chain: p99 3.3x its p50,
+# mean deviation a tenth of its mean); a 99th percentile of 100 runs is too noisy (admitted as it dipped, 1.4% expired).
 RUNS_KEPT = 200
-# The most one run counts, relative to its price: a pipeline warmed up cheap (priced at
-# next to nothing on zeros) whose first real run takes 300 ms would otherwise be bounded
-# at thousands of times its price, and shed from every deadline short of that, never to
-# run again and replace that run.
+# The most one run counts, relative to its price: else a pipeline warmed up cheap on zeros, whose first real
+# run is slow, is bounded at thousands of times its price and shed for ever, never running to replace that run.
 MAX_OVER_PRICE = 5.0
 
-# Input sizes remembered per size-priced model, the least recently seen dropped first:
-# enough for a few image or chunk sizes in rotation, few enough to republish per call.
+# Sizes remembered per size-priced model, least recently seen dropped first: a few image or chunk sizes in
+# rotation, few enough to republish per call.
 SIZES_KEPT = 8
 
 Key = TypeVar("Key", str, int)
 
 
 def price_clock(runner: Runner) -> Callable[[], int]:
-    """The clock a call of `runner` is priced by, in ns: the calling thread's CPU time
-    where the call computes on that thread alone, else the wall's. A price is what a call
-    costs with a core to itself; how much of one the lane gets is its pace, measured apart:
-    priced by the wall, a starved lane's slowness was counted twice (docs/models.md,
-    "What a request costs")."""
+    """The clock `runner`'s calls are priced by, in ns: the calling thread's CPU time where the call computes
+    on that thread alone, else the wall's. The lane's share of a core is its pace, measured apart: a wall
+    price would count a starved lane's slowness twice (docs/models.md, "What a request costs")."""
     return time.thread_time_ns if computes_on_caller(runner) else time.perf_counter_ns
 
 
 class ServiceTimes:
     """What a backend call of each model costs on one lane (by `price_clock`), learned live.
 
-    A call costs a first row plus each further row: priced per request, a few
-    large batches would make every small request look expensive. A model whose cost
-    follows its input's size (`Signature.sized`) is priced per row too, each row at
-    what a row of its size costs, from the sizes measured (SizeCosts): per row, so
-    that a batch of four small images and one image four times their size, equal in
-    elements, are not taken for one size. Owned by a Lane: its workers, and its loop's
-    thread for the calls it runs itself, write it, each observation under the lock;
-    `Lane.offer` reads single values and the published SizeCosts, without it.
+    A call costs a first row plus each further row, so a few large batches do not make small requests look
+    dear. A size-priced model (`Signature.sized`) costs each row at its own size's price (SizeCosts), so four
+    small images are not taken for one four times their size.
+    Owned by a Lane: its workers, and its loop's thread for the calls it runs itself, write it under the
+    lock; `Lane.offer` reads single values and the published SizeCosts without it.
     """
 
     def __init__(self) -> None:
@@ -71,12 +58,11 @@ class ServiceTimes:
         self._sizes: dict[str, SizeCosts] = {}  # by model: what admission reads, replaced whole
         self._runs: dict[str, deque[float]] = {}  # by pipeline: its last runs, relative to their price; workers only
         self._bound: dict[str, float] = {}  # by pipeline: the second-dearest of those (bound_ns)
-        self._lock = threading.Lock()  # between its writers: the lane's workers and the loop's thread
+        self._lock = threading.Lock()
 
     def observe(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
         """A call of `rows` rows took `call_ns`; `elements`: its inputs' size, for a size-priced model."""
-        # Every averaging is a read, then a write: without the lock, a switch of the GIL
-        # between the two loses the other writer's sample.
+        # Each average is read, then written: unlocked, a GIL switch between the two loses a sample.
         with self._lock:
             if rows <= 1:
                 _update(self._first_row_ns, model, call_ns)
@@ -93,8 +79,8 @@ class ServiceTimes:
                 self._sizes[model] = SizeCosts.of({size: average.value for size, average in table.items()})
 
     def observe_run(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
-        """`observe`, and how the run compares with its price, for `bound_ns`: a pipeline's
-        served runs (not its warm-up's, whose first is cold and which no hand-off precedes)."""
+        """`observe`, plus the run's cost relative to its price, for `bound_ns`; for a pipeline's served runs
+        (not its warm-up's, whose first is cold and which no hand-off precedes)."""
         expected = self.charge_ns(model, rows, elements)
         if expected > 0:
             with self._lock:
@@ -107,36 +93,29 @@ class ServiceTimes:
         return int(_value(self._first_row_ns, model, 0.0) + (rows - 1) * self.extra_row_ns(model))
 
     def charge_ns(self, model: str, rows: int, elements: int = 0) -> int:
-        """What a job of `rows` rows adds to a lane's work: each row at the dearer of
-        a call's first row and a batch's further rows. A job alone costs its first
-        row; one batched behind others costs further rows, which cost more than the
-        first when batches run beside other work. Priced at the cheaper, a long queue
-        of batched jobs looked shorter than it was, and its tail expired.
-        A size-priced model's job (`elements` given) costs each row at its size's price."""
+        """What a job of `rows` rows adds to a lane's work: each row at the dearer of a call's first row and
+        a batch's further rows (which cost more beside other work; at the cheaper, a long queue of batched jobs
+        looks shorter than it is). A size-priced model's job (`elements` given): each row at its size's price."""
         sizes = self._sizes.get(model) if elements else None
         if sizes is not None:
             return rows * sizes.estimate_ns(elements // max(rows, 1))
         return int(rows * max(_value(self._first_row_ns, model, 0.0), self.extra_row_ns(model)))
 
     def bound_ns(self, model: str, rows: int, elements: int = 0) -> int:
-        """What a pipeline's run costs at most, but rarely: its price times what its last
-        runs stayed within, relative to theirs (see RUNS_KEPT); its price alone until one is measured."""
+        """What a pipeline's run rarely passes: its price times its runs' bound (RUNS_KEPT), or its price alone."""
         return int(self.charge_ns(model, rows, elements) * max(self._bound.get(model, 1.0), 1.0))
 
     def measured(self, model: str, rows: int, elements: int) -> bool:
-        """Whether a request is priced from measurements rather than extrapolated: its
-        rows no larger than a size measured (always, for a model priced per row alone)."""
+        """Whether a request's rows are no larger than a size measured (always, for a model not size-priced)."""
         if not elements:
             return True
         sizes = self._sizes.get(model)
         return sizes is not None and elements // max(rows, 1) <= sizes.sizes[-1]
 
     def prices(self) -> dict[str, dict[str, Any]]:
-        """What the lane charges, by model, as the stats op shows it (any thread): per
-        row by size for a size-priced model, with how a larger size is priced
-        ("line": through the two largest measured; "guess": see SizeCosts.beyond_ns);
-        else a call's first row and each further row; for a pipeline, `bound_over_price`: what
-        its last runs stayed within, relative to their price (`bound_ns`)."""
+        """What the lane charges, by model, as the stats op shows it (any thread): per row by size, and
+        "line" or "guess" past the largest (SizeCosts.beyond_ns), for a size-priced model; else first and
+        extra row; for a pipeline also `bound_over_price` (`bound_ns`)."""
         shown: dict[str, dict[str, Any]] = {}
         # Copied in one step each (the workers add models meanwhile), then deduplicated in order.
         for model in dict.fromkeys([*self._first_row_ns, *self._sizes]):
@@ -149,7 +128,7 @@ class ServiceTimes:
             else:
                 by_size = {str(size): round(cost / 1e6, 3) for size, cost in zip(sizes.sizes, sizes.costs_ns)}
                 shown[model] = {"row_ms_by_elements": by_size, "past_largest": "line" if sizes.slope_ns else "guess"}
-            if model in self._bound:  # a pipeline's: what its bound keeps in hand
+            if model in self._bound:
                 shown[model]["bound_over_price"] = round(self._bound[model], 3)
         return shown
 
@@ -160,15 +139,9 @@ class ServiceTimes:
 
 @dataclass(frozen=True, slots=True)
 class SizeCosts:
-    """A size-priced model's call times at the sizes measured lately, joined by
-    straight lines: a fixed part plus a part per element between each two sizes.
-
-    Lines rather than one fitted line: a model's cost is seldom exactly linear (the
-    OCR detector's grows faster than its pixels), and the chord of a cost that grows
-    ever faster lies above it, so a size between two measured ones is priced high
-    rather than low. Past the largest size, see `beyond_ns`. Published whole by each observation: admission reads one
-    reference and bisects at most SIZES_KEPT sizes, a bounded constant of work.
-    """
+    """A size-priced model's row costs at the sizes measured lately, joined by straight lines, not one fitted
+    line: costs are seldom linear, and the chord of a cost that grows ever faster lies above it, so the price
+    errs high. Published whole by each observation: admission reads one reference, bisects SIZES_KEPT at most."""
 
     sizes: tuple[int, ...]  # a row's elements, ascending
     costs_ns: tuple[float, ...]  # what a row of each size adds to a call
@@ -183,8 +156,7 @@ class SizeCosts:
         return cls(sizes, costs, max(costs), max(slope, 0.0))
 
     def estimate_ns(self, elements: int) -> int:
-        """A row of `elements` elements: at or below the smallest size its cost, between
-        two sizes on their line; past the largest, `beyond_ns`."""
+        """A row of `elements`: the smallest size's cost at or below it, else on the lines, else `beyond_ns`."""
         sizes, costs = self.sizes, self.costs_ns
         i = bisect_left(sizes, elements)
         if i == len(sizes):
@@ -195,12 +167,9 @@ class SizeCosts:
         return int(costs[i - 1] + (costs[i] - costs[i - 1]) * (elements - low) / (high - low))
 
     def beyond_ns(self, elements: int) -> int:
-        """A row larger than any measured, never below the dearest cost measured: on the
-        line through the two largest sizes, extended. With one size (or two whose costs
-        fell with size: noise), a guess between the least it can cost and the most (that
-        cost in proportion to size): their geometric mean, the cost times the square root
-        of the size ratio, which runs a size once in a long deadline, so that it is
-        measured, and sheds it from a short one (docs/models.md, "What a request costs")."""
+        """A row past the largest size: on the line through the two largest, never below the dearest cost. With
+        no such line (one size, or costs that fell with size: noise), the geometric mean of the least and the most
+        (in proportion to size) it can cost: a long deadline runs it once, to measure it; a short one sheds it."""
         largest = self.sizes[-1]
         if self.slope_ns:
             return int(max(self.costs_ns[-1] + self.slope_ns * (elements - largest), self.top_ns))
@@ -209,10 +178,8 @@ class SizeCosts:
 
 @dataclass(slots=True)
 class Average:
-    """A running mean of the first 1/EWMA_WEIGHT observations, an exponential average
-    after: the first calls of a size each count equally, so a price from one slow call
-    (or a guess's first run) is corrected within a few calls, and later no single call
-    moves it by more than EWMA_WEIGHT of its difference."""
+    """A running mean of the first 1/EWMA_WEIGHT observations, an exponential average after: a price from one
+    slow call is corrected within a few calls, and later no call moves it by more than EWMA_WEIGHT of the gap."""
 
     value: float
     count: int = 1

@@ -1,8 +1,7 @@
 """Counters and latency histograms per class, cheap enough for the hot path.
 
-Histograms are log-linear (HDR style): 16 sub-buckets per power of two, so a
-percentile is within about 6% of the true value, in a fixed few hundred ints,
-whatever the traffic. No per-request list is ever kept.
+Histograms are log-linear (HDR style, 16 sub-buckets per power of two): a percentile is
+within about 6%, in a fixed few hundred ints whatever the traffic; no per-request list is kept.
 """
 
 from __future__ import annotations
@@ -68,11 +67,10 @@ class Histogram:
 
 @dataclass
 class ClassStats:
-    """One class's figures. Arrivals (received, admitted, shed, inline) are the
-    class's loop's alone: it decides them, and no other thread writes them. Outcomes
-    (answers, backend calls, expiries, late results) come from whichever
-    thread answers a job, the loop or a worker, so each is counted under `_lock`, and
-    `snapshot` reads under it too: a reader on any thread gets one whole moment.
+    """One class's figures. Arrivals (received, admitted, shed, inline) are written by the
+    class's loop alone. Outcomes (answers, backend calls, expiries, late results) come from
+    whichever thread answers a job, so they are counted under `_lock`, and `snapshot` reads
+    under it: a reader on any thread gets one whole moment.
     """
 
     received: int = 0
@@ -103,8 +101,7 @@ class ClassStats:
             self.shed_bytes += 1
 
     def done(self, ok: bool, queue_us: int, compute_us: int, total_us: int, late: bool = False) -> None:
-        """A request answered after admission: OK (`ok`) or failed, with its times; `late`:
-        answered past its deadline."""
+        """A request answered after admission, OK or failed, with its times; `late`: past its deadline."""
         with self._lock:
             if ok:
                 self.completed += 1

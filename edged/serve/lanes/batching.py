@@ -1,8 +1,5 @@
-"""Jobs, and how several of them share one backend call.
-
-A batch stacks its jobs' inputs along the first dimension and hands each job back
-its own rows of the outputs, as views: batching never costs a request its answer
-or a copy of it.
+"""Jobs, and how several share one backend call: their inputs stack along the first dimension,
+and each job gets its own rows of the outputs back as views, never copies.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Job:
-    """An admitted inference request, as a lane sees it. Built by `Lane.offer`; its one
-    mutable field, `answered`, is written by the lane's Answers only."""
+    """An admitted request as a lane sees it (built by Lane.offer); immutable but for `answered`."""
 
     route: Any  # opaque to the lane: where the transport sends the reply
     request_id: RequestId
@@ -34,7 +30,7 @@ class Job:
     received_ns: int
     deadline_ns: int
     cost_ns: int  # estimated service time, charged to the backlog until answered
-    rows: int = 1  # its size along the batch dimension (Signature.rows), read at every step
+    rows: int = 1  # its size along the batch dimension (Signature.rows)
     elements: int = 0  # its size, for a model priced by size (Signature.elements); else 0
     peer: bytes = b""  # who sent it, and the bytes its inputs hold, counted until it is answered
     nbytes: int = 0
@@ -42,11 +38,11 @@ class Job:
     into: dict[str, Any] = field(default_factory=dict)
     # An input is in a client's device memory (edged.backends.DeviceTensor): never stacked.
     device: bool = False
-    # A pipeline's: its steps as admission priced them, which its worker checks the time left against.
+    # A pipeline's step prices at admission, which its worker checks the time left against.
     priced: Priced | None = None
-    # Admitted while a worker of its lane waited for work: that worker's wake-up is part of its time.
+    # Admitted while a worker of its lane was idle: that worker's wake-up is part of its time.
     wakes: bool = False
-    answered: bool = False  # written by edged.serve.answers only, under its claim
+    answered: bool = False  # written only by the lane's Answers, under its claim
 
     def fits_with(self, other: Job) -> bool:
         """Whether the two can share one batched backend call."""
@@ -79,14 +75,10 @@ def unstack(jobs: list[Job], names: tuple[str, ...], outputs: list[np.ndarray]) 
 
 
 def fill(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, wait_us: int, max_rows: int) -> Any:
-    """Add compatible queued jobs to `batch`, up to `max_batch` jobs and `max_rows` rows;
-    returns the item that did not fit, if any.
-
-    Latency classes (wait_us 0) take only what is already queued; a throughput class
-    may wait that long for more.
-    """
+    """Add compatible queued jobs to `batch`, up to `max_batch` jobs and `max_rows` rows, waiting
+    up to `wait_us` for more (0: only what is queued); returns the item that did not fit, if any."""
     if not wait_us and jobs.empty():
-        return None  # the common case of a latency class: nothing beside it (no clock, no queue.Empty raised)
+        return None  # a latency class's common case, without a clock read or a raised queue.Empty
     wait_until = time.monotonic_ns() + wait_us * 1000
     rows = sum(job.rows for job in batch)
     while len(batch) < max_batch:

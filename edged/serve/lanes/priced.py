@@ -1,12 +1,5 @@
-"""A pipeline priced for one request: what admission takes it to cost, and whether it
-still fits its deadline from a given step on.
-
-A pipeline is admitted once, at arrival (`Lane.offer`), for the dearer of its critical
-path (each step's price, learned under its own name as it runs, by the request's size)
-and what its whole runs cost on average, with their bound kept in hand. Its worker asks
-again before each step (`Priced.late`), by the steps' prices, and ends the request with
-`StepLate` when the rest of the path no longer fits.
-"""
+"""A pipeline priced for one request: what admission (`Lane.offer`) takes it to cost at arrival, and, asked by
+its worker before each step (`Priced.late`), whether the rest still fits its deadline (else `StepLate`)."""
 
 from __future__ import annotations
 
@@ -22,10 +15,8 @@ class StepLate(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Priced:
-    """A pipeline as one request sees it, priced once: each step's price on the lane, by
-    the request's size, and from each step on, the time to the pipeline's end; what its
-    whole runs cost on average (`whole_ns`) and at most but rarely (`bound_ns`), as they
-    measured it; and the hand-off to a worker before it starts."""
+    """A pipeline priced once for one request's size: each step's price, the time from each step to the end
+    (`tails`), what whole runs cost on average (`whole_ns`) and rarely pass (`bound_ns`), and the hand-off."""
 
     pipeline: Pipeline
     prices: dict[str, int]
@@ -44,10 +35,8 @@ class Priced:
 
     @property
     def span_ns(self) -> int:
-        """What the request costs: its critical path's steps after the hand-off to a worker,
-        or, where dearer, what its whole runs cost on average, for that covers what the
-        steps' prices leave out (the hand-off, the bookkeeping between steps, the wait for
-        a parallel branch, the join). What admission keeps in hand beyond it: `bound_ns`."""
+        """What the request costs: its critical path after the hand-off, or its whole runs' average where dearer,
+        for that covers what the steps' prices leave out (bookkeeping between steps, a parallel branch, the join)."""
         return max(self.pipeline.span_ns(self.tails) + self.handoff_ns, self.whole_ns)
 
     def late(self, left_ns: int, start: Step | None = None) -> str | None:
@@ -67,9 +56,8 @@ class Priced:
         )
 
     def shed(self, left_ns: int, why: str) -> str:
-        """The sentence of a shed at arrival: the first step of the critical path to end
-        past the deadline, or, where the work queued ahead is what does not fit (`why`,
-        admission's own sentence), the last."""
+        """A shed at arrival, in words: the first critical-path step to end past the deadline, or the last where
+        the work queued ahead is what does not fit (`why`, admission's own sentence)."""
         name = self.pipeline.name
         if (late := self.late(left_ns)) is not None:
             return f"pipeline {name!r}: {late}"

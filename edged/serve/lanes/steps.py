@@ -1,19 +1,10 @@
-"""A pipeline's steps, run for one admitted request on a worker of its class.
+"""A pipeline's steps, run for one admitted request on the worker of its lane that took it.
 
-A pipeline (edged.models.pipeline) is one job of its class's lane: admitted once, at
-arrival, for its critical path (`Lane.offer`), then run here, step after step, on the
-worker that took it. So a step never queues behind other requests mid-pipeline, its
-intermediate tensors never leave the worker's memory, and its Python steps never run
-on a class's loop. Steps whose inputs are ready together run at once, on the worker
-and on threads it started (inheriting its niceness and cores); steps of one model run
-one after another, since a runner is one worker's. Each step's time is learned under
-its own name (`pipeline/step`, by the request's size), for the next request's critical
-path (edged.serve.lanes.priced).
-
-On the GPU backends (width 1: every step on the worker's thread, in `pipeline.steps`'
-order), a model step's output that only GPU runners read next stays on the device
-(`Stepper.kept`): its runner lends its own output buffer and the next runner copies it
-device to device, where it would otherwise be downloaded and uploaded again.
+On one worker, a step never queues behind other requests mid-pipeline, intermediate tensors stay in its
+memory, and Python steps never run on a class's loop. Steps whose inputs are ready together run at once,
+on the worker and on branch threads it started (inheriting its niceness and cores). Each step is priced
+under its own key (`pipeline/step`) for the next request's critical path (edged.serve.lanes.priced).
+On the GPU backends, an output that only GPU runners read next stays on the device (`Stepper.kept`).
 """
 
 from __future__ import annotations
@@ -40,8 +31,8 @@ class StepFailed(Exception):
 
 
 class Stepper:
-    """One worker's way through its lane's pipelines: its runners, and the threads that
-    run a pipeline's other branches (none where no pipeline fans out)."""
+    """One worker's way through its lane's pipelines: its runners, and the threads that run a pipeline's
+    other branches (none where no pipeline fans out)."""
 
     def __init__(self, runners: Mapping[str, Runner], service: ServiceTimes, width: int) -> None:
         self._runners = runners
@@ -58,10 +49,9 @@ class Stepper:
         elements: int,
         before_step: Callable[[Step, set[str]], None] = lambda step, done: None,
     ) -> dict[str, np.ndarray]:
-        """The pipeline's outputs for `inputs`. Each step starts once the steps it takes
-        from are done, on this thread or, beside one already running, on a branch
-        thread; `before_step(step, done)` runs first (and may raise to end the request).
-        Raises StepFailed naming the step that failed, once the steps running are done."""
+        """The pipeline's outputs for `inputs`; each step runs once its inputs are made, after
+        `before_step(step, done)` (which may raise to end the request). Raises StepFailed naming the
+        failed step, once the steps running are done."""
         values: dict[Ref, Value] = {Ref(None, name): array for name, array in inputs.items()}
         todo, done = list(pipeline.steps), set[str]()
         running: dict[Future[dict[str, Value]], Step] = {}
@@ -91,19 +81,17 @@ class Stepper:
         return {name: cast("np.ndarray", values[ref]) for name, ref in pipeline.outputs}
 
     def kept(self, pipeline: Pipeline) -> dict[str, tuple[str, ...]]:
-        """By model step, the outputs it leaves on the device (none for most), for every
-        step that makes or takes one; planned once per pipeline. Empty unless the steps
-        run one at a time (the GPU backends' width 1) on runners that keep
-        (edged.backends.KeepsOnDevice): the CPU path runs as it always has."""
+        """By step, the outputs it leaves on the device, for every step that makes or takes one (a taker that
+        keeps none: ()). Its runner lends its output buffer and the next copies it device to device, instead of
+        a download and upload. Empty unless steps run one at a time (width 1) on KeepsOnDevice runners."""
         planned = self._plans.get(pipeline.name)
         if planned is None or planned[0] is not pipeline:
             planned = self._plans[pipeline.name] = (pipeline, self._plan(pipeline))
         return planned[1]
 
     def _plan(self, pipeline: Pipeline) -> dict[str, tuple[str, ...]]:
-        """An output stays on the device when it is not a pipeline output, every step that
-        takes it is a model step on a keeping runner, and its own runner does not run
-        again before the last of them (that run would overwrite the buffer it lends)."""
+        """An output is kept when it is no pipeline output, every taker is a model step on a keeping runner, and its
+        own runner does not run again before the last taker (that run would overwrite the buffer it lends)."""
         if self._branches is not None:
             return {}  # branch threads: a lent buffer would be read on another thread's stream
 
@@ -134,8 +122,7 @@ class Stepper:
         return plan
 
     def timed(self, entry: ModelEntry, inputs: Mapping[str, np.ndarray]) -> None:
-        """Run `entry`'s pipeline on a sample (a warm-up, a re-timing): its steps priced
-        as they run, and the whole under the pipeline's own name, as `stats` shows it."""
+        """Run `entry`'s pipeline on a sample, pricing its steps and, under the pipeline's name, the whole."""
         assert entry.pipeline is not None
         elements = entry.signature.elements(dict(inputs))
         start = time.perf_counter_ns()
@@ -143,8 +130,7 @@ class Stepper:
         self._service.observe(entry.name, time.perf_counter_ns() - start, 1, elements)
 
     def warm(self, entry: ModelEntry, runs: int) -> None:
-        """Run the pipeline `runs` times on each warm-up sample: every step warm, and
-        priced, before the first request; a step that fails fails the pipeline."""
+        """Run the pipeline `runs` times per warm-up sample: every step warm and priced; PipelineError if one fails."""
         for sample in entry.samples:
             inputs = sample.inputs()
             for _ in range(runs):
@@ -159,8 +145,7 @@ class Stepper:
                     ) from None
 
     def _ready(self, todo: list[Step], done: set[str], busy: set[str]) -> list[Step]:
-        """The steps that may start now: all they take is made, and their runner is free
-        (a runner is one worker's, so one model's steps run one after another)."""
+        """Steps whose inputs are made and whose runner is free (a runner is one worker's: one call at a time)."""
         ready = []
         for step in todo:
             if step.after <= done and step.runner not in busy:
@@ -196,9 +181,8 @@ class Stepper:
             assert step.function is not None
             return _checked(step, step.function(**given))  # never given a kept output (`_plan`)
         signature = model.signature
-        # A kept output (a DeviceTensor) has a shape too: an empty one takes this shortcut as an array does.
+        # Nothing to run (a detector found nothing; a kept DeviceTensor has a shape too): empty outputs.
         if signature.batchable and any(array.shape[0] == 0 for array in given.values()):
-            # Nothing to run (a detector that found nothing): empty outputs, as the model would make.
             return {spec.name: np.zeros(_empty(spec.shape), DTYPES[spec.dtype]) for spec in step.outputs}
         if keep is not None:
             runner = cast(KeepsOnDevice, self._runners[model.name])
@@ -220,8 +204,7 @@ def _empty(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _checked(step: Step, made: Any) -> dict[str, np.ndarray]:
-    """A Python step's result, held to what the manifest declares: its outputs, their
-    dtypes and ranks and fixed sizes."""
+    """A Python step's result, held to the manifest: its outputs, their dtypes, ranks and fixed sizes."""
     declared = {spec.name: spec for spec in step.outputs}
     if not isinstance(made, Mapping) or set(made) != set(declared):
         names = sorted(made) if isinstance(made, Mapping) else type(made).__name__
@@ -240,6 +223,5 @@ def _checked(step: Step, made: Any) -> dict[str, np.ndarray]:
 
 
 def width(pipelines: list[Pipeline]) -> int:
-    """The most runners one wave of these pipelines uses at once: the threads a worker
-    needs to run their branches side by side."""
+    """The most runners one wave of these pipelines uses at once: the threads a worker needs for branches."""
     return max((len({step.runner for step in wave}) for p in pipelines for wave in p.waves), default=1)

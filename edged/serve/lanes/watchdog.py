@@ -1,9 +1,6 @@
-"""The watchdog over a lane's backend calls: it finds a call that never returns, so
-that its requests are answered and its worker replaced.
-
-A thread stuck inside a runtime cannot be stopped from Python. What can be done:
-answer its requests (INTERNAL, through edged.serve.answers, which drops the late
-result should the call ever return), stop counting on that worker, and start another.
+"""The watchdog over a lane's backend calls. Python cannot stop a thread stuck inside a runtime,
+so an overdue call's requests are answered INTERNAL (Answers drops a result that comes later)
+and its worker is given up and replaced.
 """
 
 from __future__ import annotations
@@ -19,26 +16,21 @@ class _Call:
     started_ns: int
     jobs: list[Job]
     charge_ns: int  # its jobs' charged work, summed once: admission reads it on every arrival
-    overdue: bool = False  # its jobs were handed to the watchdog's answer once
+    overdue: bool = False  # found overdue: its jobs were already handed over
 
 
 @dataclass(frozen=True, slots=True)
 class Overdue:
-    """What the watchdog found: the jobs of calls open too long, and how many of those
-    calls held a worker's thread, now given up on (each wants a new worker)."""
+    """The jobs of calls open too long, and how many worker threads were given up on (each wants a replacement)."""
 
     jobs: list[Job]
     workers_lost: int
 
 
 class OpenCalls:
-    """The backend calls a lane is inside, and the worker threads given up on.
-
-    Writers, under `_lock`: each thread opens and closes its own call (`begin`, `end`);
-    the watchdog (`overdue`, from the daemon's steering thread) marks calls open
-    too long, once each, and abandons the worker threads inside them. (A loop's inline
-    calls are not watched here: see Lane._run_inline.)
-    """
+    """The backend calls a lane is inside. Under `_lock`, each thread opens and closes its own
+    call; the watchdog (`overdue`, on the daemon's steering thread) marks calls overdue once and
+    abandons their threads. A loop's inline calls are not watched here (Lane._run_inline)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -54,8 +46,7 @@ class OpenCalls:
             self._open.pop(threading.get_ident(), None)
 
     def overdue(self, now_ns: int, limit_ns: int) -> Overdue:
-        """The jobs of every call open longer than `limit_ns` and not yet found so (some
-        may have been answered already); the worker threads inside them are abandoned."""
+        """The jobs of calls newly open past `limit_ns` (some may be answered already); abandons their threads."""
         jobs: list[Job] = []
         lost = 0
         with self._lock:
@@ -74,9 +65,8 @@ class OpenCalls:
             return min((call.started_ns for call in self._open.values() if not call.overdue), default=now_ns)
 
     def progress(self, now_ns: int) -> tuple[int, int]:
-        """The calls in flight as admission counts them (the lane's loop, on each arrival):
-        how much of the work charged for them is done, by their elapsed time (each at
-        most its charge), and that charge whole."""
+        """(done, charged) ns of the calls in flight, for admission on the lane's loop: done is
+        elapsed time, each call's capped at its charge."""
         if not self._open:
             return 0, 0
         # A snapshot without the lock: a call that begins or ends meanwhile is off by one call.
@@ -87,6 +77,6 @@ class OpenCalls:
         return done_ns, charged_ns
 
     def abandoned(self, thread: threading.Thread) -> bool:
-        """Whether the watchdog gave up on `thread`: a worker asks before each job."""
+        """Asked by a worker before each job."""
         # A set lookup without the lock: a stale answer only delays the worker by one job.
         return thread.ident in self._abandoned

@@ -1,14 +1,7 @@
-"""A lane's worker: the thread that runs its class's jobs on the backend.
+"""A lane's worker: the thread that loads and warms the lane's models, then runs its jobs.
 
-It loads and warms every model of the lane, then takes jobs off the lane's queue:
-a job whose deadline passed while it waited is answered DEADLINE_EXCEEDED and not
-run; the rest run alone or, where the class allows, batched with what waits beside
-them. Each result goes to the lane's Answers, which hands the reply to the loop that
-owns the request's socket, to send (edged.serve.transport). The worker writes no
-figure of the lane's own: it counts through the class's stats, under their lock.
-
-A class that yields waits for its turn before each call, and sizes the call's batch
-to its cap (edged.serve.lanes.precedence).
+Expired jobs are answered, not run; the rest run alone or batched, each answered through the
+lane's Answers. The worker keeps no figures of its own: it counts through the class's stats.
 """
 
 from __future__ import annotations
@@ -44,8 +37,8 @@ STOP = object()  # queued to end one worker once what is ahead of it is done
 
 @dataclass(frozen=True, slots=True)
 class Remeasure:
-    """Ask a worker to time the model afresh (see Lane.offer): work of `cost_ns` in the
-    lane's backlog until done, so that what arrives meanwhile is admitted behind it."""
+    """Ask a worker to re-time `model` (Lane.offer). `cost_ns` stays in the backlog until
+    done, so arrivals meanwhile are admitted behind it."""
 
     model: ModelEntry
     cost_ns: int
@@ -53,11 +46,8 @@ class Remeasure:
 
 @dataclass(slots=True)
 class Worker:
-    """One worker of a lane, with what it shares with the lane's other workers.
-
-    Its own fields (`runners`, `error`, `loaded`) are written by its thread only, in
-    `load` (or, for `error`, when `load` fails), before it serves.
-    """
+    """One worker of a lane. Its own fields (`runners`, `stepper`, `error`, `loaded`) are
+    written only by the thread that loads it, before it serves; the rest are shared."""
 
     klass: ClassConfig
     models: list[ModelEntry]
@@ -69,15 +59,13 @@ class Worker:
     precedence: Precedence
     pipelines: list[ModelEntry] = field(default_factory=list)  # run on workers alone, never on the loop
     runners: dict[str, Runner] = field(default_factory=dict)
-    stepper: Stepper | None = None  # the pipelines' steps (edged.serve.lanes.steps)
+    stepper: Stepper | None = None
     error: BaseException | None = None  # why `load` failed
     loaded: threading.Event = field(default_factory=threading.Event)
 
     def load(self, pin: bool = True) -> None:
-        """Pin the thread as the class asks (unless `pin` is false), then load and warm
-        each model, on the thread that will call the runners."""
-        # Both apply to the calling thread on Linux, and the backend's own
-        # threads, created from this one, inherit them.
+        """Pin the thread as the class asks (if `pin`), then load and warm the models on the thread that calls them."""
+        # On Linux both apply to this thread only; the backend's threads, made from it, inherit them.
         if pin and self.klass.cpu_affinity:
             os.sched_setaffinity(0, self.klass.cpu_affinity)
         if pin and self.klass.nice:
@@ -86,8 +74,7 @@ class Worker:
             self.runners[model.name] = load_and_warm(self.backend, model, self.klass, self.service)
         if self.pipelines:
             pipelines = [entry.pipeline for entry in self.pipelines if entry.pipeline is not None]
-            # A GPU runtime keeps per-thread state (ONNX Runtime's cuBLAS and cuDNN handles,
-            # the current context), made on this thread: there, branches run here, in turn.
+            # A GPU runtime's per-thread state (cuDNN handles, context) is this thread's: branches run here, in turn.
             on_gpu = isinstance(self.backend, Reserving)
             self.stepper = Stepper(self.runners, self.service, 1 if on_gpu else width(pipelines))
             for entry in self.pipelines:
@@ -111,13 +98,11 @@ class Worker:
                 self.precedence.wait_turn(self.klass.order)
             batch = [job]
             if self.klass.max_batch > 1 and job.model.signature.batchable and job.model.pipeline is None:
-                # max_batch counts rows: a GPU backend's buffers hold that many. A lone job
-                # past it still runs, alone, where the backend took it (the CPU's).
+                # max_batch counts rows, as GPU buffers are sized; a larger lone job (CPU only) runs alone.
                 rows = min(self.klass.max_batch, self._row_cap(job))
                 held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us, rows)
             self.run(batch)
-            # Let go before waiting for the next: an answered request's inputs (its frames,
-            # or the client's shared memory they keep mapped) go now, not when the next comes.
+            # Drop the jobs before blocking: their frames or mapped shared memory go now, not at the next job.
             job = batch = None
         for runner in self.runners.values():
             runner.close()
@@ -137,10 +122,8 @@ class Worker:
             log.warning("pipeline %s: re-timing its warm-up sample failed: %s", model.name, exc)
 
     def _row_cap(self, job: Job) -> int:
-        """The most rows of `job`'s model one call may carry and still end within the
-        class's max_call_ms, by the lane's estimate (at least one: a job is never split).
-        A size-priced model's rows cost what the job's own price says: the lane's per-row
-        averages mix every size it has seen."""
+        """Most rows one call may carry and end within max_call_ms (at least one: a job is never
+        split). A size-priced model uses the job's own price: per-row averages mix every size."""
         cap_ns = (self.klass.max_call_ms or 0) * 1e6  # None: a class built by hand, never derived
         if not cap_ns:
             return sys.maxsize
@@ -152,8 +135,7 @@ class Worker:
         return 1 + max(int((cap_ns - first_ns) // extra_ns), 0) if extra_ns > 0 else sys.maxsize
 
     def run(self, batch: list[Job]) -> None:
-        """Run the batch's live jobs in one backend call and answer each of them; a job
-        whose deadline passed while it waited is answered, not run."""
+        """Run the batch's unexpired jobs in one backend call and answer each."""
         taken_ns = time.monotonic_ns()
         live = []
         for job in batch:
@@ -192,16 +174,12 @@ class Worker:
             self.answers.result(job, taken_ns, compute_ns, outputs=result)
 
     def _run_pipeline(self, job: Job, taken_ns: int) -> None:
-        """A pipeline's steps (edged.serve.lanes.steps), watched as one backend call that
-        starts afresh with each step. Before each step, a class that yields waits its turn,
-        and the path from that step to the end must still fit the deadline by the steps'
-        prices as admission took them, or the request ends DEADLINE_EXCEEDED, naming the
-        step that would end late. Steps are not cancelled mid-call."""
+        """Run a pipeline's steps, each watched as a backend call. Before each, a yielding class
+        waits its turn, and the rest of the path must fit the deadline at admission's prices,
+        or the request ends DEADLINE_EXCEEDED naming the late step. No step is cut mid-call."""
         pipeline, priced = job.model.pipeline, job.priced
         assert pipeline is not None and priced is not None and self.stepper is not None
-        # Its price is what the run cost the request: from its arrival where a waiting
-        # worker had to wake for it (the hand-off, which a busy worker does not need), the
-        # steps, the bookkeeping between them and the join.
+        # From arrival where an idle worker woke for it: that hand-off is part of the run's cost.
         origin_ns = job.received_ns if job.wakes else taken_ns
 
         def before_step(step: Step, done: set[str]) -> None:
@@ -209,8 +187,7 @@ class Worker:
                 self.precedence.wait_turn(self.klass.order)
             now_ns = time.monotonic_ns()
             if (late := priced.late(job.deadline_ns - now_ns, step)) is not None:
-                # A run cut short counts at what it would have cost at least: left out, the
-                # slow runs a deadline cuts would hide the very tail the bound keeps in hand.
+                # Count a cut run at its least cost: dropping it would hide the slow tail the bound must cover.
                 at_least_ns = now_ns - origin_ns + priced.tails[step.name]
                 self.service.observe_run(pipeline.name, at_least_ns, job.rows, job.elements)
                 raise StepLate(late)
@@ -235,9 +212,8 @@ class Worker:
 
 
 def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, service: ServiceTimes) -> Runner:
-    """Load `model` for `klass` and make WARMUP_RUNS calls on each warm-up sample (and at the
-    class's largest batch), seeding `service` with the median of all but the first; a failure
-    says which model, on what, and the fix."""
+    """Load and warm `model`, seeding `service` with the median of WARMUP_RUNS - 1 timed calls
+    per sample and batch size; a failure says which model, on what, and the fix."""
     try:
         runner = backend.load(model, klass)
     except Exception as exc:
@@ -245,7 +221,7 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
     for sample in model.samples:
         for inputs, rows in tiled(sample, model.signature, klass.max_batch):
             try:
-                runner.run(inputs, model.signature.output_names)  # warms the runtime up: not timed
+                runner.run(inputs, model.signature.output_names)
                 elapsed = _time_calls(runner, model, inputs, WARMUP_RUNS - 1)
             except Exception as exc:
                 runner.close()
@@ -256,8 +232,7 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
 
 
 def _time_calls(runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int) -> int:
-    """The median time of `runs` calls on `inputs`, by the runner's price clock: a single
-    call would carry any hiccup of the box into the price."""
+    """Median of `runs` calls by the price clock: one call would carry any hiccup into the price."""
     clock, times = price_clock(runner), []
     for _ in range(runs):
         start = clock()

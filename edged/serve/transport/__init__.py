@@ -1,6 +1,5 @@
-"""The sockets: binding them, CURVE, and the loops that own them (the only serving
-modules that import zmq). A reply goes back by its `Route`: the loop that owns the
-socket the request came on, which sends it on its own thread."""
+"""The sockets and the loops that own them: the only serving modules that import zmq.
+A reply goes back by its `Route`, sent by the loop that owns the request's socket."""
 
 from __future__ import annotations
 
@@ -12,16 +11,14 @@ from edged.wire.codec import Buffer
 if TYPE_CHECKING:
     from edged.serve.transport.loop import Loop
 
-# Where a request came from: the loop owning its socket, the socket's index among that
-# loop's, and the routing envelope. A tuple: one is made for every request.
+# Where a request came from: (its socket's loop, the socket's index there, the envelope); a tuple, made per request.
 Route = tuple["Loop", int, list[Any]]
-# handle(route, frames, received ns, more): what a loop does with each message it reads;
-# `more` says another message already waits behind it on that socket.
+# handle(route, frames, received ns, more); `more`: another message already waits on that socket.
 Handler = Callable[[Route, list[Buffer], int, bool], None]
 
 
 def reply(route: Route, frames: list[Buffer]) -> None:
-    """Send one reply from any thread: now on the socket's own loop, else through it."""
+    """Send one reply, from any thread."""
     route[0].send(route, frames)
 
 

@@ -1,6 +1,4 @@
-"""The daemon's ROUTER sockets: binding them (options, ipc socket files, and the errors
-that name what stops a bind), and what a loop keeps of each bound one, its reply's
-send included (edged.serve.transport.loop reads and writes them)."""
+"""Binding the daemon's ROUTER sockets, and `Bound`: what a loop keeps of each one."""
 
 from __future__ import annotations
 
@@ -26,24 +24,23 @@ class EndpointError(RuntimeError):
 
 @dataclass(slots=True)
 class Bound:
-    """One bound ROUTER and what its loop keeps of it; used by that loop's thread alone."""
+    """One bound ROUTER; used by its loop's thread alone."""
 
     sock: zmq.Socket
     klass: str | None  # the class it takes alone; None: any (a shared endpoint)
     endpoint: str
-    unroutable: int = 0  # replies whose peer was gone or not reading
+    unroutable: int = 0
 
     @property
     def local(self) -> bool:
-        """Whether it is an ipc endpoint's: its clients are on this machine."""
+        """An ipc endpoint: its clients are on this machine."""
         return self.endpoint.startswith("ipc://")
 
     def send(self, envelope: list[Any], frames: list[Any]) -> None:
-        """Send one reply; one whose peer is gone or full is counted."""
+        """Send one reply; one whose peer is gone or full is counted, not raised."""
         send = self.sock.send
         try:
-            # Frame by frame with plain int flags: send_multipart's enum arithmetic costs
-            # microseconds per reply. A gone or full peer fails on the first frame.
+            # Not send_multipart (its enum arithmetic costs microseconds); a gone or full peer fails at frame 1.
             for frame in envelope:
                 send(frame, _MORE, copy=False)
             for frame in frames[:-1]:
@@ -64,25 +61,21 @@ class SocketOptions:
 
 
 def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread: int = 0) -> zmq.Socket:
-    """A ROUTER bound on `endpoint`, with the daemon's options, its connections served by
-    ZeroMQ's I/O thread number `io_thread`; an ipc socket file gets `ipc_mode` and
-    `ipc_group`. Raises EndpointError, saying why, when it cannot. Bound on the daemon's
-    main thread, before the loop that owns it starts (a thread's start is the full
-    memory barrier a socket needs to change threads); only that loop uses it after."""
+    """A ROUTER bound on `endpoint`, served by ZeroMQ's I/O thread `io_thread`; raises
+    EndpointError saying why not. Called on the main thread before the owning loop starts
+    (a thread's start is the memory barrier a socket needs to change threads)."""
     ipc_path = Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
     if ipc_path is not None:
         prepare_ipc_path(ipc_path)
     sock = context.socket(zmq.ROUTER)
     sock.linger = 0
-    # Without it a ROUTER drops a reply to a gone or full peer in silence; with
-    # it the send fails, and the one-reply promise can count what was lost.
+    # Else a reply to a gone or full peer is dropped in silence, and cannot be counted.
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
     sock.setsockopt(zmq.AFFINITY, 1 << io_thread)
     if options.curve is not None and is_tcp(endpoint):
         make_curve_server(sock, options.curve)
-    # The umask makes the socket file no more open than ipc_mode from its first
-    # moment (libzmq creates it inside bind, on this thread); chmod makes it exact.
+    # libzmq creates the file inside bind: the umask keeps it from being more open than ipc_mode.
     old_umask = os.umask(0o777 & ~options.ipc_mode) if ipc_path is not None else None
     try:
         sock.bind(endpoint)
@@ -98,7 +91,7 @@ def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread:
 
 
 def restrict_ipc_socket(path: Path, mode: int, group: int | None) -> None:
-    """Give an ipc socket file (the memfd socket's too: edged.shm.intake) its mode and group."""
+    """Give an ipc socket file (also edged.shm.intake's) its mode and group."""
     try:
         os.chmod(path, mode)
         if group is not None:

@@ -1,9 +1,6 @@
-"""CURVE on the daemon's tcp endpoints: its key set, checked at start-up, and the
-ZAP handler that lets only the allowed client keys complete a handshake.
-
-CURVE applies to tcp only: an ipc socket is guarded by its file mode and group, and
-a handshake there would cost local clients time for nothing.
-"""
+"""CURVE on the daemon's tcp endpoints: the key set, checked at start-up, and the ZAP
+handler that admits only the allowed client keys. Not on ipc: its file mode and group
+guard it, and a handshake would cost local clients time for nothing."""
 
 from __future__ import annotations
 
@@ -65,10 +62,7 @@ def server_keys(endpoints: tuple[str, ...], security: SecurityConfig) -> ServerK
 
 
 def start_authenticator(context: zmq.Context, allowed_clients_dir: Path) -> ThreadAuthenticator:
-    """Answer ZAP requests in `context`: only the allowed client keys complete a CURVE handshake.
-
-    It sees handshakes only, once per connection: the requests that follow never pass here.
-    """
+    """Answer ZAP requests: only allowed client keys complete a handshake (once per connection)."""
     authenticator = ThreadAuthenticator(context)
     authenticator.configure_curve(domain=ZAP_DOMAIN, location=allowed_clients_dir)
     authenticator.start()

@@ -1,8 +1,6 @@
 """Every socket the daemon binds, grouped by the loop that will own it: a class's own
-sockets (one beside each ipc endpoint, and beside each tcp endpoint where the class names
-a tcp_port: edged.wire.endpoints.class_endpoint) go to that class's loop, and the
-shared endpoints to the default class's loop, which hands requests naming another class
-to that class's loop (edged.serve.dispatch)."""
+sockets (edged.wire.endpoints.class_endpoint) to that class's loop, the shared endpoints
+to the default class's loop, which hands on requests for other classes (edged.serve.dispatch)."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ log = logging.getLogger("edged.server")
 
 
 class Sockets:
-    """The daemon's ZeroMQ context, its ROUTER sockets and CURVE's authenticator. Bound
-    by the main thread at start-up; each socket is then used by its loop alone
-    (`by_class`), and the context ends once every loop has closed its own (`close`)."""
+    """The ZeroMQ context, the ROUTER sockets and CURVE's authenticator. Bound on the main
+    thread at start-up; each socket is then its loop's alone (`by_class`)."""
 
     def __init__(
         self,
@@ -72,8 +69,7 @@ class Sockets:
         return {klass: endpoints for klass, endpoints in own.items() if endpoints}
 
     def close(self) -> None:
-        """End the context: after every loop has closed its sockets (a bind that failed
-        midway leaves some open, which this closes too)."""
+        """End the context, once every loop has closed its sockets (closes any a failed bind left open)."""
         if self._authenticator is not None:
             self._authenticator.stop()
             self._authenticator = None
@@ -81,8 +77,7 @@ class Sockets:
 
 
 def _check_tcp_ports(endpoints: tuple[str, ...], tcp_ports: dict[str, int]) -> None:
-    """A class's tcp_port sits beside a tcp endpoint and is not one's own port: known only
-    here, once --endpoint has replaced the file's endpoints."""
+    """A tcp_port needs a tcp endpoint, and not its port; checked here, once --endpoint has replaced the file's."""
     tcp = [endpoint for endpoint in endpoints if is_tcp(endpoint)]
     for klass, port in tcp_ports.items():
         key = f"classes.{klass}.tcp_port = {port}"

@@ -1,26 +1,17 @@
 """Turns between the loops: every other loop gives way while the highest class's loop is awake.
 
-The loops share one interpreter lock. A loop reading a burst holds it for most of each
-switch interval (0.5 ms), and a realtime request needs it several times (to read,
-admit, run inline and reply): left to chance, it waited for several intervals at each
-step. So the highest class's loop marks itself awake from the moment its poll returns
-until it sleeps again, and every other loop, between two messages or two callables,
-waits while it is awake: the highest loop then waits for the lock once, not at every step.
-
-The other loops share the lock as Python shares it. Made to give way to every loop above
-it, bulk's loop waited whenever the shared endpoints' loop was awake: through the whole
-of a burst that loop read for bulk, whose admissions then came in late, large batches.
-The burst took 3.0-3.6x the bare floor's time, against 2.0-3.2x giving way to the
-highest loop alone, and realtime fared no better (bench/burst.py, 2026-11-27:
-docs/benchmarks.md, "Realtime beside a burst").
+The loops share one interpreter lock. A realtime request needs it several times (read,
+admit, run, reply), and a loop reading a burst holds it for most of each 0.5 ms switch
+interval; giving way, the highest loop waits for the lock once a turn, not at every step.
+The other loops share the lock as Python shares it: giving way to every loop above them
+slowed bulk's bursts (docs/operations.md, "Turns").
 """
 
 from __future__ import annotations
 
 import threading
 
-# A loop that gives way looks again at least this often: a wake-up missed in a race
-# costs it this long at most.
+# A waiting loop looks again this often: a wake-up missed in a race costs at most this.
 WAIT_SLICE_S = 0.001
 
 
@@ -38,8 +29,7 @@ class Turns:
 
     def sleep(self) -> None:
         self._top_awake = False
-        # Read without the lock, so that a sleep costs nothing when nobody waits; a
-        # wake-up missed in a race costs the waiter one WAIT_SLICE_S.
+        # Read without the lock: a sleep costs nothing when nobody waits.
         if self._waiting:
             with self._turn:
                 self._turn.notify_all()
