@@ -144,8 +144,8 @@ def main() -> int:
     finally:
         backend.gate.set()
         for lane in lanes.values():
-            lane.reject_queued("the benchmark is over")
-            lane.stop(5.0)
+            lane.crew.reject_queued("the benchmark is over")
+            lane.crew.stop(5.0)
     width = max(map(len, figures))
     print(f"per message, us (mean of {args.messages}; cnn-heavy, 48 KiB, class bulk):")
     for name, us in figures.items():

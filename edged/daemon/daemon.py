@@ -1,14 +1,11 @@
 """The daemon's life: bind, load and warm every lane, serve, reload, drain, stop.
 
-The main thread steers it: signals, loading and reloads, the drain and the stop, the
-systemd watchdog, stuck workers. It never runs a backend call and never touches a
-socket, so a signal is acted on at once, whatever a call is doing. Each class has a
-loop (edged.serve.transport.loop) and each lane its workers (the threads, one job each:
-docs/operations.md). Sockets are bound first, so that a client asking during start-up
-hears `starting` rather than nothing; inference opens only once every loop has taken up
-its warm lane, and only then is systemd told READY. This thread asks a loop for
-something by handing it a callable (`Loop.call_soon`); a loop answers by waking it. The
-loops, their binding, those asks and their closing are edged.daemon.loops.
+The main thread steers: signals, loading and reloads, the drain and the stop, systemd's
+watchdog, stuck workers. It never runs a backend call and never touches a socket, so a
+signal is acted on at once, whatever a call is doing. Sockets are bound first (a client
+asking during start-up hears `starting`); inference opens, and systemd hears READY, once
+every loop has taken up its warm lane. It asks a loop by handing it a callable; a loop
+answers by waking it (edged.daemon.loops).
 """
 
 from __future__ import annotations
@@ -40,12 +37,11 @@ from edged.serve.lanes.lane import Lane
 
 log = logging.getLogger("edged")
 
-# Python hands the GIL over every 5 ms by default: a reply ready on a worker could wait
-# that long behind a loop reading a burst. 0.5 ms bounds that wait at a small cost in switches.
+# Python hands the GIL over every 5 ms by default: a reply ready on a worker could wait that
+# long behind a loop reading a burst; 0.5 ms bounds it.
 GIL_SWITCH_INTERVAL_S = 0.0005
-# How long the steering thread sleeps while nothing wakes it: briefly while a drain or a
-# switch waits on the loops, a while as lanes retire, else until its next timer, so that
-# an idle daemon wakes it a few times a second, not 24 (a fixed 50 ms tick).
+# How long the steering thread sleeps unwoken: briefly while a drain or a switch waits on
+# the loops, a while as lanes retire, else until its next timer (an idle daemon: ~1/s).
 STEER_WAITING_S = 0.002
 STEER_EVERY_S = 0.05
 STEER_IDLE_S = 1.0
@@ -54,9 +50,8 @@ SWEEP_EVERY_NS = 1_000_000_000
 
 
 class Daemon:
-    """The daemon's life, steered by the thread that calls `run`. Its state is
-    `lifecycle`, moved only by that thread; signal handlers, the loader and the loops
-    only leave news for it (`_news`) and wake it."""
+    """The daemon's life, steered by the thread that calls `run`, which alone moves
+    `lifecycle`; signal handlers, the loader and the loops leave it news (`_news`) and wake it."""
 
     def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
         gc.freeze()  # the modules' 35,000 objects: a collection of them held the GIL 26-30 ms
@@ -66,8 +61,7 @@ class Daemon:
             # Pinned before any thread starts (ZeroMQ's I/O threads among them), which inherit it.
             os.sched_setaffinity(0, config.classes[0].cpu_affinity)
         self.lifecycle = Lifecycle()
-        # Bound first, and nothing else to close if binding fails; the loops wake this thread
-        # only once they run (`run`), after the eventfd exists.
+        # Bound first: nothing else to close if binding fails. The loops wake this thread only once they run.
         self.loops = Loops(config, self.lifecycle, self._wake)
         self.serving = self.loops.serving
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -124,7 +118,7 @@ class Daemon:
             self.trimmer.next_check_ns,
             self._next_sweep_ns,
             self._next_status_ns if self.lifecycle.open else math.inf,
-            *(lane.next_check_ns(now) for lane in self.lanes),
+            *(lane.crew.next_check_ns(now) for lane in self.lanes),
         )
         return min(max(due - now, 0) / 1e9, STEER_IDLE_S)
 
@@ -137,8 +131,7 @@ class Daemon:
         os.eventfd_write(self._wake_fd, 1)
 
     def _steer(self) -> None:
-        """One turn: act on the news, finish a switch of lanes, housekeeping, and see
-        whether the stop can end."""
+        """One turn: the news, a switch of lanes, housekeeping, and whether the stop can end."""
         self.lifecycle.check_owner()
         while self._news:
             kind, value = self._news.popleft()
@@ -202,7 +195,7 @@ class Daemon:
             return
         if self.lifecycle.stopping:  # built, but never opened
             for lane in result.lanes.values():
-                lane.retire()
+                lane.crew.retire()
             self._retiring.extend(result.lanes.values())
             return
         verb = "loaded" if state is State.STARTING else "reload loaded"
@@ -227,7 +220,7 @@ class Daemon:
         if self.lifecycle.open or self.lifecycle.state is State.STARTING:
             self.lifecycle.move(State.SERVING)
         for lane in old.lanes.values() if old is not None else ():
-            lane.retire()
+            lane.crew.retire()
             self._retiring.append(lane)
         self.notifier.notify(READY="1", STATUS=status_line(self.serving))
         if first:
@@ -238,14 +231,14 @@ class Daemon:
     # --- housekeeping ----------------------------------------------------------
 
     def _housekeeping(self, now: int) -> None:
-        """Stuck calls, systemd's watchdog, retired lanes, memory a burst left resident,
-        silent clients' shared memory, the box's other load, the status line."""
+        """Stuck calls, systemd's watchdog, retired lanes, memory a burst left, silent clients'
+        shared memory, the box's other load, the status line."""
         for lane in self.lanes:
-            lane.check_stuck(now)
+            lane.crew.check_stuck(now)
         self.loops.check(now, self.notifier)
-        ended = [lane for lane in self._retiring if not lane.alive]
+        ended = [lane for lane in self._retiring if not lane.crew.alive]
         for lane in ended:  # anything queued behind its workers' last job: answered, never lost
-            lane.reject_queued("the lanes were replaced while this request waited; retry")
+            lane.crew.reject_queued("the lanes were replaced while this request waited; retry")
         self._retiring = [lane for lane in self._retiring if lane not in ended]
         self.trimmer.check(now)
         if now >= self._next_sweep_ns:

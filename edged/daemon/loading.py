@@ -1,9 +1,6 @@
-"""The loader: warm lanes built for a configuration, off every serving thread.
-
-It runs on a thread of its own, at start-up and on SIGHUP (edged.daemon.daemon), and writes
-nothing a loop reads: what it builds is its return value, which the steering thread
-hands to each class's loop to take up between requests.
-"""
+"""The loader: warm lanes built for a configuration, off every serving thread. It runs on
+its own thread at start-up and on SIGHUP, and writes nothing a loop reads: it returns what
+it built, which the steering thread hands to the loops to take up between requests."""
 
 from __future__ import annotations
 
@@ -42,7 +39,7 @@ log = logging.getLogger("edged")
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """What the loader built: one generation of lanes, handed to the loops to take up."""
+    """What the loader built: one generation of lanes."""
 
     config: Config
     models: list[ModelEntry]
@@ -57,7 +54,6 @@ class Loaded:
 
     @property
     def served(self) -> str:
-        """What it serves, as the log says it."""
         return f"{', '.join(m.name for m in self.models)} with classes {', '.join(self.lanes)}"
 
 
@@ -68,8 +64,7 @@ def load(
     contention: Contention | None = None,
 ) -> Loaded:
     """Build warm lanes for the configuration `read_config` gives; raises what stops them.
-    A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero.
-    The lanes hold their requests' bytes in `pending`, and read the box's load in `contention`."""
+    A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero."""
     started = time.monotonic()
     config = read_config()
     variants = VARIANTS_OF.get(config.backend, config.backend)
@@ -122,8 +117,7 @@ def load(
 
 
 def _without(pipelines: list[ModelEntry], failed: str, fail: Callable[[ModelFailure], None]) -> list[ModelEntry]:
-    """The pipelines left when `failed` (a model or a pipeline) is not served: a pipeline
-    whose step runs a model that failed fails with it, saying so."""
+    """The pipelines left without `failed` (a model or a pipeline); those that run it fail too."""
     kept = []
     for entry in pipelines:
         if entry.name == failed:
@@ -144,8 +138,7 @@ def _start_lanes(
     pending: PendingBytes,
     contention: Contention | None,
 ) -> tuple[dict[str, LaneReservation], MemoryPlan, dict[str, Lane]]:
-    """Plan, start and measure a lane per class, each loaded and warm; all or none.
-    Each model's weights are taken first, once, and held until the lanes hold them too."""
+    """A warm lane per class, all or none; each model's weights are taken once, before any lane."""
     reserving = isinstance(backend, Reserving)
     context = backend.warm_context(models) if reserving else 0
     if reserving:
@@ -171,8 +164,7 @@ def _start_lanes(
         # The weights' share of the device, taken before any lane: no lane's figure counts them.
         free = backend.free_bytes() if reserving else 0
         weights_bytes = free_before - free
-        # The default class's loop reads the shared endpoints, for every class: what it runs
-        # inline keeps the most urgent of them waiting too.
+        # The default class's loop reads the shared endpoints: its inline runs delay every class.
         shortest_ms = min(c.deadline_ms for c in config.classes)
         for klass in config.classes:
             loop_ms = shortest_ms if klass.name == config.default_class else None
@@ -187,8 +179,7 @@ def _start_lanes(
             if limit:
                 check_lane(klass.name, [m.name for m in models], after, limit)
             if reserving:
-                # One lane at a time, so the drop in free memory is this lane's (on a reload
-                # the serving lanes' arenas, grown at their own warm-up, rarely move).
+                # One lane at a time, so the drop in free memory is this lane's (on a reload, old arenas rarely move).
                 before, free = free, backend.free_bytes()
                 measured = replace(reservations[klass.name], measured_bytes=before - free, context_bytes=context)
                 reservations[klass.name] = measured
@@ -198,7 +189,7 @@ def _start_lanes(
             check_measured(list(reservations.values()), free_before, headroom, backend.device_name, weights_bytes)
     except BaseException:
         for lane in lanes.values():
-            lane.stop(timeout_s=1.0)
+            lane.crew.stop(timeout_s=1.0)
         raise
     finally:
         for hold in holds:

@@ -1,11 +1,9 @@
 """From frames to a decision, on the loop that read them: decode, answer the control
-ops, and hand an inference request to its class, whose loop admits or sheds it.
+ops, and hand an inference request to its class's loop, which admits or sheds it.
 
-Each class's loop has a Dispatcher. A request read on a class's own socket is that
-class's, and is admitted at once, on the thread that read it. One read on a shared
-endpoint (owned by the default class's loop) that names another class is handed to
-that class's loop (`call_soon`): admission state has one writer, the class's loop.
-Nothing here blocks: whatever is answered here is answered at once.
+A request read on a class's own socket is admitted at once, on that thread. One read on
+a shared endpoint (the default class's loop) for another class goes to that class's
+loop (`call_soon`): admission state has one writer. Nothing here blocks.
 """
 
 from __future__ import annotations
@@ -35,8 +33,8 @@ log = logging.getLogger("edged.dispatch")
 
 @dataclass
 class Serving:
-    """What every class's dispatcher shares. `lifecycle` is the steering thread's to
-    move; `regions` and `pending` keep their own locks; the rest is fixed at start-up."""
+    """What every class's dispatcher shares. `lifecycle` is the steering thread's;
+    `regions` and `pending` keep their own locks; the rest is fixed at start-up."""
 
     config: Config
     lifecycle: Lifecycle
@@ -49,8 +47,7 @@ class Serving:
 
 
 class Dispatcher:
-    """One class's decisions, on its loop's thread. `loaded` (the lanes it admits to and
-    the models it serves) and `invalid` are written by that loop alone."""
+    """One class's decisions, on its loop's thread, which alone writes its fields."""
 
     def __init__(self, klass: str, serving: Serving) -> None:
         self.klass = klass
@@ -58,13 +55,12 @@ class Dispatcher:
         self.loop: Loop | None = None  # set once, before the loop starts
         self.loaded: Loaded | None = None
         self.generation = 0  # the number of `loaded`
-        self.fence = 0  # the steering thread's latest fence this loop has passed (see Loops.ask, edged.daemon.loops)
+        self.fence = 0  # the steering thread's latest fence this loop has passed (Loops.ask)
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self._models: dict[str, ModelEntry] = {}
 
     def take_up(self, loaded: Loaded, generation: int) -> None:
-        """Admit to these lanes from now on (the loop, asked by the steering thread),
-        and give back the inline runners of the ones they replace."""
+        """Admit to these lanes from now on, and give back the inline runners of the ones they replace."""
         old, self.loaded = self.loaded, loaded
         self._models = {model.name: model for model in loaded.models}
         loaded.lanes[self.klass].own()
@@ -78,8 +74,7 @@ class Dispatcher:
         self.serving.wake_steering()
 
     def handle(self, route: Route, frames: list[Buffer], received_ns: int, more: bool = False) -> None:
-        """Answer or admit one request: every call leads to exactly one reply. `more`:
-        another request already waits behind it on its socket."""
+        """Answer or admit one request: exactly one reply each. `more`: another waits behind it."""
         request_id: RequestId = None
         try:
             limits = self.serving.config.limits
@@ -103,8 +98,7 @@ class Dispatcher:
     def admit(
         self, route: Route, request: Request, received_ns: int, more: bool, slots: dict[str, Slot] | None
     ) -> None:
-        """Admit or shed a request of this class, handed over by the loop that read it,
-        with its shared memory resolved there (`slots`)."""
+        """Admit or shed a request handed over by the loop that read it (`slots`: its shared memory, resolved there)."""
         try:
             self._admit(route, request, received_ns, more, slots)
         except ProtocolError as exc:
@@ -138,8 +132,7 @@ class Dispatcher:
         else:
             self._check_open(request.id)  # refused here while it cannot run: nothing to hand over
             assert owner.loop is not None
-            # Its shared memory is resolved here, in the order its connection sent it: an
-            # shm_unregister read next must find the region held by this request.
+            # Resolved here, in its connection's order: an shm_unregister read next finds the region held.
             slots = self._regions_of(route, request) if request.shm_inputs or request.outputs_shm else None
             owner.loop.call_soon(owner.admit, route, request, received_ns, more, slots)
 
@@ -177,13 +170,13 @@ class Dispatcher:
                 request.id,
             )
         assert self.loop is not None
-        # With requests behind it, a job goes to a worker, which may batch them; but the
-        # highest class's latency is worth more than a batch: its loop runs cheap ones in turn.
+        # With requests behind it, a job goes to a worker, which may batch them; the highest
+        # class's loop runs cheap ones in turn (InlineCap.limit_ns).
         top = lane.klass.order == self.serving.config.classes[0].order
         inline_ns = 0 if more and not top else lane.inline_cap.limit_ns(self.loop.handoff_ns, behind=more)
         outcome = lane.offer(route, request, model, rows, elements, received_ns, slots, inline_ns, self.loop.handoff_ns)
         if isinstance(outcome, Shed):
-            # The time a shed took inside the daemon is part of the reply: a client can check it was immediate.
+            # The shed's time inside the daemon is in the reply: a client can check it was immediate.
             total_us = (time.monotonic_ns() - received_ns) // 1000
             reply(route, fast.encode_overloaded(request.id, outcome.message, outcome.retry_after_ms, total_us))
 
@@ -209,8 +202,7 @@ class Dispatcher:
         return self.serving.regions.resolve(request, local(route))
 
     def _region_op(self, route: Route, request: Request, region: ShmRef) -> None:
-        """shm_register (of a POSIX object or of device memory) or shm_unregister, for the
-        peer that sent it (edged.shm.registry)."""
+        """shm_register (a POSIX object or device memory) or shm_unregister, for the sending peer."""
         regions, is_local, request_id = self.serving.regions, local(route), request.id
         if request.op == "shm_unregister":
             regions.unregister(region.region, is_local, request_id)
@@ -230,7 +222,7 @@ class Dispatcher:
 
     def health(self) -> dict[str, Any]:
         lifecycle, loaded = self.serving.lifecycle, self.loaded
-        lanes = {name: lane.health for name, lane in loaded.lanes.items()} if loaded else {}
+        lanes = {name: lane.crew.health for name, lane in loaded.lanes.items()} if loaded else {}
         return {
             "state": lifecycle.reported,
             # What a readiness probe trusts: inference open, and no lane waiting for a worker.

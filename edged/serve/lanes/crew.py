@@ -1,7 +1,5 @@
-"""A lane's workers: their threads, the queue they take jobs from, and the backend calls
-they have open, which the watchdog reads (edged.serve.lanes.watchdog). A worker the
-watchdog gives up on is answered for and replaced here; the rest of the lane (admission,
-routes) is edged.serve.lanes.lane."""
+"""A lane's workers: their threads, their queue, and their open backend calls, which the
+watchdog reads. A worker the watchdog gives up on is answered for and replaced here."""
 
 from __future__ import annotations
 
@@ -27,9 +25,8 @@ log = logging.getLogger("edged.lanes")
 
 
 class Crew:
-    """One lane's workers. Written by the loader while it starts them, then by the
-    daemon's steering thread alone (`check_stuck`, `retire`, `join`). The workers take
-    jobs off `jobs` and keep their open calls in `calls`; they write nothing here."""
+    """One lane's workers: written by the loader as it starts them, then by the steering
+    thread alone. The workers take `jobs` and keep their open calls in `calls`, nothing else."""
 
     def __init__(
         self,
@@ -45,7 +42,7 @@ class Crew:
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.calls = OpenCalls()
         self._models = models
-        self._pipelines = pipelines  # their steps run on the workers (edged.serve.lanes.steps)
+        self._pipelines = pipelines
         self._backend = backend
         self._answers = answers
         self._service = service
@@ -65,8 +62,7 @@ class Crew:
             raise errors[0]
 
     def new_worker(self, klass: ClassConfig | None = None, inline: list[ModelEntry] | None = None) -> Worker:
-        """A worker of this lane, not started; with `inline`, the runners of those models
-        for the class's loop, which runs no pipeline."""
+        """A worker, not started; with `inline`, the loop's runners of those models (no pipeline)."""
         return Worker(
             klass or self.klass,
             self._models if inline is None else inline,
@@ -112,17 +108,19 @@ class Crew:
     def alive(self) -> bool:
         return any(thread.is_alive() for thread in self._workers())
 
+    def stop(self, timeout_s: float) -> None:
+        """Retire, and wait up to `timeout_s` for the workers to end."""
+        self.retire()
+        self.join(timeout_s)
+
     def join(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the workers to end."""
         end = time.monotonic() + timeout_s
         for thread in self._workers():
             thread.join(max(end - time.monotonic(), 0.0))
 
-    # --- the watchdog (the steering thread, and the shutdown) --------------
-
     def check_stuck(self, now_ns: int) -> None:
-        """Answer the requests of a backend call open past `stuck_after_ms`, and replace
-        the worker inside it."""
+        """Answer the requests of a call open past `stuck_after_ms`; replace its worker."""
         limit_ms = self.klass.stuck_after_ms
         stuck = self.calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
         if stuck is None or not stuck.jobs:
@@ -130,15 +128,13 @@ class Crew:
         late = f"has not returned after {limit_ms} ms"
         why = f"a backend call of {stuck.jobs[0].model.name} {late}"
         log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
-        # Recovering before the replies say so: a client told that the lane is restarting
-        # its worker, asking health at once, was told "ok" (1 run in 13 of test_probes).
+        # Recovering before the replies say so: a client told so may ask health at once.
         for _ in range(stuck.workers_lost):
             self._recovery = (f"recovering: {why}", self._start_worker(None))
         self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
 
     def next_check_ns(self, now_ns: int) -> float:
-        """When `check_stuck` must look next: as the oldest open call passes `stuck_after_ms`
-        (a call that begins later passes it later still)."""
+        """When `check_stuck` must look next: as the oldest open call passes `stuck_after_ms`."""
         limit_ms = self.klass.stuck_after_ms
         return self.calls.oldest_ns(now_ns) + limit_ms * 1_000_000 if limit_ms else math.inf
 
@@ -147,8 +143,6 @@ class Crew:
         shutdown whose grace ran out, so that nothing admitted goes unanswered."""
         now_ns = time.monotonic_ns()
         return self._answers.failures(self.calls.overdue(now_ns, -1).jobs, now_ns, message)
-
-    # --- the threads -------------------------------------------------------
 
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if not self.calls.abandoned(thread)]

@@ -1,14 +1,8 @@
-"""Lanes: one per priority class, reserved at start-up, each with its workers and their
-queue (its crew: edged.serve.lanes.crew) and its admission state. `offer` prices a
-request, lets admission decide (edged.serve.admission), and sheds it at once or places
-the job in one of its class's ways:
-- inline: on the class's loop thread, now, when the lane is idle, no request waits
-  behind it on its socket (the highest class's loop runs cheap ones in turn too: see
-  edged.serve.dispatch), and the job is priced within what the loop may run itself
-  (edged.serve.lanes.inline_cap: a job that two hand-offs to a worker and back would
-  slow by 2%);
-- a worker of the class, which a class with `batch_wait_us` (bulk's batcher) lets wait
-  that long to fill a batch.
+"""A lane: one priority class's admission state, its workers (`crew`) and its loop's
+own runners. `offer` prices a request, lets admission decide, and sheds it or places it:
+- inline, on the class's loop, now: the lane idle and the job within its inline cap
+  (edged.serve.lanes.inline_cap);
+- else on a worker of the class, which bulk's `batch_wait_us` lets wait to fill a batch.
 """
 
 from __future__ import annotations
@@ -48,12 +42,10 @@ PRICED_PAST_MEASURED = (
 
 
 class Lane:
-    """One class's lane. Built and started by the loader; from then on its admission
-    state is written by one thread, its owner: the class's loop, from `own` on (`offer`
-    checks, as asyncio's loop checks its thread). Its workers write nothing of the
-    lane's own: they time calls into `service`, and count and answer through its
-    Answers, which takes finished work off `backlog`. The daemon's steering thread
-    retires it, watches its calls and replaces a stuck worker (`check_stuck`)."""
+    """One class's lane. Its admission state has one writer, the class's loop, from
+    `own` on (`offer` checks). Workers time calls into `service` and answer through
+    `Answers`, which takes finished work off `backlog`; the steering thread retires,
+    watches and replaces them through `crew`."""
 
     def __init__(
         self,
@@ -67,8 +59,7 @@ class Lane:
         contention: Contention | None = None,
         loop_deadline_ms: float | None = None,
     ) -> None:
-        """`loop_deadline_ms`: the shortest deadline among the requests its loop reads (the
-        default class's loop reads the shared endpoints, for every class); None: its own."""
+        """`loop_deadline_ms`: the shortest deadline among the requests its loop reads; None: its own."""
         self.klass = klass
         self.stats = stats or ClassStats()
         self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
@@ -78,33 +69,27 @@ class Lane:
         self.service = ServiceTimes()
         self._pending = pending or PendingBytes()  # daemon-wide, kept across reloads
         self._answers = Answers(self.stats, self.backlog, self._pending)
-        # A pipeline's steps run on the workers (edged.serve.lanes.steps).
-        self._crew = Crew(klass, models, pipelines or [], backend, self._answers, self.service, self.precedence)
+        self.crew = Crew(klass, models, pipelines or [], backend, self._answers, self.service, self.precedence)
         self._models = models
         self.inline_cap = InlineCap.of(klass, loop_deadline_ms)  # read by its loop at each arrival
         self._inline: Worker | None = None  # runners of the owner's own: never shared with a worker
         self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0
 
-    # --- life cycle --------------------------------------------------------
-
     def start(self) -> None:
-        """Start the workers; returns once each has loaded and warmed every model. Then
-        load the loop's own runners, where the class runs jobs inline: one per model, since
-        a price may change while the lane serves (the GPU memory plan counts them)."""
-        self._crew.start()
+        """Start the workers, each loaded and warm, then load the loop's own runners: one per
+        model, since a price may change while the lane serves (the GPU memory plan counts them)."""
+        self.crew.start()
         if self.klass.runs_inline:
-            # Never a CUDA graph on a loop: ONNX Runtime captures in global mode, which a
-            # capture on a loop, while other lanes serve, would break.
-            worker = self._crew.new_worker(replace(self.klass, cuda_graph=False), inline=self._models)
+            # No CUDA graph on a loop: ONNX Runtime captures in global mode, which other lanes' calls break.
+            worker = self.crew.new_worker(replace(self.klass, cuda_graph=False), inline=self._models)
             worker.load(pin=False)  # the loop's thread keeps its own settings
             self._inline = worker
 
     def own(self) -> None:
-        """Become the lane of the calling thread, the class's loop, which alone admits to
-        it from now on. Each inline runner of a model priced within the cap makes one call
-        here first: a runtime keeps per-thread state (ONNX Runtime's CUDA handles) that a
-        first call would make mid-request."""
+        """Make the calling thread, the class's loop, the lane's one admitter. Each inline runner
+        within the cap makes one call here first: a runtime's per-thread state (ONNX Runtime's
+        CUDA handles) is then not made mid-request."""
         self._owner = threading.get_ident()
         for model in self._inline.models if self._inline is not None else ():
             if self.service.estimate_ns(model.name) <= self.inline_cap.most_ns:
@@ -116,30 +101,6 @@ class Lane:
             for runner in self._inline.runners.values():
                 runner.close()
             self._inline = None
-
-    @property
-    def health(self) -> str:
-        """ "ok", or why not: shown by the health op."""
-        return self._crew.health
-
-    def reject_queued(self, message: str) -> int:
-        """Answer every job still queued UNAVAILABLE, without running it."""
-        return self._crew.reject_queued(message)
-
-    def retire(self) -> None:
-        """Let the workers finish every job already queued, then end."""
-        self._crew.retire()
-
-    @property
-    def alive(self) -> bool:
-        return self._crew.alive
-
-    def stop(self, timeout_s: float) -> None:
-        """Retire, and wait up to `timeout_s` for the workers to end."""
-        self.retire()
-        self._crew.join(timeout_s)
-
-    # --- admission (the owner only) ----------------------------------------
 
     def offer(
         self,
@@ -153,12 +114,9 @@ class Lane:
         inline_ns: int = 0,
         handoff_ns: float = 0.0,
     ) -> Job | Shed:
-        """Admit a checked request of `rows` rows (and `elements`, for a model priced by
-        size) and place it, or shed it at once: from its header, its payload untouched.
-        `into`: where its outputs go in the client's shared memory (edged.shm.maps.Slot);
-        `inline_ns`: the dearest job the loop may run itself now (`inline_cap.limit_ns`; 0
-        while other requests wait behind this one, which may then share a worker's call);
-        `handoff_ns`: what a hand-off to a worker costs now (a pipeline's price counts it)."""
+        """Admit and place a checked request, or shed it, from its header alone. `into`: its
+        outputs' slots in the client's shared memory; `inline_ns`: the dearest job the loop may
+        run itself now; `handoff_ns`: a hand-off's cost now (a pipeline's price counts it)."""
         if threading.get_ident() != self._owner:
             thread = threading.current_thread().name
             raise RuntimeError(f"class {self.klass.name}'s lane admits on its own loop only, not on {thread!r}")
@@ -172,11 +130,9 @@ class Lane:
         # A lane that yields waits for the higher classes' work as well as its own.
         above_ns = self.precedence.work_above(self.klass.order) if self.klass.yields else 0
         backlog, depth = self.backlog, self.backlog.depth
-        # Watched whether or not a higher class holds work now: the higher classes' loops
-        # run beside this one, so that work is often in flight at an arrival, and an
-        # outlook taken on trust then admitted a burst at the ideal pace (a third expired).
-        # An idle lane has no work ahead to weigh, and admission none to ask of it.
-        outlook = backlog.outlook(now_ns, self._crew.calls.progress(now_ns), self.klass.gives_way) if depth else None
+        # Watched whatever the higher classes hold now (taken on trust, a burst was admitted at the
+        # ideal pace and a third of it expired); an idle lane has no work ahead to weigh.
+        outlook = backlog.outlook(now_ns, self.crew.calls.progress(now_ns), self.klass.gives_way) if depth else None
         shed = admit(self.klass, backlog, cost_ns, left_ns, above_ns, outlook, priced.bound_ns if priced else 0)
         if shed is None:  # its bytes are held only once admission admits it
             who, nbytes = peer(route), sum(len(payload) for payload in request.payloads)
@@ -214,11 +170,10 @@ class Lane:
     def enqueue(self, job: Job) -> None:
         """Hand an admitted job to the lane's workers."""
         self.backlog.add(job.cost_ns)
-        self._crew.jobs.put(job)
+        self.crew.jobs.put(job)
 
     def _inline_fits(self, job: Job, inline_ns: int) -> bool:
-        # A size past those measured is priced by extrapolation: it runs on a worker, which measures it.
-        # A pipeline runs on a worker: its Python steps never run on a loop.
+        # A size past those measured (a guessed price) and a pipeline's Python steps run on a worker.
         return (
             self._inline is not None
             and job.model.pipeline is None
@@ -227,10 +182,8 @@ class Lane:
         )
 
     def _run_inline(self, job: Job) -> None:
-        """Run a job here, now, and answer it: a worker's call without its queue. A job
-        just admitted to an idle lane has not expired and has nothing to batch with. The
-        watchdog does not answer it: its reply would leave through this loop, which is
-        inside the call; a loop that stops turning stops the systemd watchdog instead."""
+        """Run a job on the loop and answer it. The watchdog does not answer it (the reply
+        would leave through this loop, inside the call): a stuck loop starves systemd's instead."""
         assert self._inline is not None
         runner, name = self._inline.runners[job.model.name], job.model.name
         self.stats.inline += 1
@@ -250,8 +203,7 @@ class Lane:
     def _shed(self, shed: Shed, model: ModelEntry, rows: int, elements: int, now_ns: int) -> Shed:
         """Count a refusal, and see that a price that caused it is not stale."""
         if shed.beyond_one_run:
-            # Re-timing the warm-up sample refreshes a measured price; a guessed one
-            # (a size past every one measured) it could not correct.
+            # Re-timing the warm-up sample refreshes a measured price, never a guessed one.
             if self.service.measured(model.name, rows, elements):
                 self._remeasure(model, now_ns)
             else:
@@ -260,27 +212,10 @@ class Lane:
         return shed
 
     def _remeasure(self, model: ModelEntry, now_ns: int) -> None:
-        """Refresh the model's price on an idle lane, at most once a second: were it stale
-        (inflated by a burst of contention, say), the lane would shed those requests for
-        ever, since nothing admitted would ever measure it again."""
+        """Re-time the model on an idle lane, at most once a second: a price inflated by a
+        moment's contention would otherwise shed its requests for ever, none admitted to correct it."""
         if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
             self._last_remeasure_ns = now_ns
             cost_ns = self.service.estimate_ns(model.name)
             self.backlog.add(cost_ns)
-            self._crew.jobs.put(Remeasure(model, cost_ns))
-
-    # --- the watchdog (the steering thread, and the shutdown) ---------------
-
-    def check_stuck(self, now_ns: int) -> None:
-        """Answer the requests of a backend call open past `stuck_after_ms`, and replace
-        the worker inside it (edged.serve.lanes.crew)."""
-        self._crew.check_stuck(now_ns)
-
-    def next_check_ns(self, now_ns: int) -> float:
-        """When `check_stuck` must look next."""
-        return self._crew.next_check_ns(now_ns)
-
-    def answer_open_calls(self, message: str) -> int:
-        """Answer INTERNAL every request still inside a backend call: the last act of a
-        shutdown whose grace ran out, so that nothing admitted goes unanswered."""
-        return self._crew.answer_open_calls(message)
+            self.crew.jobs.put(Remeasure(model, cost_ns))

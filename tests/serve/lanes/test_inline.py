@@ -161,7 +161,7 @@ def test_a_shed_at_a_guessed_price_sets_no_remeasure_going_padder(padder_reposit
         assert isinstance(shed, Shed) and shed.beyond_one_run and "priced past the largest input" in shed.message
         time.sleep(0.5)  # a remeasure would have run within a few ms
     finally:
-        lane.stop(2.0)
+        lane.crew.stop(2.0)
     assert backend.calls == []
 
 

@@ -80,7 +80,7 @@ def test_expired_job_is_answered_and_never_run(models):
         lane.enqueue(job(models["mlp-light"], x, route=2))
         got = collect(replies, 2)
     finally:
-        lane.stop(2.0)
+        lane.crew.stop(2.0)
     assert got[1].status is Status.DEADLINE_EXCEEDED
     assert "not run" in got[1].error
     assert got[2].status is Status.OK
@@ -98,7 +98,7 @@ def test_bulk_batches_what_waits_up_to_max_batch_rows_and_each_reply_gets_its_ow
             lane.enqueue(job(models["mlp-light"], x, route=i))
         got = collect(replies, len(xs))
     finally:
-        lane.stop(2.0)
+        lane.crew.stop(2.0)
     assert len(backend.calls) < len(xs), f"no batching happened: {backend.calls}"
     # max_batch counts rows, as a GPU runner's buffers do, not requests.
     assert max(backend.calls) <= klass.max_batch, backend.calls
@@ -129,7 +129,7 @@ def test_latency_class_takes_what_is_queued_and_never_waits_for_more(models):
         got.update(collect(replies, 1))
     finally:
         backend.gate.set()
-        lane.stop(2.0)
+        lane.crew.stop(2.0)
     assert all(reply.status is Status.OK for reply in got.values())
     assert backend.calls == [1, 2, 1]
 
@@ -144,7 +144,7 @@ def test_a_failing_request_gets_internal_and_its_batch_neighbours_their_answers(
             lane.enqueue(job(models["mlp-light"], x, route=i))
         got = collect(replies, len(xs))
     finally:
-        lane.stop(2.0)
+        lane.crew.stop(2.0)
     assert got[3].status is Status.INTERNAL and "poisoned row" in got[3].error
     for i in (0, 1, 2, 4, 5):
         assert got[i].status is Status.OK
@@ -164,10 +164,10 @@ def test_reject_queued_answers_unavailable_without_running(models):
             time.sleep(0.001)
         for i in range(1, 6):
             lane.enqueue(job(heavy, np.zeros((1, 3, 64, 64), np.float32), route=i))
-        rejected = lane.reject_queued("shutting down")
+        rejected = lane.crew.reject_queued("shutting down")
         got = collect(replies, 6)
     finally:
-        lane.stop(5.0)
+        lane.crew.stop(5.0)
     unavailable = [r for r in got.values() if r.status is Status.UNAVAILABLE]
     assert len(unavailable) == rejected == 5
     assert backend.rows == 64
@@ -226,7 +226,7 @@ def test_the_inline_runners_are_the_cheap_models_warmed_on_the_loop_thread_with_
     try:
         lane.own()
     finally:
-        lane.stop(2.0)
+        lane.crew.stop(2.0)
     loop = threading.get_ident()
     workers = [r for r in backend.runners if r.cuda_graph]
     inline = {r.model: r for r in backend.runners if not r.cuda_graph}
@@ -252,7 +252,7 @@ def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_
             lane.offer(REPLIES.route(route), request, model, *measured, time.monotonic_ns(), inline_ns=300_000)
         got = collect(replies, 2)
     finally:
-        lane.stop(2.0)
+        lane.crew.stop(2.0)
     assert got[1].status is Status.INTERNAL and "poisoned row" in got[1].error
     assert got[2].status is Status.OK
     expected = reference("mlp-light", np.full((1, 64), 0.5, np.float32))
@@ -291,7 +291,7 @@ def test_a_shed_is_decided_from_the_header_and_the_payload_is_looked_at_only_onc
             assert isinstance(outcome, Shed) == (route == 1), outcome
         got = collect(replies, 1)
     finally:
-        lane.stop(2.0)
+        lane.crew.stop(2.0)
     assert viewed == [2] and got[2].status is Status.OK
 
 
@@ -312,7 +312,7 @@ def test_a_lane_admits_on_its_owner_loop_alone(models):
     other = threading.Thread(target=offer, name="not-the-loop")
     other.start()
     other.join(10)
-    lane.stop(2.0)
+    lane.crew.stop(2.0)
     assert raised and "not on 'not-the-loop'" in str(raised[0])
     assert lane.stats.received == 0 and REPLIES.queue.empty()
 
