@@ -15,8 +15,34 @@ from typing import NamedTuple
 
 from edged.config.classes import ClassConfig
 
-# Admission keeps 1/this (20%) of the work ahead, and of the request's own run, in hand: see admit().
+# Admission's constants, each a judgement with its reason. A lane's pace is the priced work it answers per ns
+# while it holds work, sampled over spells (Backlog); its trust is how much work ahead it admits at that pace.
+
+# Kept in hand: 1/5 of the work ahead and of the request's own run, for a long queue's estimate errs by a share of
+# its length, and a job admitted with no slack then expires.
 QUEUE_SLACK_DIVISOR = 5
+# A pace sample spans this much busy time: several calls of any model, and short enough to follow a change of load.
+PACE_WINDOW_NS = 50_000_000
+# ... or a shorter busy spell of at least this: under it, one call's jitter would be the whole sample.
+PACE_MIN_NS = 1_000_000
+# A sample's weight in the pace: one crowded spell moves it halfway, not all the way.
+PACE_WEIGHT = 0.5
+# Idle this long, the pace starts over from Backlog.starting_pace: an old sample says little of the box now.
+PACE_STALE_NS = 1_000_000_000
+# The pace never falls below this share of the ideal: admission divides by it, and a lane starved through one
+# sample must still admit the work that measures it again.
+PACE_FLOOR = 0.01
+# The sample under way counts once this long: before, a worker still waking, or waiting for the GIL behind a
+# loop reading a burst, looks like a lane stopped.
+LIVE_MIN_NS = 10_000_000
+# A watched lane trusts its pace for this much work ahead at least, once a call has come back in its spell ...
+TRUST_MIN_NS = 20_000_000
+# ... plus this many times its unbroken busy spell: a burst is read and admitted within a few ms, before any
+# sample shows what reading it does to the lane.
+TRUST_RATIO = 4
+# Its own work ahead past the trusted counts this many times over: a long deadline still admits a long queue,
+# a short one only what the lane has earned.
+UNPROVEN_FACTOR = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,27 +51,6 @@ class Shed:
     message: str
     retry_after_ms: float
     beyond_one_run: bool = False  # the deadline is shorter than the model's own run
-
-
-# A lane's pace (priced work answered per ns while it holds work) is sampled over PACE_WINDOW_NS, or a busy
-# spell of at least PACE_MIN_NS, each sample weighing PACE_WEIGHT; after PACE_STALE_NS idle it restarts from
-# Backlog.starting_pace. A watched lane's (ClassConfig.gives_way) first sample then replaces that guess whole
-# (averaged, a lane starved through its first window looks half the guess); elsewhere it is averaged (taken
-# whole, one short, crowded spell made a top lane shed its next requests).
-PACE_WINDOW_NS = 50_000_000
-PACE_MIN_NS = 1_000_000
-PACE_WEIGHT = 0.5
-PACE_STALE_NS = 1_000_000_000
-# The sample under way counts once this long: before, a worker still waking, or waiting for the GIL
-# behind a loop reading a burst, looks like a lane stopped.
-LIVE_MIN_NS = 10_000_000
-# A watched lane trusts its pace for TRUST_MIN_NS plus TRUST_RATIO times its unbroken busy spell of work
-# ahead (none until its sample has LIVE_MIN_NS and a call has come back); its own work beyond that counts
-# UNPROVEN_FACTOR times over: a burst is admitted within a few ms, before any sample shows what reading it
-# does to the lane. A long deadline still admits a long queue; a short one, only what the lane has earned.
-TRUST_RATIO = 4
-TRUST_MIN_NS = 20_000_000
-UNPROVEN_FACTOR = 4
 
 
 class Outlook(NamedTuple):
@@ -118,9 +123,12 @@ class Backlog:
             if spell_ns >= PACE_WINDOW_NS or (emptied and spell_ns >= PACE_MIN_NS):
                 own_ns = self._own_ns(now_ns)
                 if own_ns >= PACE_MIN_NS:
+                    # A watched lane's first sample replaces the guess whole: averaged with it, a lane
+                    # starved through its first window looks half the guess. Elsewhere, taken whole, one
+                    # short, crowded spell made a top lane shed its next requests.
                     weight = 1.0 if self._watched and not self._measured else PACE_WEIGHT
                     sample = self._answered_ns / own_ns
-                    self._pace = max((1 - weight) * self._pace + weight * sample, self._ideal / 100)
+                    self._pace = max((1 - weight) * self._pace + weight * sample, self._ideal * PACE_FLOOR)
                     self._measured = True
                 self._new_spell(now_ns)
         if emptied and self._on_empty is not None:
@@ -160,7 +168,7 @@ class Backlog:
         live = (self._answered_ns + in_hand_ns) / elapsed_ns
         # Calls credited as done are a guess until one comes back (a 3.5 ms call took 35 ms on a busy box).
         trusted_ns = trusted_ns if self._last_ns > self._busy_since_ns else 0
-        return Outlook(max(min(self._pace, live), self._ideal / 100), trusted_ns, done_ns)
+        return Outlook(max(min(self._pace, live), self._ideal * PACE_FLOOR), trusted_ns, done_ns)
 
     @property
     def average_job_ns(self) -> float:

@@ -4,13 +4,16 @@ cannot be met, with a retry hint a client can act on; admit otherwise."""
 from __future__ import annotations
 
 import math
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edged.config.classes import ClassConfig
-from edged.serve.admission import TRUST_MIN_NS, TRUST_RATIO, Backlog, Outlook, Shed, admit
+from edged.serve import admission
+from edged.serve.admission import PACE_FLOOR, TRUST_MIN_NS, TRUST_RATIO, Backlog, Outlook, Shed, admit
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job
 from edged.serve.pending import PendingBytes
@@ -467,3 +470,24 @@ def test_a_lane_starts_work_after_idle_at_its_share_of_a_core() -> None:
     share[0] = 1.0
     backlog.add(1_000_000)  # not idle a second yet: the pace it had stands
     assert backlog.pace == 0.2
+
+
+def test_a_lane_that_answered_nothing_for_a_while_still_gets_a_decision() -> None:
+    """A lane starved for a whole sample shows a pace of nothing done: admission still
+    decides (it divides by the pace) and sheds with a retry hint, and the pace stays
+    above zero, so work admitted later can measure it again."""
+    backlog = backlog_of(5 * MS)
+    later_ns = time.monotonic_ns() + 50 * MS  # a sample under way, well past LIVE_MIN_NS, with nothing answered
+    outlook = backlog.outlook(later_ns, (0, 0))
+    assert outlook.pace == PACE_FLOOR * 1.0
+    shed = admit(lane(deadline_ms=100.0), backlog, 1 * MS, 100 * MS, outlook=outlook)
+    assert shed is not None and shed.reason == "deadline" and math.isfinite(shed.retry_after_ms)
+
+
+def test_admissions_constants_each_say_why() -> None:
+    """Admission's constants sit in one table (edged.serve.admission), each below a comment with its reason."""
+    source = Path(admission.__file__).read_text().splitlines()
+    constants = [i for i, line in enumerate(source) if re.match(r"[A-Z][A-Z0-9_]* = ", line)]
+    assert len(constants) >= 10
+    unexplained = [source[i] for i in constants if not source[i - 1].startswith("# ")]
+    assert not unexplained, unexplained
