@@ -95,6 +95,7 @@ def stampede(
         poller = zmq.Poller()
         for sock in sockets:
             poller.register(sock, zmq.POLLIN)
+        peer_of = {sock: peer for peer, sock in enumerate(sockets)}
         last_reply = last_shed = start
         while len(answered) < result.sent:
             ready = poller.poll(patience_s * 1000)
@@ -102,7 +103,7 @@ def stampede(
                 break
             now = time.perf_counter_ns()
             for sock, _ in ready:
-                peer = sockets.index(sock)
+                peer = peer_of[sock]
                 while True:
                     try:
                         header = msgpack.unpackb(sock.recv_multipart(zmq.NOBLOCK)[0])
