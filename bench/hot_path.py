@@ -12,8 +12,10 @@ endpoint, as bench/compare.py's `edged` path sends them; then as many to the nai
 server (bench/paths.py), whose process CPU per request is the figure to beat, and
 its own steps' CPU (recv, decode, run, encode, send).
 A step's figure includes the steps inside it; the timers' own cost is about 1 us of
-CPU per wrapped call. The figures guide where to cut; bench/compare.py measures the
-result.
+CPU per wrapped call. Then the decisions one by one (DECISIONS: the checks, the inline
+cap, the prices, admission, the bytes budget, the job, the backlog, the figures, the
+claim), each net of its timer's own cost (a timed empty call, measured in the daemon).
+The figures guide where to cut; bench/compare.py measures the result.
 """
 
 from __future__ import annotations
@@ -44,6 +46,27 @@ STEPS: list[tuple[str, str, str]] = [  # (module, attribute, label), outermost f
     ("edged.serve.transport.binding", "Bound.send", "send"),
 ]
 
+# The decisions between decode and send, by group: (module, attribute, group). The claim
+# gives the request's bytes back inside it.
+DECISIONS: list[tuple[str, str, str]] = [
+    ("edged.serve.dispatch", "Dispatcher._check_open", "checks: open, model, shapes"),
+    ("edged.serve.dispatch", "Dispatcher._model", "checks: open, model, shapes"),
+    ("edged.wire.signature", "Signature.check", "checks: open, model, shapes"),
+    ("edged.wire.signature", "Signature.measure", "checks: open, model, shapes"),
+    ("edged.serve.lanes.inline_cap", "InlineCap.limit_ns", "the inline cap"),
+    ("edged.serve.pricing", "ServiceTimes.charge_ns", "the price: charge, measured"),
+    ("edged.serve.pricing", "ServiceTimes.measured", "the price: charge, measured"),
+    ("edged.serve.lanes.lane", "admit", "admission"),
+    ("edged.serve.pending", "PendingBytes.take", "the bytes budget: take"),
+    ("edged.serve.lanes.lane", "Job", "the job"),
+    ("edged.serve.admission", "Backlog.add", "the backlog: add, finish"),
+    ("edged.serve.admission", "Backlog.finish", "the backlog: add, finish"),
+    ("edged.serve.stats", "ClassStats.call", "the figures: call, done"),
+    ("edged.serve.stats", "ClassStats.done", "the figures: call, done"),
+    ("edged.serve.answers", "Answers._claim", "the claim, giving the bytes back"),
+    ("edged.serve.pricing", "ServiceTimes.observe", "the price's update (after the send)"),
+]
+TIMER = "a timed empty call"
 NAIVE_STEPS = ("recv", "decode", "run", "encode", "send")  # the naive server's own (bench/paths.py)
 
 
@@ -66,7 +89,10 @@ def serve(figures: Path, argv: list[str]) -> int:
 
         return step
 
-    for module_name, attribute, label in STEPS:
+    empty = timed(lambda: None, TIMER)
+    for _ in range(10_000):
+        empty()
+    for module_name, attribute, label in [*STEPS, *DECISIONS]:
         owner: Any = importlib.import_module(module_name)
         *path, name = attribute.split(".")
         for part in path:
@@ -149,6 +175,13 @@ def measure(requests: int) -> dict[str, Any]:
             "cpu_us": round(cpu / requests / 1000, 1),
             "wall_us": round(wall / requests / 1000, 1),
         }
+    timer_ns = after[TIMER][0] / after[TIMER][2]
+    decisions: dict[str, dict[str, float]] = {}
+    for _, _, label in DECISIONS:
+        if label not in decisions:
+            cpu, _, calls = (a - b for a, b in zip(after.get(label, [0, 0, 0]), before.get(label, [0, 0, 0])))
+            net_us = (cpu - calls * timer_ns) / requests / 1000
+            decisions[label] = {"calls_per_request": round(calls / requests, 2), "cpu_us": round(net_us, 1)}
     return {
         "requests": requests,
         "edged": {"p50_us": round(samples[requests // 2], 1), "process_cpu_us": round(cpu_edged / requests * 1e6, 1)},
@@ -158,6 +191,8 @@ def measure(requests: int) -> dict[str, Any]:
             "steps_cpu_us": naive_steps,
         },
         "steps": steps,
+        "decisions": decisions,
+        "timer_cpu_us": round(timer_ns / 1000, 2),
     }
 
 
@@ -175,6 +210,9 @@ def main() -> int:
     print(f"{'step (a request, timed inside the daemon)':44} {'calls':>5} {'CPU us':>7} {'wall us':>7}")
     for label, step in result["steps"].items():
         print(f"{label:44} {step['calls_per_request']:5.2f} {step['cpu_us']:7.1f} {step['wall_us']:7.1f}")
+    print(f"the decisions, each net of its timer ({result['timer_cpu_us']} us a call): CPU us a request")
+    for label, decision in result["decisions"].items():
+        print(f"{label:44} {decision['calls_per_request']:5.2f} {decision['cpu_us']:7.1f}")
     naive = result["naive"]["steps_cpu_us"]
     print("naive server's steps, CPU us a request: " + ", ".join(f"{step} {naive[step]}" for step in NAIVE_STEPS))
     if args.json:
