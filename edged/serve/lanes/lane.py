@@ -1,7 +1,8 @@
 """A lane: one priority class's admission state, its workers (`crew`) and its loop's
 own runners. `offer` prices a request, lets admission decide, and sheds it or places it:
-- inline, on the class's loop, now: the lane idle and the job within its inline cap
-  (edged.serve.lanes.inline_cap);
+- inline, on the class's loop, now: the lane idle, no request waiting behind it on its
+  socket (the highest class's loop runs cheap ones in turn), and the job within its
+  inline cap (edged.serve.lanes.inline_cap);
 - else on a worker of the class, which bulk's `batch_wait_us` lets wait to fill a batch.
 """
 
@@ -34,6 +35,7 @@ from edged.wire.codec import Request, tensor_views
 
 log = logging.getLogger("edged.lanes")
 
+# A price that sheds a request on its own is re-timed at most this often (`_remeasure`).
 REMEASURE_EVERY_NS = 1_000_000_000
 PRICED_PAST_MEASURED = (
     "priced past the largest input measured on this lane; a warm-up sample of this size in the model's manifest "
