@@ -75,16 +75,23 @@ def unstack(jobs: list[Job], names: tuple[str, ...], outputs: list[np.ndarray]) 
 
 
 def fill(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, wait_us: int, max_rows: int) -> Any:
-    """Add compatible queued jobs to `batch`, up to `max_batch` jobs and `max_rows` rows, waiting
-    up to `wait_us` for more (0: only what is queued); returns the item that did not fit, if any."""
-    if not wait_us and jobs.empty():
-        return None  # a latency class's common case, without a clock read or a raised queue.Empty
-    wait_until = time.monotonic_ns() + wait_us * 1000
+    """Add compatible queued jobs to `batch`, up to `max_batch` jobs and `max_rows` rows; with
+    `wait_us`, once more after waiting that long for others to come. Returns the item that
+    did not fit, if any."""
+    held = _take_queued(batch, jobs, max_batch, max_rows)
+    if held is None and wait_us and len(batch) < max_batch:
+        # A sleep, not SimpleQueue.get(timeout=...): in CPython 3.11 that blocks until the next
+        # put when its deadline passes inside the call, and a lane that looks stopped gets none.
+        time.sleep(wait_us / 1e6)
+        held = _take_queued(batch, jobs, max_batch, max_rows)
+    return held
+
+
+def _take_queued(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, max_rows: int) -> Any:
     rows = sum(job.rows for job in batch)
-    while len(batch) < max_batch:
+    while len(batch) < max_batch and not jobs.empty():  # a latency class's common case: no raised Empty
         try:
-            remaining_s = (wait_until - time.monotonic_ns()) / 1e9
-            item = jobs.get(timeout=remaining_s) if remaining_s > 0 else jobs.get_nowait()
+            item = jobs.get_nowait()  # Empty still, where another worker of the lane took it first
         except queue.Empty:
             return None
         if not isinstance(item, Job) or not item.fits_with(batch[0]) or rows + item.rows > max_rows:

@@ -24,7 +24,7 @@ from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry, discover
 from edged.serve.admission import Shed
 from edged.serve.lanes import lane as lane_module
-from edged.serve.lanes.batching import Job
+from edged.serve.lanes.batching import Job, fill
 from edged.serve.lanes.lane import Lane
 from edged.wire.codec import Status, decode_reply, encode_request
 
@@ -339,3 +339,24 @@ def test_the_inline_cap_left_out_follows_the_loops_measured_hand_off_within_a_sh
     assert fixed.inline_cap.limit_ns(40_000) == 300_000
     bulk = Lane(ClassConfig("bulk", order=2, deadline_ms=5000.0, batch_wait_us=500), [], backend)
     assert bulk.inline_cap.limit_ns(40_000) == 0
+
+
+def test_a_batch_wait_ends_even_when_its_deadline_passes_inside_the_queue(models: dict[str, ModelEntry]) -> None:
+    """CPython 3.11's SimpleQueue.get(timeout=...) blocks until the next put when its deadline
+    passes inside the call, after it found the queue's lock free (a niced worker preempted
+    there, on a busy box). A bulk worker then sat in its batch wait holding an admitted job,
+    the lane looked stopped, admission shed all that came, and no put ever woke it. A batch
+    wait of 1 us, 20,000 times on an empty queue whose lock is free, must end every time."""
+    jobs: queue.SimpleQueue[object] = queue.SimpleQueue()
+    first = job(models["mlp-light"], np.zeros((1, 64), np.float32), route=0)
+    done = threading.Event()
+
+    def batches() -> None:
+        for _ in range(20_000):
+            jobs.put(first)
+            jobs.get()
+            fill([first], jobs, max_batch=16, wait_us=1, max_rows=16)
+        done.set()
+
+    threading.Thread(target=batches, daemon=True).start()
+    assert done.wait(60), "a batch wait never ended"
