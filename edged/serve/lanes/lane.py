@@ -134,7 +134,10 @@ class Lane:
         backlog, depth = self.backlog, self.backlog.depth
         # Watched whatever the higher classes hold now (taken on trust, a burst was admitted at the
         # ideal pace and a third of it expired); an idle lane has no work ahead to weigh.
-        outlook = backlog.outlook(now_ns, self.crew.calls.progress(now_ns), self.klass.gives_way) if depth else None
+        outlook = None
+        if depth:  # its calls in flight get through their work at each worker's share of the pace
+            in_flight = self.crew.calls.progress(now_ns, backlog.pace / self.klass.workers)
+            outlook = backlog.outlook(now_ns, in_flight, self.klass.gives_way)
         shed = admit(self.klass, backlog, cost_ns, left_ns, above_ns, outlook, priced.bound_ns if priced else 0)
         if shed is None:  # its bytes are held only once admission admits it
             who, nbytes = peer(route), sum(len(payload) for payload in request.payloads)
