@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgpack
 import zmq
+from paths import machine, machine_line
 
 from edged.loadgen.burst import IMAGE
 from edged.loadgen.launch import LOAD_SEEN_S, DaemonProcess, busy_loops, checkout_program
@@ -97,6 +98,8 @@ def main() -> int:
     if args.baseline:
         sides["baseline"] = checkout_program(args.baseline)
     rounds: dict[str, list[dict[str, int]]] = {name: [] for name in sides}
+    where = machine()
+    print(machine_line(where), flush=True)
     with busy_loops():
         for number in range(1, args.rounds + 1):
             order = list(sides.items()) if number % 2 else list(reversed(sides.items()))
@@ -110,7 +113,7 @@ def main() -> int:
         share = total["DEADLINE_EXCEEDED"] / admitted if admitted else 0.0
         print(f"{name:8} over {len(results)} rounds: {line(total)} ({share:.1%} of the admitted expired)")
     if args.json:
-        args.json.write_text(json.dumps(rounds, indent=2) + "\n")
+        args.json.write_text(json.dumps({"machine": where, **rounds}, indent=2) + "\n")
     return 0
 
 
