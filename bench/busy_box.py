@@ -18,24 +18,18 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from edged.loadgen.burst import stampede
-from edged.loadgen.launch import LOAD_SEEN_S, DaemonProcess, busy_loops, checkout_program
+from edged.loadgen.launch import busy_loops, checkout_program, loaded_daemon
 
 PEERS, PER_PEER, DEADLINE_MS = 100, 10, 300.0
 
 
 def one_run(program: list[str] | None) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="edged-busy-") as folder:
-        endpoint = f"ipc://{folder}/edged.sock"
-        with DaemonProcess([endpoint], None, Path(folder) / "daemon.log", program=program) as daemon:
-            daemon.wait_serving()
-            time.sleep(LOAD_SEEN_S)
-            burst = stampede(endpoint, PEERS, PER_PEER, deadline_ms=DEADLINE_MS)
+    with loaded_daemon(program, "edged-busy-") as endpoint:
+        burst = stampede(endpoint, PEERS, PER_PEER, deadline_ms=DEADLINE_MS)
     return {
         "admitted": burst.admitted,
         "expired": burst.statuses.get("DEADLINE_EXCEEDED", 0),

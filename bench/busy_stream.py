@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -28,7 +27,7 @@ import zmq
 from paths import machine, machine_line
 
 from edged.loadgen.burst import IMAGE
-from edged.loadgen.launch import LOAD_SEEN_S, DaemonProcess, busy_loops, checkout_program
+from edged.loadgen.launch import busy_loops, checkout_program, loaded_daemon
 from edged.wire.codec import encode_request
 
 PEERS, DEADLINE_MS, PATIENCE_MS = 16, 30.0, 10_000
@@ -71,12 +70,8 @@ def stream(endpoint: str, seconds: float) -> Counter[str]:
 
 
 def one_round(program: list[str] | None, seconds: float) -> Counter[str]:
-    with tempfile.TemporaryDirectory(prefix="edged-stream-") as folder:
-        endpoint = f"ipc://{folder}/edged.sock"
-        with DaemonProcess([endpoint], None, Path(folder) / "daemon.log", program=program) as daemon:
-            daemon.wait_serving()
-            time.sleep(LOAD_SEEN_S)
-            return stream(endpoint, seconds)
+    with loaded_daemon(program, "edged-stream-") as endpoint:
+        return stream(endpoint, seconds)
 
 
 def line(statuses: Counter[str]) -> str:

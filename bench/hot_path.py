@@ -167,9 +167,14 @@ def measure(requests: int) -> dict[str, Any]:
             naive.kill()
     served = naive_after["requests"] - naive_before["requests"]
     naive_steps = {step: round((naive_after[step] - naive_before[step]) / served / 1000, 1) for step in NAIVE_STEPS}
+
+    def during(label: str) -> list[int]:
+        """A step's CPU ns, wall ns and calls over the timed round trips."""
+        return [a - b for a, b in zip(after.get(label, [0, 0, 0]), before.get(label, [0, 0, 0]))]
+
     steps = {}
     for _, _, label in STEPS:
-        cpu, wall, calls = (a - b for a, b in zip(after.get(label, [0, 0, 0]), before.get(label, [0, 0, 0])))
+        cpu, wall, calls = during(label)
         steps[label] = {
             "calls_per_request": round(calls / requests, 2),
             "cpu_us": round(cpu / requests / 1000, 1),
@@ -177,11 +182,10 @@ def measure(requests: int) -> dict[str, Any]:
         }
     timer_ns = after[TIMER][0] / after[TIMER][2]
     decisions: dict[str, dict[str, float]] = {}
-    for _, _, label in DECISIONS:
-        if label not in decisions:
-            cpu, _, calls = (a - b for a, b in zip(after.get(label, [0, 0, 0]), before.get(label, [0, 0, 0])))
-            net_us = (cpu - calls * timer_ns) / requests / 1000
-            decisions[label] = {"calls_per_request": round(calls / requests, 2), "cpu_us": round(net_us, 1)}
+    for label in dict.fromkeys(label for _, _, label in DECISIONS):
+        cpu, _, calls = during(label)
+        net_us = (cpu - calls * timer_ns) / requests / 1000
+        decisions[label] = {"calls_per_request": round(calls / requests, 2), "cpu_us": round(net_us, 1)}
     return {
         "requests": requests,
         "edged": {"p50_us": round(samples[requests // 2], 1), "process_cpu_us": round(cpu_edged / requests * 1e6, 1)},

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -118,6 +119,18 @@ def thread_run_seconds(pid: int) -> dict[str, float]:
         except FileNotFoundError:  # a thread that ended meanwhile
             continue
     return seconds
+
+
+@contextmanager
+def loaded_daemon(program: list[str] | None, prefix: str) -> Iterator[str]:
+    """A fresh daemon with the built-in classes on a private ipc endpoint, serving, once it
+    has sampled the box's load (LOAD_SEEN_S): its endpoint, for the length of the block."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        endpoint = f"ipc://{folder}/edged.sock"
+        with DaemonProcess([endpoint], None, Path(folder) / "daemon.log", program=program) as daemon:
+            daemon.wait_serving()
+            time.sleep(LOAD_SEEN_S)
+            yield endpoint
 
 
 @contextmanager

@@ -64,7 +64,7 @@ class OpenCalls:
         with self._lock:
             return min((call.started_ns for call in self._open.values() if not call.overdue), default=now_ns)
 
-    def progress(self, now_ns: int, rate: float = 1.0) -> tuple[int, int]:
+    def progress(self, now_ns: int, rate: float) -> tuple[int, int]:
         """(done, charged) ns of the calls in flight, for admission on the lane's loop. A call's
         done part is its time so far at `rate`, priced work per ns (its worker's share of the
         lane's pace), capped at its charge: on a busy box a 3.5 ms call took 35 ms."""
