@@ -59,7 +59,12 @@ class Answers:
         done_ns = time.monotonic_ns()
         queue_us, compute_us = (taken_ns - job.received_ns) // 1000, compute_ns // 1000
         total_us = (done_ns - job.received_ns) // 1000
-        frames, ok = _reply_frames(job, queue_us, compute_us, total_us, outputs, error)
+        try:
+            frames, ok = _reply_frames(job, queue_us, compute_us, total_us, outputs, error)
+        except Exception as exc:  # claimed: it must be answered here, whatever the runner returned
+            error = f"the daemon failed on this request: {exc}"
+            timing = timing_us(queue_us, compute_us, total_us)
+            frames, ok = encode_reply(job.request_id, Status.INTERNAL, error=error, timing_us=timing), False
         self.stats.done(ok, queue_us, compute_us, total_us, late=done_ns > job.deadline_ns)
         self._backlog.finish(job.cost_ns)
         reply(job.route, frames)

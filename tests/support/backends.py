@@ -14,8 +14,9 @@ POISON = -999.0  # a value the failing wrapper refuses to run
 
 class CountingBackend:
     """The real ONNX Runtime backend; counts rows run, fails any call holding a POISON
-    row, and, while `gate` is clear, holds each counted call at its start (`entered`
-    is set once a call waits there)."""
+    row (or, while `failing`, every call), returns `broken` instead of a counted call's
+    outputs where set (a runner's bug), and, while `gate` is clear, holds each counted call
+    at its start (`entered` is set once a call waits there)."""
 
     def __init__(self) -> None:
         self.rows = 0
@@ -24,6 +25,8 @@ class CountingBackend:
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
+        self.failing = False
+        self.broken: object = None
         self._real = OnnxRuntimeCpu()
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> CountingRunner:
@@ -41,8 +44,10 @@ class CountingRunner:
             self._owner.calls.append(first.shape[0])
             self._owner.entered.set()
             assert self._owner.gate.wait(timeout=30), "the test never opened the gate"
-        if (first == POISON).any():
+        if self._owner.failing or (first == POISON).any():
             raise RuntimeError("poisoned row")
+        if self._owner.counting and self._owner.broken is not None:
+            return self._owner.broken
         return self._runner.run(inputs, output_names)
 
     def close(self) -> None:

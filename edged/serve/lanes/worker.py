@@ -91,7 +91,10 @@ class Worker:
             if job is STOP:
                 break
             if isinstance(job, Remeasure):
-                self._remeasure(job.model)
+                try:
+                    self._remeasure(job.model)
+                except Exception:  # a transient backend error: the price stands
+                    log.exception("class %s: re-timing %s failed", self.klass.name, job.model.name)
                 self.answers.done_unanswered(job.cost_ns)
                 continue
             if self.klass.yields:
@@ -101,7 +104,12 @@ class Worker:
                 # max_batch counts rows, as GPU buffers are sized; a larger lone job (CPU only) runs alone.
                 rows = min(self.klass.max_batch, self._row_cap(job))
                 held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us, rows)
-            self.run(batch)
+            try:
+                self.run(batch)
+            except Exception as exc:  # a bug past the backend call must cost its batch, never the lane a worker
+                self.calls.end()
+                log.exception("class %s: a batch of %s failed", self.klass.name, job.model.name)
+                self.answers.failures(batch, time.monotonic_ns(), f"the daemon failed on this request: {exc}")
             # Drop the jobs before blocking: their frames or mapped shared memory go now, not at the next job.
             job = batch = None
         for runner in self.runners.values():

@@ -152,6 +152,53 @@ def test_a_failing_request_gets_internal_and_its_batch_neighbours_their_answers(
     assert lane.stats.failed == 1 and lane.stats.completed == 5
 
 
+# Not a list: unstacking it raises before the job is claimed; a list of no array: encoding
+# the reply raises after.
+@pytest.mark.parametrize("broken", [0, [None]], ids=["not-a-list", "not-an-array"])
+def test_a_runner_that_returns_no_outputs_costs_its_request_internal_and_the_worker_serves_on(models, broken):
+    """A runner's bug past its call (here: what it returns is not a list of arrays) is
+    answered INTERNAL once; the worker lives, holds no open call and serves the next job."""
+    lane, backend, replies = make_lane(ClassConfig("t", order=0, workers=1), models)
+    model, x = models["mlp-light"], np.full((1, 64), 0.5, np.float32)
+    try:
+        backend.broken = broken
+        lane.enqueue(job(model, x, route=1))
+        got = collect(replies, 1)
+        backend.broken = None
+        lane.enqueue(job(model, x, route=2))
+        got.update(collect(replies, 1))
+    finally:
+        lane.crew.stop(2.0)
+    assert got[1].status is Status.INTERNAL and "the daemon failed on this request" in got[1].error
+    assert got[2].status is Status.OK
+    np.testing.assert_allclose(got[2].outputs["scores"], reference("mlp-light", x), atol=1e-5)
+    now_ns = time.monotonic_ns()
+    assert lane.backlog.depth == 0 and lane.crew.calls.oldest_ns(now_ns) == now_ns
+    assert lane.stats.failed == 1 and lane.stats.completed == 1
+
+
+def test_a_re_timing_the_backend_fails_leaves_the_price_the_backlog_empty_and_the_worker_serving(models):
+    """Re-timing runs the warm-up sample; a backend failing then (a transient device error)
+    keeps the old price, takes the re-timing off the backlog, and the worker serves on."""
+    lane, backend, replies = make_lane(ClassConfig("t", order=0, workers=1), models)
+    model, x = models["mlp-light"], np.full((1, 64), 0.5, np.float32)
+    price_ns = lane.service.estimate_ns(model.name)
+    try:
+        backend.failing = True
+        lane._remeasure(model, time.monotonic_ns())
+        end = time.monotonic() + 10
+        while lane.backlog.depth and time.monotonic() < end:
+            time.sleep(0.001)
+        assert lane.backlog.depth == 0, "the failed re-timing stayed on the backlog"
+        assert lane.service.estimate_ns(model.name) == price_ns
+        backend.failing = False
+        lane.enqueue(job(model, x, route=1))
+        got = collect(replies, 1)
+    finally:
+        lane.crew.stop(2.0)
+    assert got[1].status is Status.OK
+
+
 def test_reject_queued_answers_unavailable_without_running(models):
     klass = ClassConfig("t", order=0)
     lane, backend, replies = make_lane(klass, models)
