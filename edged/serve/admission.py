@@ -209,10 +209,10 @@ def admit(
             retry_hint_ms(per_job_ns / klass.workers),
         )
     outlook = outlook or Outlook(backlog.pace)
-    own_ns = max(backlog.work_ns - outlook.done_ns, 0) / outlook.pace
-    if own_ns > outlook.trusted_ns:
-        own_ns = outlook.trusted_ns + (own_ns - outlook.trusted_ns) * UNPROVEN_FACTOR
-    queued_ns = int(own_ns) + above_ns
+    lane_ns = max(backlog.work_ns - outlook.done_ns, 0) / outlook.pace
+    if lane_ns > outlook.trusted_ns:
+        lane_ns = outlook.trusted_ns + (lane_ns - outlook.trusted_ns) * UNPROVEN_FACTOR
+    queued_ns = int(lane_ns) + above_ns
     # An estimate of a long queue errs by a share of its length: keep that share in hand.
     ahead_ns = queued_ns + queued_ns // QUEUE_SLACK_DIVISOR
     # Behind work its own run goes at the lane's pace too, or on a busy box it expires in its run. Not on an

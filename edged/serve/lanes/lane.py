@@ -74,7 +74,7 @@ class Lane:
         self.crew = Crew(klass, models, pipelines or [], backend, self._answers, self.service, self.precedence)
         self._models = models
         self.inline_cap = InlineCap.of(klass, loop_deadline_ms)  # read by its loop at each arrival
-        self._inline: Worker | None = None  # runners of the owner's own: never shared with a worker
+        self._on_loop: Worker | None = None  # runners of the owner's own: never shared with a worker
         self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0
 
@@ -86,23 +86,26 @@ class Lane:
             # No CUDA graph on a loop: ONNX Runtime captures in global mode, which other lanes' calls break.
             worker = self.crew.new_worker(replace(self.klass, cuda_graph=False), inline=self._models)
             worker.load(pin=False)  # the loop's thread keeps its own settings
-            self._inline = worker
+            self._on_loop = worker
 
     def own(self) -> None:
         """Make the calling thread, the class's loop, the lane's one admitter. Each inline runner
         within the cap makes one call here first: a runtime's per-thread state (ONNX Runtime's
         CUDA handles) is then not made mid-request."""
         self._owner = threading.get_ident()
-        for model in self._inline.models if self._inline is not None else ():
+        on_loop = self._on_loop
+        if on_loop is None:
+            return
+        for model in on_loop.models:
             if self.service.estimate_ns(model.name) <= self.inline_cap.most_ns:
-                self._inline.runners[model.name].run(model.samples[0].inputs(), model.signature.output_names)
+                on_loop.runners[model.name].run(model.samples[0].inputs(), model.signature.output_names)
 
     def disown(self) -> None:
         """Give the inline runners back (the owner, once it admits to newer lanes)."""
-        if self._inline is not None:
-            for runner in self._inline.runners.values():
+        if self._on_loop is not None:
+            for runner in self._on_loop.runners.values():
                 runner.close()
-            self._inline = None
+            self._on_loop = None
 
     def offer(
         self,
@@ -180,7 +183,7 @@ class Lane:
     def _inline_fits(self, job: Job, inline_ns: int) -> bool:
         # A size past those measured (a guessed price) and a pipeline's Python steps run on a worker.
         return (
-            self._inline is not None
+            self._on_loop is not None
             and job.model.pipeline is None
             and job.cost_ns <= inline_ns
             and self.service.measured(job.model.name, job.rows, job.elements)
@@ -189,8 +192,8 @@ class Lane:
     def _run_inline(self, job: Job) -> None:
         """Run a job on the loop and answer it. The watchdog does not answer it (the reply
         would leave through this loop, inside the call): a stuck loop starves systemd's instead."""
-        assert self._inline is not None
-        runner, name = self._inline.runners[job.model.name], job.model.name
+        assert self._on_loop is not None
+        runner, name = self._on_loop.runners[job.model.name], job.model.name
         self.stats.inline += 1
         self.stats.call(job.rows)
         clock = price_clock(runner)

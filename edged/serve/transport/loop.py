@@ -51,7 +51,7 @@ class Loop:
         self._outgoing: dict[Loop, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
         self._soon: deque[tuple[Callable[..., Any], tuple[Any, ...], int]] = deque()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._thread = threading.Thread(target=self._run, name=f"serve-{name}", daemon=True)
+        self._serving = threading.Thread(target=self._run, name=f"serve-{name}", daemon=True)
         self._ident: int | None = None
         self._closing = False  # written by this loop's thread alone (in _finish)
         self.closed = threading.Event()
@@ -62,7 +62,7 @@ class Loop:
         self._asleep_since_ns = 0
 
     def start(self) -> None:
-        self._thread.start()
+        self._serving.start()
 
     def call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
         """Run `callback(*args)` on this loop's thread soon; from another loop, after that loop's turn."""
@@ -196,7 +196,7 @@ class Loop:
 
 def _waiting(sock: zmq.Socket) -> bool:
     """Whether a message waits: a third of the cost of a receive that finds none (its exception)."""
-    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
+    return bool(sock.getsockopt(_EVENTS) & _POLLIN)  # type: ignore[operator]  # an int for ZMQ_EVENTS
 
 
 def _read(sock: zmq.Socket) -> tuple[list[zmq.Frame], int] | None:

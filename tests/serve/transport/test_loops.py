@@ -102,8 +102,8 @@ def test_replies_from_other_threads_are_sent_by_the_loop_and_none_waits_for_the_
         thread.join()
     assert not failures, failures
     # Read and written on the loop's thread alone, though the workers answered.
-    assert handler.read_on == {loop._thread.ident}
-    assert set(sent_on) == {loop._thread.ident} and len(sent_on) == CLIENTS * ROUND_TRIPS
+    assert handler.read_on == {loop._serving.ident}
+    assert set(sent_on) == {loop._serving.ident} and len(sent_on) == CLIENTS * ROUND_TRIPS
     assert loop.unroutable == 0
 
 
