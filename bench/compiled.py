@@ -5,7 +5,8 @@ request's gap to the naive server is the interpreter running edged's own Python.
 
 Each round starts each server afresh (a daemon's round trip depends on where its threads
 land), warms it with 500 requests, then times `--requests` light requests one at a time
-on the default class. Needs mypy (for mypyc) and a C compiler: `pip install mypy`.
+on the default class, in bench/paths.py's raw client (every reply must be OK). Needs mypy
+(for mypyc) and a C compiler: `pip install mypy`.
 """
 
 from __future__ import annotations
@@ -17,16 +18,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import zmq
-from paths import helper_server, machine, machine_line
+import msgpack
+from paths import RoundTrips, helper_server, machine, machine_line
 
 from edged.loadgen.launch import DaemonProcess, checkout_program, cpu_seconds
-from edged.wire.codec import encode_request
 
 REPO = Path(__file__).resolve().parents[1]
 # The modules a light request runs through. Left out: wire/fast.py (msgspec's Structs are
@@ -59,42 +57,44 @@ def compiled_copy(modules: tuple[str, ...]) -> Path:
 
 
 def timed(endpoint: str, pid: int, requests: int) -> dict[str, float]:
-    """CPU us the server's process spent per request, and the round trip's p50 and p99 in us."""
-    context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.connect(endpoint)
-    frames = encode_request(1, model="mlp-light", deadline_ms=1000.0, inputs={"x": np.zeros((1, 64), np.float32)})
-    for _ in range(WARM):
-        sock.send_multipart(frames)
-        sock.recv_multipart()
-    cpu_before, round_trips = cpu_seconds(pid), []
-    for _ in range(requests):
-        start = time.perf_counter_ns()
-        sock.send_multipart(frames)
-        sock.recv_multipart()
-        round_trips.append((time.perf_counter_ns() - start) / 1000)
-    cpu_us = (cpu_seconds(pid) - cpu_before) / requests * 1e6
-    sock.close(linger=0)
-    context.term()
-    quantiles = statistics.quantiles(round_trips, n=100)
-    return {"cpu_us": round(cpu_us, 1), "p50_us": round(quantiles[49], 1), "p99_us": round(quantiles[98], 1)}
+    """CPU us the server's process spent per request, and the round trip's p50 and p99 in us;
+    exits unless every reply is OK (a server that failed would answer fast, and wrong)."""
+    trips = RoundTrips(endpoint, None)
+    try:
+        trips("mlp-light", 0, WARM)
+        cpu_before = cpu_seconds(pid)
+        rows = trips.with_headers("mlp-light", requests, 0)
+        cpu_us = (cpu_seconds(pid) - cpu_before) / requests * 1e6
+    finally:
+        trips.close()
+    statuses = {msgpack.unpackb(header)["status"] for _, header in rows}
+    if statuses != {"OK"}:
+        sys.exit(f"replies from {endpoint} were {statuses}, not all OK")
+    samples = sorted(elapsed_us for elapsed_us, _ in rows)
+    return {
+        "cpu_us": round(cpu_us, 1),
+        "p50_us": round(samples[requests // 2], 1),
+        "p99_us": round(samples[int(requests * 0.99)], 1),
+    }
 
 
 def serve_once(server: str, checkouts: dict[str, Path], requests: int) -> dict[str, float]:
-    endpoint = f"ipc://{tempfile.mkdtemp(prefix='edged-compiled-')}/d.sock"
-    if server == "naive":
-        process = helper_server("naive_server", endpoint)
-        try:
-            return timed(endpoint, process.pid, requests)
-        finally:
-            process.terminate()
-            process.wait()
-    with DaemonProcess([endpoint], program=checkout_program(str(checkouts[server]))) as daemon:
-        daemon.wait_serving()
-        loaded = _compiled_loaded(daemon.process.pid, checkouts["compiled"])
-        if loaded != (server == "compiled"):
-            sys.exit(f"the {server} daemon {'did not load' if server == 'compiled' else 'loaded'} the compiled modules")
-        return {**timed(endpoint, daemon.process.pid, requests), "compiled_loaded": loaded}
+    with tempfile.TemporaryDirectory(prefix="edged-compiled-") as folder:
+        endpoint = f"ipc://{folder}/d.sock"
+        if server == "naive":
+            process = helper_server("naive_server", endpoint)
+            try:
+                return timed(endpoint, process.pid, requests)
+            finally:
+                process.terminate()
+                process.wait()
+        with DaemonProcess([endpoint], program=checkout_program(str(checkouts[server]))) as daemon:
+            daemon.wait_serving()
+            loaded = _compiled_loaded(daemon.process.pid, checkouts["compiled"])
+            if loaded != (server == "compiled"):
+                verb = "did not load" if server == "compiled" else "loaded"
+                sys.exit(f"the {server} daemon {verb} the compiled modules")
+            return {**timed(endpoint, daemon.process.pid, requests), "compiled_loaded": loaded}
 
 
 def _compiled_loaded(pid: int, root: Path) -> bool:
