@@ -15,8 +15,9 @@ POISON = -999.0  # a value the failing wrapper refuses to run
 class CountingBackend:
     """The real ONNX Runtime backend; counts rows run, fails any call holding a POISON
     row (or, while `failing`, every call), returns `broken` instead of a counted call's
-    outputs where set (a runner's bug), and, while `gate` is clear, holds each counted call
-    at its start (`entered` is set once a call waits there)."""
+    outputs where set (a runner's bug) or, where `truncated` is set, only that many rows
+    of a larger call's, and, while `gate` is clear, holds each counted call at its start
+    (`entered` is set once a call waits there)."""
 
     def __init__(self) -> None:
         self.rows = 0
@@ -27,6 +28,7 @@ class CountingBackend:
         self.entered = threading.Event()
         self.failing = False
         self.broken: object = None
+        self.truncated = 0
         self._real = OnnxRuntimeCpu()
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> CountingRunner:
@@ -48,7 +50,10 @@ class CountingRunner:
             raise RuntimeError("poisoned row")
         if self._owner.counting and self._owner.broken is not None:
             return self._owner.broken
-        return self._runner.run(inputs, output_names)
+        outputs = self._runner.run(inputs, output_names)
+        if self._owner.counting and self._owner.truncated and len(first) > self._owner.truncated:
+            return [output[: self._owner.truncated] for output in outputs]
+        return outputs
 
     def close(self) -> None:
         self._runner.close()

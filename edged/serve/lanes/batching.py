@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,11 +62,23 @@ def stack(jobs: list[Job]) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
     return inputs, jobs[0].model.signature.output_names
 
 
+def named(names: Sequence[str], outputs: Sequence[Any]) -> dict[str, Any]:
+    """A call's outputs by name. A runner that returns another count has a bug: raised, so the
+    request is answered INTERNAL, not OK with an output missing."""
+    if len(outputs) != len(names):
+        raise ValueError(f"it returned {len(outputs)} outputs for the {len(names)} asked ({', '.join(names)})")
+    return dict(zip(names, outputs))
+
+
 def unstack(jobs: list[Job], names: tuple[str, ...], outputs: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """Each job's own outputs, in order, as views of the call's outputs."""
-    produced = dict(zip(names, outputs))
+    """Each job's own outputs, in order, as views of the call's outputs; raises where a batched
+    call's outputs do not hold one row per row asked (each job would get another's rows)."""
+    produced = named(names, outputs)
     if len(jobs) == 1:
         return [produced]
+    asked = sum(job.rows for job in jobs)
+    if wrong := {name: len(array) for name, array in produced.items() if len(array) != asked}:
+        raise ValueError(f"it returned {wrong} rows for a batch of {asked}")
     results, row = [], 0
     for job in jobs:
         rows = job.rows

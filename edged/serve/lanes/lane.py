@@ -21,7 +21,7 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, Shed, admit
 from edged.serve.answers import Answers
 from edged.serve.contention import Contention
-from edged.serve.lanes.batching import Job
+from edged.serve.lanes.batching import Job, named
 from edged.serve.lanes.crew import Crew
 from edged.serve.lanes.inline_cap import InlineCap
 from edged.serve.lanes.precedence import Precedence
@@ -199,7 +199,7 @@ class Lane:
         clock = price_clock(runner)
         start_ns, priced_from = time.monotonic_ns(), clock()
         try:
-            outputs = dict(zip(job.output_names, runner.run(job.inputs, job.output_names)))
+            outputs = named(job.output_names, runner.run(job.inputs, job.output_names))
         except Exception as exc:
             log.warning("backend error on %s: %s", name, exc)
             self._answers.result(job, start_ns, 0, error=f"the backend failed on this request: {exc}")

@@ -19,6 +19,7 @@ import numpy as np
 from edged.backends import DeviceTensor, KeepsOnDevice, Runner
 from edged.models.pipeline import Pipeline, PipelineError, Ref, Step
 from edged.models.repository import ModelEntry
+from edged.serve.lanes.batching import named
 from edged.serve.pricing import ServiceTimes, price_clock
 from edged.wire.tensors import DTYPES
 
@@ -187,10 +188,9 @@ class Stepper:
         if keep is not None:
             runner = cast(KeepsOnDevice, self._runners[model.name])
             on_device = {spec.name: _contiguous(given[spec.name]) for spec in signature.inputs}
-            return dict(zip(signature.output_names, runner.run_keeping(on_device, signature.output_names, keep)))
+            return named(signature.output_names, runner.run_keeping(on_device, signature.output_names, keep))
         inputs = {spec.name: np.ascontiguousarray(given[spec.name]) for spec in signature.inputs}
-        outputs = self._runners[model.name].run(inputs, signature.output_names)
-        return dict(zip(signature.output_names, outputs))
+        return named(signature.output_names, self._runners[model.name].run(inputs, signature.output_names))
 
 
 def _contiguous(value: Value) -> Value:

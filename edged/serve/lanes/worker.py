@@ -164,7 +164,7 @@ class Worker:
         start, priced_from = time.perf_counter_ns(), clock()
         self.calls.begin(live, time.monotonic_ns())
         try:
-            outputs = runner.run(inputs, names)
+            results = unstack(live, names, runner.run(inputs, names))
         except Exception as exc:
             self.calls.end()
             if len(live) > 1:
@@ -178,7 +178,7 @@ class Worker:
         self.calls.end()
         compute_ns = time.perf_counter_ns() - start
         self.service.observe(live[0].model.name, clock() - priced_from, rows, sum(job.elements for job in live))
-        for job, result in zip(live, unstack(live, names, outputs)):
+        for job, result in zip(live, results):
             self.answers.result(job, taken_ns, compute_ns, outputs=result)
 
     def _run_pipeline(self, job: Job, taken_ns: int) -> None:

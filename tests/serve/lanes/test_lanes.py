@@ -154,10 +154,19 @@ def test_a_failing_request_gets_internal_and_its_batch_neighbours_their_answers(
 
 # Not a list: unstacking it raises before the job is claimed; a list of no array: encoding
 # the reply raises after.
-@pytest.mark.parametrize("broken", [0, [None]], ids=["not-a-list", "not-an-array"])
-def test_a_runner_that_returns_no_outputs_costs_its_request_internal_and_the_worker_serves_on(models, broken):
-    """A runner's bug past its call (here: what it returns is not a list of arrays) is
-    answered INTERNAL once; the worker lives, holds no open call and serves the next job."""
+@pytest.mark.parametrize(
+    ("broken", "error"),
+    [
+        (0, "the backend failed on this request: object of type 'int' has no len()"),
+        ([], "the backend failed on this request: it returned 0 outputs for the 1 asked (scores)"),
+        ([None], "the daemon failed on this request"),
+    ],
+    ids=["not-a-list", "too-few", "not-an-array"],
+)
+def test_a_runner_that_returns_no_outputs_costs_its_request_internal_and_the_worker_serves_on(models, broken, error):
+    """A runner's bug (what it returns is not one array per output asked) is answered
+    INTERNAL once, never OK with an output missing; the worker lives, holds no open call
+    and serves the next job."""
     lane, backend, replies = make_lane(ClassConfig("t", order=0, workers=1), models)
     model, x = models["mlp-light"], np.full((1, 64), 0.5, np.float32)
     try:
@@ -169,12 +178,36 @@ def test_a_runner_that_returns_no_outputs_costs_its_request_internal_and_the_wor
         got.update(collect(replies, 1))
     finally:
         lane.crew.stop(2.0)
-    assert got[1].status is Status.INTERNAL and "the daemon failed on this request" in got[1].error
+    assert got[1].status is Status.INTERNAL and got[1].error.startswith(error), got[1].error
     assert got[2].status is Status.OK
     np.testing.assert_allclose(got[2].outputs["scores"], reference("mlp-light", x), atol=1e-5)
     now_ns = time.monotonic_ns()
     assert lane.backlog.depth == 0 and lane.crew.calls.oldest_ns(now_ns) == now_ns
     assert lane.stats.failed == 1 and lane.stats.completed == 1
+
+
+def test_a_batched_call_whose_outputs_lack_rows_is_run_again_one_job_at_a_time(models):
+    """A batched call answering fewer rows than it was given would hand a job another's rows:
+    its jobs run again one call each, and each gets its own answer."""
+    klass = ClassConfig("bulk", order=1, workers=1, max_batch=8, batch_wait_us=0)
+    lane, backend, replies = make_lane(klass, models)
+    model = models["mlp-light"]
+    rows = {route: np.full((1, 64), route / 10, np.float32) for route in (1, 2, 3)}
+    backend.truncated = 1  # a call of more rows answers one
+    try:
+        backend.gate.clear()  # the first job holds the worker while the others queue behind it
+        lane.enqueue(job(model, rows[1], route=1))
+        assert backend.entered.wait(10)
+        for route in (2, 3):
+            lane.enqueue(job(model, rows[route], route=route))
+        backend.gate.set()
+        got = collect(replies, 3)
+    finally:
+        lane.crew.stop(2.0)
+    assert backend.calls == [1, 2, 1, 1]
+    for route, x in rows.items():
+        assert got[route].status is Status.OK
+        np.testing.assert_allclose(got[route].outputs["scores"], reference("mlp-light", x), atol=1e-5)
 
 
 def test_a_re_timing_the_backend_fails_leaves_the_price_the_backlog_empty_and_the_worker_serving(models):
@@ -306,6 +339,25 @@ def test_a_request_that_fails_on_the_inline_path_gets_internal_and_the_next_one_
     np.testing.assert_allclose(got[2].outputs["scores"], expected, atol=1e-5)
     assert lane.stats.inline == 2 and lane.backlog.depth == 0
     assert lane.stats.failed == 1 and lane.stats.completed == 1
+
+
+def test_an_inline_call_that_returns_too_few_outputs_is_answered_internal_not_ok(models):
+    """On the loop's own runner too, a call that returns fewer outputs than asked gets INTERNAL
+    saying so; the lane is left idle."""
+    lane, backend, replies = make_lane(ClassConfig("realtime", order=0, inline_max_us=300), models)
+    model = models["mlp-light"]
+    x = np.full((1, 64), 0.5, np.float32)
+    request = decoded(encode_request(1, model="mlp-light", deadline_ms=1000.0, inputs={"x": x}))
+    try:
+        backend.broken = []
+        lane.offer(
+            REPLIES.route(1), request, model, *model.signature.measure(request), time.monotonic_ns(), inline_ns=300_000
+        )
+        got = collect(replies, 1)
+    finally:
+        lane.crew.stop(2.0)
+    assert got[1].status is Status.INTERNAL and "returned 0 outputs for the 1 asked" in got[1].error
+    assert lane.stats.inline == 1 and lane.backlog.depth == 0
 
 
 def test_an_output_the_wire_cannot_carry_is_answered_internal_with_its_dtype(models):
