@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -158,3 +159,53 @@ def test_sigterm_just_after_a_burst_of_realtime_requests_answers_each_once(
             sock.close(linger=0)
         finally:
             running.close()
+
+
+def steering_fault_program(trigger: Path) -> list[str]:
+    """`python -m edged` with a bug put on its steering thread by the test: its housekeeping
+    raises on every turn once `trigger` exists (no real fault of that thread is known)."""
+    code = (
+        "import os, runpy\n"
+        "from edged.daemon.trimmer import Trimmer\n"
+        "real = Trimmer.check\n"
+        "def check(self, now_ns):\n"
+        f"    if os.path.exists({str(trigger)!r}):\n"
+        "        raise RuntimeError('a fault the test put on the steering thread')\n"
+        "    real(self, now_ns)\n"
+        "Trimmer.check = check\n"
+        "runpy.run_module('edged', run_name='__main__')\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_an_injected_bug_on_the_steering_thread_stops_the_daemon_refusing_new_requests_answering_all(
+    context: zmq.Context, repository: Path
+) -> None:
+    """The steering thread raises while a bulk call runs and more wait: the daemon logs it,
+    refuses what arrives from then on (health says draining), answers every request once,
+    and exits 1 for systemd to restart it (before, it went on admitting while it stopped)."""
+    trigger = repository / "fault"
+    config = f'[server]\nmodel_repository = "{repository}"\nstop_grace_ms = 60000\n'
+    running = start_daemon(config, program=steering_fault_program(trigger))
+    try:
+        sock = connect(context, running.ipc)
+        sock.send_multipart(
+            encode_request(1, model="sleeper", klass="bulk", deadline_ms=60_000, inputs=sleep_for(12000))
+        )
+        time.sleep(0.3)  # the call of about a second is under way
+        trigger.touch()
+        wait_for(lambda: "a fault the test put" in running.log(), 30, "the failure in the log")
+        sock.send_multipart(encode_request("health", op="health"))
+        for i in range(2, 6):
+            sock.send_multipart(encode_request(i, model="mlp-light", inputs=random_input("mlp-light", 1, i)))
+        replies = [receive(sock, 30_000) for _ in range(6)]
+        by_id = {reply.header["id"]: reply for reply in replies}
+        assert len(by_id) == 6 and not sock.poll(300), "a request was answered twice"
+        assert by_id["health"].header["state"] == "draining" and by_id["health"].header["ready"] is False
+        assert by_id[1].status == "OK"  # the call under way ran to its end
+        assert {by_id[i].status for i in range(2, 6)} == {"UNAVAILABLE"}
+        assert running.process.process.wait(timeout=60) == 1, running.log()[-3000:]
+        assert "RuntimeError: a fault the test put on the steering thread" in running.log()
+        sock.close(linger=0)
+    finally:
+        running.close()
