@@ -192,6 +192,13 @@ class Lane:
     def _run_inline(self, job: Job) -> None:
         """Run a job on the loop and answer it. The watchdog does not answer it (the reply
         would leave through this loop, inside the call): a stuck loop starves systemd's instead."""
+        try:
+            self._call_inline(job)
+        except Exception as exc:  # a bug past the call: answered once (if not yet), off the backlog
+            log.exception("class %s: a call of %s on its loop failed", self.klass.name, job.model.name)
+            self._answers.failures([job], time.monotonic_ns(), f"the daemon failed on this request: {exc}")
+
+    def _call_inline(self, job: Job) -> None:
         assert self._on_loop is not None
         runner, name = self._on_loop.runners[job.model.name], job.model.name
         self.stats.inline += 1

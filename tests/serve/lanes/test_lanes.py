@@ -360,6 +360,31 @@ def test_an_inline_call_that_returns_too_few_outputs_is_answered_internal_not_ok
     assert lane.stats.inline == 1 and lane.backlog.depth == 0
 
 
+@pytest.mark.parametrize("where", ["before-the-call", "after-the-answer"])
+def test_a_bug_around_an_inline_call_answers_its_request_once_and_leaves_the_lane_idle(models, monkeypatch, where):
+    """A bug on the loop's own path (here put in the figures before the call, or in the price's
+    update after the answer) costs its request one reply, INTERNAL or the OK already sent, never
+    a second one or none, and never leaves the job on the backlog."""
+    lane, _, replies = make_lane(ClassConfig("realtime", order=0, inline_max_us=300), models)
+    model, x = models["mlp-light"], np.full((1, 64), 0.5, np.float32)
+
+    def bug(*_args: object) -> None:
+        raise RuntimeError("a bug put here by the test")
+
+    target = lane.stats if where == "before-the-call" else lane.service
+    monkeypatch.setattr(target, "call" if where == "before-the-call" else "observe", bug)
+    request = decoded(encode_request(1, model="mlp-light", deadline_ms=1000.0, inputs={"x": x}))
+    try:
+        lane.offer(
+            REPLIES.route(1), request, model, *model.signature.measure(request), time.monotonic_ns(), inline_ns=300_000
+        )
+        got = collect(replies, 1)
+    finally:
+        lane.crew.stop(2.0)
+    expected = Status.INTERNAL if where == "before-the-call" else Status.OK
+    assert got[1].status is expected and lane.backlog.depth == 0
+
+
 def test_an_output_the_wire_cannot_carry_is_answered_internal_with_its_dtype(models):
     """A float64 output takes neither the fast encoder nor the checked one: one INTERNAL
     reply says why; a float32 one is OK."""
