@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     from edged.daemon.daemon import Daemon
     from edged.models.repository import RepositoryError
-    from edged.serve.transport.binding import EndpointError
+    from edged.wire.endpoints import EndpointError
 
     # A fatal signal (a SIGSEGV in a runtime, a SIGBUS) leaves every thread's traceback on stderr: the journal.
     faulthandler.enable()

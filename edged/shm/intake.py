@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import cast
 
 from edged.config import Config
-from edged.serve.transport.binding import EndpointError, prepare_ipc_path, restrict_ipc_socket
 from edged.shm.registry import Regions
 from edged.wire.codec import Limits, ProtocolError, Status, decode_request, encode_reply
-from edged.wire.endpoints import shm_socket_path
+from edged.wire.endpoints import EndpointError, prepare_ipc_path, restrict_ipc_socket, shm_socket_path
 
 log = logging.getLogger("edged.shm")
 

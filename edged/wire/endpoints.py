@@ -1,13 +1,21 @@
 """What an endpoint string says: tcp or not, whether a tcp one binds to loopback only,
 where a class's own socket sits beside it, and where the memfd socket sits beside an ipc
-one. Shared by the daemon (binding, CURVE) and the clients, which both may import it."""
+one. Shared by the daemon (binding, CURVE) and the clients, which both may import it; and
+the daemon's ipc socket files (its ROUTERs' and the memfd intake's), made and guarded alike."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
-from pathlib import PurePosixPath
+import os
+import socket
+from pathlib import Path, PurePosixPath
 
 LOOPBACK_NAMES = ("localhost", "lo")
+
+
+class EndpointError(RuntimeError):
+    """An endpoint that cannot be bound; the message says why."""
 
 
 def is_tcp(endpoint: str) -> bool:
@@ -49,3 +57,34 @@ def shm_socket_path(endpoint: str) -> str | None:
         return None
     path = PurePosixPath(endpoint[len("ipc://") :])
     return str(path.with_name(f"{path.stem}.shm.sock"))
+
+
+def restrict_ipc_socket(path: Path, mode: int, group: int | None) -> None:
+    """Give an ipc socket file its mode and group."""
+    try:
+        os.chmod(path, mode)
+        if group is not None:
+            os.chown(path, -1, group)
+    except OSError as exc:
+        raise EndpointError(
+            f"cannot set mode {mode:o} and group {group} on ipc socket {path}: {exc}; "
+            "check server.ipc_mode and server.ipc_group (the daemon must belong to the group it gives the socket)"
+        ) from None
+
+
+def prepare_ipc_path(path: Path) -> None:
+    """Create the socket's folder, and refuse to steal a socket another daemon serves."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise EndpointError(f"cannot check existing ipc socket {path}: {exc}") from None
+        path.unlink(missing_ok=True)  # left by a daemon that died: take its place
+        return
+    finally:
+        probe.close()
+    raise EndpointError(f"ipc socket {path} is in use by another process: stop it or choose another endpoint")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,14 +10,10 @@ from typing import Any
 import zmq
 
 from edged.serve.transport.curve import ServerKeys, make_curve_server
-from edged.wire.endpoints import is_tcp
+from edged.wire.endpoints import EndpointError, is_tcp, prepare_ipc_path, restrict_ipc_socket
 
 # zmq's flags as plain ints: its enum members make every `|` a Python call.
 _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
-
-
-class EndpointError(RuntimeError):
-    """An endpoint that cannot be bound; the message says why."""
 
 
 @dataclass(slots=True)
@@ -88,34 +82,3 @@ def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread:
     if ipc_path is not None:
         restrict_ipc_socket(ipc_path, options.ipc_mode, options.ipc_group)
     return sock
-
-
-def restrict_ipc_socket(path: Path, mode: int, group: int | None) -> None:
-    """Give an ipc socket file (also edged.shm.intake's) its mode and group."""
-    try:
-        os.chmod(path, mode)
-        if group is not None:
-            os.chown(path, -1, group)
-    except OSError as exc:
-        raise EndpointError(
-            f"cannot set mode {mode:o} and group {group} on ipc socket {path}: {exc}; "
-            "check server.ipc_mode and server.ipc_group (the daemon must belong to the group it gives the socket)"
-        ) from None
-
-
-def prepare_ipc_path(path: Path) -> None:
-    """Create the socket's folder, and refuse to steal a socket another daemon serves."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError as exc:
-        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-            raise EndpointError(f"cannot check existing ipc socket {path}: {exc}") from None
-        path.unlink(missing_ok=True)  # left by a daemon that died: take its place
-        return
-    finally:
-        probe.close()
-    raise EndpointError(f"ipc socket {path} is in use by another process: stop it or choose another endpoint")

@@ -10,9 +10,9 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import SecurityConfig
-from edged.serve.transport.binding import Bound, EndpointError, SocketOptions, bind
+from edged.serve.transport.binding import Bound, SocketOptions, bind
 from edged.serve.transport.curve import server_keys, start_authenticator
-from edged.wire.endpoints import class_endpoint, is_tcp
+from edged.wire.endpoints import EndpointError, class_endpoint, is_tcp
 
 log = logging.getLogger("edged.server")
 
