@@ -105,9 +105,16 @@ class Daemon:
                 self._steer()
         except Exception:
             # Its own state may be half moved: stop, every request held answered, and let systemd restart it.
+            # First refuse new requests, and give the loops a moment to see it: a request admitted later
+            # would queue on lanes the stop has emptied, and go unanswered.
             log.exception("the steering thread failed; stopping")
             self.exit_code = 1
-            self._close_intake()
+            if not self.lifecycle.stopping:
+                self.lifecycle.move(State.DRAINING if self.lifecycle.open else State.STOPPING)
+                self.loops.ask()
+            end = time.monotonic() + self.config.stop_grace_ms / 1000
+            while not self.loops.fenced() and time.monotonic() < end:
+                time.sleep(STEER_WAITING_S)
         finally:
             self._shut_down()
         return self.exit_code
@@ -271,16 +278,6 @@ class Daemon:
             log.info("%s: stopping once start-up is over", name)
         # Past the fence, every loop has seen the new state: no request admitted after it.
         self.loops.ask()
-
-    def _close_intake(self) -> None:
-        """Refuse new requests now, and wait a moment for every loop to see it: a request admitted
-        past this point would queue on lanes the stop has already emptied, and go unanswered."""
-        if not self.lifecycle.stopping:
-            self.lifecycle.move(State.DRAINING if self.lifecycle.open else State.STOPPING)
-            self.loops.ask()
-        end = time.monotonic() + self.config.stop_grace_ms / 1000
-        while not self.loops.fenced() and time.monotonic() < end:
-            time.sleep(STEER_WAITING_S)
 
     def _can_stop(self, now: int) -> bool:
         # Threads inside a runtime's loader cannot be abandoned safely: let them finish.
