@@ -39,6 +39,7 @@ SERVING = (
     "serve/pricing.py",
     "serve/pending.py",
     "serve/stats.py",
+    "metrics/histogram.py",
 )
 WARM = 500
 

@@ -1,1 +1,2 @@
-"""The daemon's figures for scrapers: the Prometheus endpoint, on a thread of its own."""
+"""The daemon's figures: how its latencies are kept (histogram), and the Prometheus endpoint that
+exports them, on a thread of its own."""

@@ -18,7 +18,7 @@ from typing import Any
 from edged.config import MetricsConfig
 from edged.config.settings import ConfigError
 from edged.daemon.lifecycle import REPORTED_STATES
-from edged.serve.stats import PERCENTILES
+from edged.metrics.histogram import PERCENTILES
 
 Stats = Callable[[], dict[str, Any]]
 
