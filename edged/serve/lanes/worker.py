@@ -169,6 +169,9 @@ class Worker:
             self.calls.end()
             if len(live) > 1:
                 # Run each alone, so only the request that fails gets INTERNAL.
+                log.warning(
+                    "a batched call of %s failed; its %d jobs run alone: %s", live[0].model.name, len(live), exc
+                )
                 for job in live:
                     self.run([job])
                 return

@@ -186,7 +186,7 @@ def test_a_runner_that_returns_no_outputs_costs_its_request_internal_and_the_wor
     assert lane.stats.failed == 1 and lane.stats.completed == 1
 
 
-def test_a_batched_call_whose_outputs_lack_rows_is_run_again_one_job_at_a_time(models):
+def test_a_batched_call_whose_outputs_lack_rows_is_run_again_one_job_at_a_time(models, caplog):
     """A batched call answering fewer rows than it was given would hand a job another's rows:
     its jobs run again one call each, and each gets its own answer."""
     klass = ClassConfig("bulk", order=1, workers=1, max_batch=8, batch_wait_us=0)
@@ -205,6 +205,7 @@ def test_a_batched_call_whose_outputs_lack_rows_is_run_again_one_job_at_a_time(m
     finally:
         lane.crew.stop(2.0)
     assert backend.calls == [1, 2, 1, 1]
+    assert "a batched call of mlp-light failed; its 2 jobs run alone: it returned {'scores': 1} rows" in caplog.text
     for route, x in rows.items():
         assert got[route].status is Status.OK
         np.testing.assert_allclose(got[route].outputs["scores"], reference("mlp-light", x), atol=1e-5)
