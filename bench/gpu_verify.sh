@@ -88,7 +88,8 @@ pack() { # the logs and results so far, as one archive replaced whole (never hal
   tar -czf "$part" -C "$work" . 2>/dev/null && mv -f "$part" "$out/gpu-verify-$call.tar.gz"
   rm -f "$part"
 }
-(while sleep "${GPU_VERIFY_PACK_S:-20}"; do pack; done) &
+# Its output goes nowhere: killed, it leaves a sleep behind, which would hold the caller's pipes open.
+(while sleep "${GPU_VERIFY_PACK_S:-20}"; do pack; done) >/dev/null 2>&1 &
 packer=$!
 
 step() { # step NAME LIMIT_S COMMAND...: under timeout, logged to $work/NAME.log, recorded, packed
