@@ -139,8 +139,11 @@ def run_load(
                 _receive(sock, pending, results)
             else:
                 # zmq.Poller counts in whole milliseconds, too coarse to send on time;
-                # select on the socket's (edge-triggered) fd wakes within microseconds.
-                wait_ns = min([t for t in next_at if t < end], default=end + int(lost_after_ms * 1e6)) - now
+                # select on the socket's (edge-triggered) fd wakes within microseconds. Past the
+                # last send, wake at the end, when the run may be over (every reply in, nothing
+                # then wakes it), and after it when the replies still out count as lost.
+                last_ns = end if now < end else end + int(lost_after_ms * 1e6)
+                wait_ns = min([t for t in next_at if t < end], default=last_ns) - now
                 select.select([fd], [], [], max(wait_ns, 0) / 1e9)
             if progress is not None and now >= next_progress:
                 progress(_progress_line(now - start, results, len(pending)))

@@ -125,6 +125,15 @@ def test_realtime_keeps_answering_while_bulk_is_flooded(endpoint):
     assert 0 < realtime["in_daemon_us"]["p99"] <= realtime["latency_us"]["p99"], realtime
 
 
+def test_a_load_whose_replies_are_all_in_ends_with_its_run_not_its_patience_for_lost_replies(endpoint):
+    """The generator waited out its whole patience for lost replies (bulk's is 30 s in the GPU
+    benchmark) when every reply came in before its run ended: a 1 s run took 31 s."""
+    started = time.monotonic()
+    (row,) = run_load(endpoint, [Stream("realtime", "mlp-light", 20, 1000.0)], {"mlp-light": LIGHT_INPUTS}, 1.0, 20_000)
+    assert row["ok"] == row["sent"] > 0, row
+    assert time.monotonic() - started < 6.0  # 1 s of load: five times over, and far from 21 s
+
+
 def test_class_counters_add_up(endpoint):
     """Every request lands in exactly one counter. The test makes each kind itself
     (completed, shed for a full queue, shed for its deadline), so the sums are not
