@@ -59,6 +59,10 @@ class BurstResult:
         }
 
 
+# How long a burst's peers listen past the last reply for a second one.
+SECOND_REPLY_WAIT_MS = 300
+
+
 def stampede(
     endpoint: str,
     peers: int,
@@ -69,8 +73,8 @@ def stampede(
     patience_s: float = 60.0,
 ) -> BurstResult:
     """`peers` sockets each send `per_peer` requests at once; wait for every reply (or
-    `patience_s` of silence). Replies are matched by (peer, id): a second one counts
-    as duplicated, none as lost."""
+    `patience_s` of silence), and SECOND_REPLY_WAIT_MS past the last. Replies are matched by
+    (peer, id): a second one counts as duplicated, none as lost."""
     context = zmq.Context()
     inputs = {"image": IMAGE} if model == "cnn-heavy" else {"x": LIGHT}
     result = BurstResult()
@@ -97,8 +101,9 @@ def stampede(
             poller.register(sock, zmq.POLLIN)
         peer_of = {sock: peer for peer, sock in enumerate(sockets)}
         last_reply = last_shed = start
-        while len(answered) < result.sent:
-            ready = poller.poll(patience_s * 1000)
+        while True:
+            # Once every request is answered, a moment more: a reply sent twice counts as duplicated.
+            ready = poller.poll(patience_s * 1000 if len(answered) < result.sent else SECOND_REPLY_WAIT_MS)
             if not ready:
                 break
             now = time.perf_counter_ns()
