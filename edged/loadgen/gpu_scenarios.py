@@ -202,7 +202,17 @@ def merged(rows: list[dict[str, Any]]) -> dict[str, Any]:
     sender's (an upper bound on the merged one, and the table says bulk's are so)."""
     first = rows[0]
     row = {"class": first["class"], "model": first["model"], "senders": len(rows)}
-    for key in ("offered_rps", "sent", "ok", "overloaded", "deadline_exceeded", "other", "lost", "goodput_rps"):
+    for key in (
+        "offered_rps",
+        "sent",
+        "ok",
+        "overloaded",
+        "deadline_exceeded",
+        "other",
+        "lost",
+        "duplicated",
+        "goodput_rps",
+    ):
         row[key] = sum(r[key] for r in rows)
     row["ok_fraction"] = row["ok"] / row["sent"] if row["sent"] else 0.0
     row["latency_us"] = {k: max(r["latency_us"][k] for r in rows) for k in first["latency_us"]}

@@ -55,6 +55,7 @@ class StreamResult:
     sent: int = 0
     statuses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     lost: int = 0
+    duplicated: int = 0  # replies to a request already answered
     ok_latency_us: list[float] = field(default_factory=list)
     ok_in_daemon_us: list[int] = field(default_factory=list)  # the same replies' timing_us.total
     shed_in_daemon_us: list[int] = field(default_factory=list)
@@ -71,6 +72,7 @@ class StreamResult:
             "sent": self.sent,
             **{k.lower(): v for k, v in self.statuses.items()},
             "lost": self.lost,
+            "duplicated": self.duplicated,
             "ok_fraction": self.statuses["OK"] / self.sent if self.sent else 0.0,
             "goodput_rps": self.statuses["OK"] / duration_s,
             "latency_us": {
@@ -111,6 +113,7 @@ def run_load(
     sock.connect(endpoint)
     fd = sock.getsockopt(zmq.FD)
     pending: dict[int, tuple[int, int]] = {}  # id -> (stream index, intended send ns)
+    stream_of: list[int] = []  # by id - 1: the stream of every request sent
     start = time.perf_counter_ns()
     end = start + int(duration_s * 1e9)
     next_at = [start + int(rng.expovariate(s.rate) * 1e9) if s.rate > 0 else end for s in streams]
@@ -129,6 +132,7 @@ def run_load(
                     )
                     sock.send_multipart(frames, copy=False)
                     pending[next_id] = (i, next_at[i])
+                    stream_of.append(i)
                     results[i].sent += 1
                     results[i].send_lag_us.append((now - next_at[i]) / 1000)
                     next_id += 1
@@ -136,7 +140,7 @@ def run_load(
             if now >= end and (not pending or now - end > lost_after_ms * 1e6):
                 break
             if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                _receive(sock, pending, results)
+                _receive(sock, pending, stream_of, results)
             else:
                 # zmq.Poller counts in whole milliseconds, too coarse to send on time;
                 # select on the socket's (edge-triggered) fd wakes within microseconds. Past the
@@ -155,7 +159,9 @@ def run_load(
     return [result.summary(duration_s) for result in results]
 
 
-def _receive(sock: zmq.Socket, pending: dict[int, tuple[int, int]], results: list[StreamResult]) -> None:
+def _receive(
+    sock: zmq.Socket, pending: dict[int, tuple[int, int]], stream_of: list[int], results: list[StreamResult]
+) -> None:
     while True:
         try:
             frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -163,8 +169,11 @@ def _receive(sock: zmq.Socket, pending: dict[int, tuple[int, int]], results: lis
             return
         done = time.perf_counter_ns()
         header = msgpack.unpackb(frames[0].buffer)
-        entry = pending.pop(header.get("id"), None)
+        request_id = header.get("id")
+        entry = pending.pop(request_id, None)
         if entry is None:
+            if isinstance(request_id, int) and 0 < request_id <= len(stream_of):
+                results[stream_of[request_id - 1]].duplicated += 1
             continue
         index, intended = entry
         status = header.get("status")
@@ -198,7 +207,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     them the daemon's own span of the same replies (`timing_us.total`)."""
     header = (
         f"{'class':<10} {'model':<11} {'offered/s':>9} {'sent':>7} {'ok':>7} {'shed':>6} {'expired':>7} "
-        f"{'other':>5} {'lost':>4} {'good/s':>8} {'p50':>7} {'p90':>7} {'p99':>7} {'p99.9':>7} "
+        f"{'other':>5} {'lost':>4} {'twice':>5} {'good/s':>8} {'p50':>7} {'p90':>7} {'p99':>7} {'p99.9':>7} "
         f"{'in p50':>7} {'in p99':>7}"
     )
     lines = [header, "-" * len(header)]
@@ -207,13 +216,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{row['class']:<10} {row['model']:<11} {row['offered_rps']:>9.0f} {row['sent']:>7} {row['ok']:>7} "
             f"{row['overloaded']:>6} {row['deadline_exceeded']:>7} {row['other']:>5} {row['lost']:>4} "
-            f"{row['goodput_rps']:>8.1f} "
+            f"{row['duplicated']:>5} {row['goodput_rps']:>8.1f} "
             + " ".join(f"{lat[k] / 1000:>7.2f}" for k in ("p50", "p90", "p99", "p999"))
             + "".join(f" {inside[k] / 1000:>7.2f}" for k in ("p50", "p99"))
         )
     return (
         "\n".join(lines) + "\n(latency percentiles of OK replies in ms, from the intended send time; "
-        "'in': the same replies' time inside the daemon, timing_us.total)"
+        "'in': the same replies' time inside the daemon, timing_us.total; 'twice': second replies to a request)"
     )
 
 

@@ -257,7 +257,7 @@ def test_the_medians_take_a_repetition_cut_short_and_figures_missing_without_fai
 
 
 def test_bulk_senders_are_summed_and_their_latency_is_the_worst_senders() -> None:
-    one = bulk_row(model="m", sent=10, deadline_exceeded=0, other=0, lost=0)
+    one = bulk_row(model="m", sent=10, deadline_exceeded=0, other=0, lost=0, duplicated=0)
     two = bulk_row(
         model="m",
         sent=30,
@@ -265,10 +265,12 @@ def test_bulk_senders_are_summed_and_their_latency_is_the_worst_senders() -> Non
         deadline_exceeded=1,
         other=0,
         lost=0,
+        duplicated=1,
         latency_us={"p50": 5.0, "p99": 1.0, "p999": 9e3},
     )
     merged = gpu_scenarios.merged([one, two])
     assert (merged["senders"], merged["sent"], merged["ok"], merged["offered_rps"]) == (2, 40, 120, 200.0)
+    assert merged["duplicated"] == 1
     assert merged["latency_us"] == {"p50": 1000.0, "p99": 2000.0, "p999": 9000.0}
 
 
