@@ -41,7 +41,7 @@ class AsyncClient(Api):
         self._ids = itertools.count(1)
         self._context = zmq.asyncio.Context()
         self._curve = curve
-        self._class_ports = dict(class_ports or {})
+        self._class_ports = None if class_ports is None else dict(class_ports)
         self._regions = []
         self._fd_channel = None
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
@@ -59,6 +59,11 @@ class AsyncClient(Api):
         if self._receivers is not None:
             self._receivers.pop(sock).cancel()
 
+    def _try_send(self, sock: zmq.asyncio.Socket, frames: list[Any]) -> bool:
+        # A NOBLOCK send completes at once: its future is done, with Again if not taken.
+        sent = sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        return sent.exception() is None  # type: ignore[attr-defined]  # typed an Awaitable; it is a Future
+
     async def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         loop = asyncio.get_running_loop()
         if self._receivers is None:
@@ -71,8 +76,7 @@ class AsyncClient(Api):
         def send(index: int, deadline_ms: float | None) -> int | None:
             request_id, frames = self._frames(op, fields, deadline_ms)
             for sock in self._sockets_for(index, fields.get("klass")):
-                # A NOBLOCK send completes at once: its future is done, with Again if not taken.
-                if sock.send_multipart(frames, zmq.NOBLOCK, copy=False).exception() is None:
+                if self._try_send(sock, frames):
                     self._pending[request_id] = (call, send, settled)
                     ids.append(request_id)
                     return request_id
@@ -104,6 +108,8 @@ class AsyncClient(Api):
                 reply = decode_reply(frames)
             except (ValueError, KeyError, TypeError):
                 continue  # not a reply of this protocol: nothing to match it to
+            if self._learn(reply):
+                continue
             pending = self._pending.get(reply.id)
             if pending is None:
                 counters.late += 1

@@ -5,7 +5,7 @@ Run by the sockets' owner, as edged.client.sync and edged.client.aio say who tha
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -13,7 +13,8 @@ import zmq
 from edged.client.fleet import Fleet
 from edged.client.keys import ClientKeys
 from edged.client.members import Membership, Resolve, named
-from edged.wire.endpoints import class_endpoint, is_tcp
+from edged.wire.codec import Reply, Status, encode_request
+from edged.wire.endpoints import class_endpoint, is_tcp, tcp_class_ports
 
 
 class Sockets:
@@ -23,7 +24,11 @@ class Sockets:
     _members: Membership | None  # a client of a DNS name: who resolves it
     _context: Any
     _curve: ClientKeys | None
-    _class_ports: dict[str, int]  # by class: the port of its own socket beside a tcp endpoint
+    _ids: Iterator[int]
+    # By class: the port of its own socket beside a tcp endpoint, as given; None: each daemon's, from its health.
+    _class_ports: dict[str, int] | None
+    _learned: dict[int, dict[str, int]]  # per daemon (slot), when not given: its class ports, from its health
+    _asking: dict[int, int]  # by request id: the daemon (slot) a health request asks for its class ports
     _sockets: list[Any]  # per daemon (fleet slot): its shared endpoint's DEALER; None once the slot is free
     _daemon_of: dict[Any, int]  # every socket open: the daemon it reaches, by slot
     # Per daemon and class: a DEALER on that class's own socket; None where it has none.
@@ -51,6 +56,7 @@ class Sockets:
         self._sockets = []
         self._class_sockets = {}
         self._daemon_of = {}
+        self._learned, self._asking = {}, {}
         for index in range(len(self._fleet.endpoints)):
             self._open(index)
 
@@ -59,6 +65,10 @@ class Sockets:
         raise NotImplementedError
 
     def _unwatch(self, sock: Any) -> None:
+        raise NotImplementedError
+
+    def _try_send(self, sock: Any, frames: list[Any]) -> bool:
+        """Send without waiting; False where the socket takes nothing now."""
         raise NotImplementedError
 
     def _connect(self, index: int, endpoint: str) -> Any:
@@ -76,9 +86,10 @@ class Sockets:
         else:
             self._sockets[index] = sock
         self._watch(sock, index)
+        self._learned.pop(index, None)  # a freed slot's daemon is another
         # A class given a tcp port connects now, so that its first call finds its socket ready
         # (a connection still in its handshake takes nothing: the call would go the shared way).
-        for klass in self._class_ports:
+        for klass in self._class_ports or ():
             self._sockets_for(index, klass)
 
     def _follow(self) -> None:
@@ -109,16 +120,40 @@ class Sockets:
     def _sockets_for(self, index: int, klass: str | None) -> list[Any]:
         """Where a copy for daemon `index` may go, in order: its class's own socket, when
         its endpoint has one (edged.wire.endpoints.class_endpoint: beside a tcp endpoint,
-        where `class_ports` names the class), then the shared one.
+        on the class's port, `_ports`), then the shared one.
         The class's socket takes nothing while it is not connected (ZMQ_IMMEDIATE)."""
         if klass is None:
             return [self._sockets[index]]
         key = (index, klass)
         if key not in self._class_sockets:
-            endpoint = class_endpoint(self._fleet.endpoints[index], klass, self._class_ports.get(klass))
+            endpoint = class_endpoint(self._fleet.endpoints[index], klass, self._ports(index).get(klass))
             self._class_sockets[key] = None if endpoint is None else self._connect(index, endpoint)
         own = self._class_sockets[key]
         return [self._sockets[index]] if own is None else [own, self._sockets[index]]
+
+    def _ports(self, index: int) -> dict[str, int]:
+        """The class ports of daemon `index`: those given, else those its health listed. Not
+        known yet beside a tcp endpoint: its health is asked, and the call goes the shared way."""
+        if self._class_ports is not None:
+            return self._class_ports
+        learned = self._learned.get(index)
+        if learned is None and is_tcp(self._fleet.endpoints[index]) and index not in self._asking.values():
+            request_id = next(self._ids)
+            if self._try_send(self._sockets[index], encode_request(request_id, "health")):
+                self._asking[request_id] = index
+        return learned or {}
+
+    def _learn(self, reply: Reply) -> bool:
+        """Whether `reply` answers a health request of `_ports`: if so, its class ports are
+        taken in, and the classes asked meanwhile get their own sockets at their next call."""
+        index = self._asking.pop(reply.id, None)  # type: ignore[arg-type]  # another id's type: not ours
+        if index is None:
+            return False
+        ingress = reply.header.get("ingress") if reply.status is Status.OK else None
+        self._learned[index] = tcp_class_ports(ingress) if isinstance(ingress, dict) else {}
+        for key in [key for key, sock in self._class_sockets.items() if key[0] == index and sock is None]:
+            del self._class_sockets[key]
+        return True
 
     def _why_none(self) -> str:
         """What a client of a name says when it knows no daemon at all."""

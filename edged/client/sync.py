@@ -32,8 +32,9 @@ class Client(Api):
 
     A call that names a class goes to that class's own socket where the daemon has one,
     else to the shared endpoint (docs/protocol.md, "A socket per class"): beside an ipc
-    endpoint at its fixed place; beside a tcp endpoint on the port `class_ports` gives
-    the class (the daemon's `[classes.NAME] tcp_port`).
+    endpoint at its fixed place; beside a tcp endpoint on the class's port (the daemon's
+    `[classes.NAME] tcp_port`), read from each daemon's health at the first call naming a
+    class there, or given for every daemon in `class_ports` (then nothing is asked).
     """
 
     def __init__(
@@ -53,7 +54,7 @@ class Client(Api):
         self._ids = itertools.count(1)
         self._context = context or zmq.Context.instance()
         self._curve = curve
-        self._class_ports = dict(class_ports or {})
+        self._class_ports = None if class_ports is None else dict(class_ports)
         self._regions = []
         self._fd_channel = None
         self._poller = zmq.Poller()
@@ -67,17 +68,21 @@ class Client(Api):
         del self._daemon_of[sock]
         self._poller.unregister(sock)
 
+    def _try_send(self, sock: zmq.Socket, frames: list[Any]) -> bool:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        return True
+
     def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         call = self._new_call(op, fields, timeout_ms)
 
         def send(index: int, deadline_ms: float | None) -> int | None:
             request_id, frames = self._frames(op, fields, deadline_ms)
             for sock in self._sockets_for(index, fields.get("klass")):
-                try:
-                    sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    continue
-                return request_id
+                if self._try_send(sock, frames):
+                    return request_id
             return None
 
         self._follow()
@@ -107,6 +112,8 @@ class Client(Api):
                 reply = decode_reply(frames)
             except (ValueError, KeyError, TypeError):
                 continue  # not a reply of this protocol: nothing to match it to
+            if self._learn(reply):
+                continue
             if call is None or send is None or not call.on_reply(reply.id, reply, now_ms(), send):
                 counters.late += 1
 

@@ -73,8 +73,9 @@ CLASS = Section(
             "integer",
             "A tcp socket of the class alone beside each tcp endpoint: tcp://HOST:PORT gives tcp://HOST:tcp_port, "
             "read by the class's own loop, under the same CURVE keys, and listed in health's ingress. A tcp client "
-            "sends the class there (edged.client: class_ports), as an ipc client does to the ipc socket beside "
-            "its endpoint; named on the shared endpoint, the class pays two hand-offs between threads. Left out: "
+            "sends the class there (edged.client reads the port from health), as an ipc client does to the ipc "
+            "socket beside its endpoint; named on the shared endpoint, the class pays two hand-offs between threads. "
+            "Left out: "
             'none. See docs/protocol.md, "A socket per class".',
             low=1,
             high=65535,

@@ -6,7 +6,9 @@ that have none, work as before."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 import zmq
 from support import RunningDaemon, bounded, established, exchange, free_tcp_port, run_edged, short_dir, wait_for
 
-from edged.client import Client
+from edged.client import AsyncClient, Client
 from edged.wire.codec import encode_request
 from edged.wire.endpoints import class_endpoint
 
@@ -96,6 +98,46 @@ def test_a_tcp_port_gives_a_class_a_socket_beside_each_tcp_endpoint(
         for _ in range(3):
             assert client.infer("mlp-light", {"x": X}, klass="realtime")["scores"].shape == (1, 10)
         assert client.stats()["classes"]["realtime"]["received"] == before + 4
+
+
+def test_a_tcp_client_given_no_class_ports_learns_them_from_health_and_connects_to_the_class_socket(
+    own_daemon: Callable[..., RunningDaemon],
+) -> None:
+    """A client that names a class over tcp asks the daemon's health once for its class ports,
+    the first call going the shared way meanwhile, then connects to realtime's own port;
+    given `class_ports` (even none), it asks nothing and connects only where told."""
+    port = free_tcp_port()
+    running = own_daemon(three_classes(f"tcp_port = {port}"), tcp=True)
+    assert running.tcp is not None
+    with Client(running.tcp, class_ports={}) as told:
+        for _ in range(3):
+            assert told.infer("mlp-light", {"x": X}, klass="realtime")["scores"].shape == (1, 10)
+        time.sleep(0.2)
+        assert not established(port), "a client given class_ports connected where it was not told"
+    with Client(running.tcp) as client:
+        assert client.infer("mlp-light", {"x": X})["scores"].shape == (1, 10)  # no class named: nothing asked
+        time.sleep(0.2)
+        assert not established(port)
+        for _ in range(3):
+            assert client.infer("mlp-light", {"x": X}, klass="realtime")["scores"].shape == (1, 10)
+        wait_for(lambda: established(port), 5.0, "the client's connection to realtime's tcp socket")
+
+
+def test_the_async_client_learns_class_ports_from_health_too(own_daemon: Callable[..., RunningDaemon]) -> None:
+    port = free_tcp_port()
+    running = own_daemon(three_classes(f"tcp_port = {port}"), tcp=True)
+    assert running.tcp is not None
+
+    async def calls_then_connected() -> bool:
+        async with AsyncClient(running.tcp) as client:
+            for _ in range(3):
+                assert (await client.infer("mlp-light", {"x": X}, klass="realtime"))["scores"].shape == (1, 10)
+            end = time.monotonic() + 5.0
+            while not established(port) and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+            return established(port)
+
+    assert asyncio.run(calls_then_connected()), "the async client never connected to realtime's tcp socket"
 
 
 @pytest.mark.parametrize(
