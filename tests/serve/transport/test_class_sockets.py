@@ -121,6 +121,9 @@ def test_a_tcp_client_given_no_class_ports_learns_them_from_health_and_connects_
         for _ in range(3):
             assert client.infer("mlp-light", {"x": X}, klass="realtime")["scores"].shape == (1, 10)
         wait_for(lambda: established(port), 5.0, "the client's connection to realtime's tcp socket")
+        # Its health request is not a call: its reply counts as nothing, late least of all.
+        (counters,) = client.counters().values()
+        assert counters.sent == 4 and counters.ok == 4 and counters.late == 0, counters
 
 
 def test_the_async_client_learns_class_ports_from_health_too(own_daemon: Callable[..., RunningDaemon]) -> None:
