@@ -86,7 +86,9 @@ class Sockets:
         else:
             self._sockets[index] = sock
         self._watch(sock, index)
-        self._learned.pop(index, None)  # a freed slot's daemon is another
+        # A freed slot's daemon is another: what was learned or asked of the last one is not its.
+        self._learned.pop(index, None)
+        self._asking = {request_id: asked for request_id, asked in self._asking.items() if asked != index}
         # A class given a tcp port connects now, so that its first call finds its socket ready
         # (a connection still in its handshake takes nothing: the call would go the shared way).
         for klass in self._class_ports or ():
