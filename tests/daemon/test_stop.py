@@ -19,6 +19,7 @@ import zmq
 from support import ENGINES, RunningDaemon, connect, random_input, receive, short_dir, start_daemon, wait_for
 from support.models import save_sleeper, sleep_for
 
+from edged.client import Client
 from edged.wire.codec import encode_request
 
 # What a stop's replies may be: each request's one reply, run or refused as documented.
@@ -189,12 +190,15 @@ def test_an_injected_bug_on_the_steering_thread_stops_the_daemon_refusing_new_re
     running = start_daemon(config, program=steering_fault_program(trigger))
     try:
         sock = connect(context, running.ipc)
+        # A call of about 4 s: the stop waits for it, and the requests below come meanwhile.
         sock.send_multipart(
-            encode_request(1, model="sleeper", klass="bulk", deadline_ms=60_000, inputs=sleep_for(12000))
+            encode_request(1, model="sleeper", klass="bulk", deadline_ms=60_000, inputs=sleep_for(40000))
         )
-        time.sleep(0.3)  # the call of about a second is under way
-        trigger.touch()
-        wait_for(lambda: "a fault the test put" in running.log(), 30, "the failure in the log")
+        with Client(running.ipc) as watcher:
+            wait_for(lambda: watcher.stats()["classes"]["bulk"]["backend_calls"] >= 1, 30, "the call under way")
+            trigger.touch()
+            wait_for(lambda: "a fault the test put" in running.log(), 30, "the failure in the log")
+            wait_for(lambda: watcher.health()["state"] == "draining", 10, "health saying draining")
         sock.send_multipart(encode_request("health", op="health"))
         for i in range(2, 6):
             sock.send_multipart(encode_request(i, model="mlp-light", inputs=random_input("mlp-light", 1, i)))
