@@ -342,6 +342,16 @@ def test_a_class_tcp_socket_takes_the_same_curve_keys(keys: Keys) -> None:
                 assert client.infer("mlp-light", random_input("mlp-light", 1, seed=2), klass="realtime")
                 assert established(port)
                 time.sleep(0.02)
+        wait_for(lambda: not established(port), 5.0, "the client's connection to close")
+        # Not given the port: it reads it from health over CURVE, and connects there with its key.
+        with Client(running.tcp, curve=allowed) as learner:
+            for _ in range(3):
+                assert learner.infer("mlp-light", random_input("mlp-light", 1, seed=2), klass="realtime")
+            wait_for(lambda: established(port), 5.0, "the learning client's connection to realtime's tcp socket")
+            for _ in range(5):
+                assert learner.infer("mlp-light", random_input("mlp-light", 1, seed=2), klass="realtime")
+                assert established(port)
+                time.sleep(0.02)
         keyed = bounded(context.socket(zmq.DEALER))
         keyed.linger = 0
         allowed.apply(keyed)
