@@ -104,16 +104,12 @@ class Daemon:
                     os.eventfd_read(self._wake_fd)
                 self._steer()
         except Exception:
-            # Its own state may be half moved: stop, every request held answered, and let systemd restart it.
-            # First refuse new requests, and give the loops a moment to see it: a request admitted later
-            # would queue on lanes the stop has emptied, and go unanswered.
+            # Its own state may be half moved: stop as SIGTERM does, every request held answered, and exit 1
+            # for systemd to restart it. Refused first: one admitted to lanes the stop has emptied goes unanswered.
             log.exception("the steering thread failed; stopping")
             self.exit_code = 1
-            if not self.lifecycle.stopping:
-                self.lifecycle.move(State.DRAINING if self.lifecycle.open else State.STOPPING)
-                self.loops.ask()
-            end = time.monotonic() + self.config.stop_grace_ms / 1000
-            while not self.loops.fenced() and time.monotonic() < end:
+            self._refuse_new("the steering thread failed")
+            while not self._can_stop(time.monotonic_ns()):
                 time.sleep(STEER_WAITING_S)
         finally:
             self._shut_down()
@@ -148,7 +144,7 @@ class Daemon:
         while self._news:
             kind, value = self._news.popleft()
             if kind == "stop":
-                self._begin_stop(value)
+                self._refuse_new(signal.Signals(value).name)
             elif kind == "reload":
                 self._reload_asked = True
             else:
@@ -263,19 +259,18 @@ class Daemon:
 
     # --- stopping --------------------------------------------------------------
 
-    def _begin_stop(self, signum: int) -> None:
-        """Refuse new requests and let the admitted ones finish, or stop once start-up is over."""
+    def _refuse_new(self, why: str) -> None:
+        """Refuse new requests: drain the admitted if serving, else stop once start-up is over."""
         if self.lifecycle.stopping:
             return
         self._drain_deadline_ns = time.monotonic_ns() + self.config.drain_timeout_ms * 1_000_000
         self.notifier.notify(STOPPING="1")
-        name = signal.Signals(signum).name
         if self.lifecycle.open:
             self.lifecycle.move(State.DRAINING)
-            log.info("%s: draining, at most %d ms", name, self.config.drain_timeout_ms)
+            log.info("%s: draining, at most %d ms", why, self.config.drain_timeout_ms)
         else:
             self.lifecycle.move(State.STOPPING)
-            log.info("%s: stopping once start-up is over", name)
+            log.info("%s: stopping once start-up is over", why)
         # Past the fence, every loop has seen the new state: no request admitted after it.
         self.loops.ask()
 

@@ -18,6 +18,7 @@ import pytest
 import zmq
 from support import ENGINES, RunningDaemon, connect, random_input, receive, short_dir, start_daemon, wait_for
 from support.models import save_sleeper, sleep_for
+from support.notify import NotifyListener
 
 from edged.client import Client
 from edged.wire.codec import encode_request
@@ -179,15 +180,17 @@ def steering_fault_program(trigger: Path) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def test_an_injected_bug_on_the_steering_thread_stops_the_daemon_refusing_new_requests_answering_all(
+def test_an_injected_bug_on_the_steering_thread_drains_refusing_new_requests_answering_all(
     context: zmq.Context, repository: Path
 ) -> None:
-    """The steering thread raises while a bulk call runs and more wait: the daemon logs it,
-    refuses what arrives from then on (health says draining), answers every request once,
-    and exits 1 for systemd to restart it (before, it went on admitting while it stopped)."""
+    """The steering thread raises while a bulk call runs and another waits: the daemon logs it,
+    tells systemd it stops, refuses what arrives from then on (health says draining), drains
+    what it admitted, answers every request once, and exits 1 for systemd to restart it
+    (before, it went on admitting while it stopped, then refused the queued request)."""
     trigger = repository / "fault"
-    config = f'[server]\nmodel_repository = "{repository}"\nstop_grace_ms = 60000\n'
-    running = start_daemon(config, program=steering_fault_program(trigger))
+    config = f'[server]\nmodel_repository = "{repository}"\ndrain_timeout_ms = 60000\nstop_grace_ms = 60000\n'
+    listener = NotifyListener(repository / "notify.sock")
+    running = start_daemon(config, program=steering_fault_program(trigger), env={"NOTIFY_SOCKET": str(listener.path)})
     try:
         sock = connect(context, running.ipc)
         # A call of about 4 s: the stop waits for it, and the requests below come meanwhile.
@@ -196,20 +199,29 @@ def test_an_injected_bug_on_the_steering_thread_stops_the_daemon_refusing_new_re
         )
         with Client(running.ipc) as watcher:
             wait_for(lambda: watcher.stats()["classes"]["bulk"]["backend_calls"] >= 1, 30, "the call under way")
+            # Queued behind it on bulk's one worker: admitted before the fault, so drained, not refused.
+            sock.send_multipart(
+                encode_request(7, model="sleeper", klass="bulk", deadline_ms=60_000, inputs=sleep_for(100))
+            )
+            wait_for(lambda: watcher.stats()["classes"]["bulk"]["admitted"] >= 2, 30, "the second request queued")
             trigger.touch()
             wait_for(lambda: "a fault the test put" in running.log(), 30, "the failure in the log")
             wait_for(lambda: watcher.health()["state"] == "draining", 10, "health saying draining")
         sock.send_multipart(encode_request("health", op="health"))
         for i in range(2, 6):
             sock.send_multipart(encode_request(i, model="mlp-light", inputs=random_input("mlp-light", 1, i)))
-        replies = [receive(sock, 30_000) for _ in range(6)]
+        replies = [receive(sock, 30_000) for _ in range(7)]
         by_id = {reply.header["id"]: reply for reply in replies}
-        assert len(by_id) == 6 and not sock.poll(300), "a request was answered twice"
+        assert len(by_id) == 7 and not sock.poll(300), "a request was answered twice"
         assert by_id["health"].header["state"] == "draining" and by_id["health"].header["ready"] is False
         assert by_id[1].status == "OK"  # the call under way ran to its end
+        assert by_id[7].status == "OK", by_id[7].header  # the queued one was drained
         assert {by_id[i].status for i in range(2, 6)} == {"UNAVAILABLE"}
         assert running.process.process.wait(timeout=60) == 1, running.log()[-3000:]
         assert "RuntimeError: a fault the test put on the steering thread" in running.log()
+        assert "the steering thread failed: draining" in running.log()
+        assert listener.times("STOPPING"), listener.messages
         sock.close(linger=0)
     finally:
         running.close()
+        listener.close()

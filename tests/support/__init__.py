@@ -110,10 +110,16 @@ def all_stopped(pid: int) -> bool:
 
 
 def start_daemon(
-    config_text: str | None = None, *, tcp: bool = False, wait: bool = True, program: list[str] | None = None
+    config_text: str | None = None,
+    *,
+    tcp: bool = False,
+    wait: bool = True,
+    program: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> RunningDaemon:
     """Start a daemon on an ipc socket (and a tcp port if asked), by default waiting until it
-    serves; `program` replaces `python -m edged` (edged.loadgen.launch.DaemonProcess)."""
+    serves; `program` replaces `python -m edged`, `env` adds to its environment
+    (edged.loadgen.launch.DaemonProcess)."""
     folder = short_dir()
     ipc = f"ipc://{folder}/d.sock"
     endpoints = [ipc]
@@ -126,7 +132,7 @@ def start_daemon(
         config.write_text(config_text)
     log_path = folder / "daemon.log"
     running = RunningDaemon(
-        DaemonProcess(endpoints, config=config, log_path=log_path, program=program),
+        DaemonProcess(endpoints, config=config, log_path=log_path, program=program, env=env),
         ipc,
         tcp_endpoint,
         folder,
