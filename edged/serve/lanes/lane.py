@@ -149,12 +149,17 @@ class Lane:
             shed = replace(shed, message=priced.shed(left_ns, shed.message))
         if shed is not None:
             return self._shed(shed, model, rows, elements, now_ns)
+        try:
+            inputs = tensor_views(request)
+        except BaseException:  # its caller answers it; the peer's budget must not keep its bytes for ever
+            self._pending.give_back(who, nbytes)
+            raise
         self.stats.admitted += 1
         job = Job(
             route=route,
             request_id=request.id,
             model=model,
-            inputs=tensor_views(request),
+            inputs=inputs,
             output_names=tuple(request.outputs or model.signature.output_names),
             received_ns=received_ns,
             deadline_ns=received_ns + budget_ns,

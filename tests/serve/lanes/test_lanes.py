@@ -26,6 +26,7 @@ from edged.serve.admission import Shed
 from edged.serve.lanes import lane as lane_module
 from edged.serve.lanes.batching import Job, fill
 from edged.serve.lanes.lane import Lane
+from edged.serve.pending import PendingBytes
 from edged.wire.codec import Status, decode_reply, encode_request
 
 ROOT = REPO_ROOT
@@ -418,6 +419,30 @@ def test_a_shed_is_decided_from_the_header_and_the_payload_is_looked_at_only_onc
     finally:
         lane.crew.stop(2.0)
     assert viewed == [2] and got[2].status is Status.OK
+
+
+def test_a_request_whose_payload_fails_to_view_gives_its_bytes_back(models, monkeypatch):
+    """The bytes budget is held once admission admits, before the payload is viewed: a view
+    that raises (the caller answers that request) must not leave the peer's bytes held, or
+    a client is shed for bytes it no longer has pending."""
+    pending = PendingBytes()
+    model = models["mlp-light"]
+    lane = Lane(ClassConfig("t", order=0), [model], CountingBackend(), pending=pending)
+    lane.start()
+    lane.own()
+
+    def fail(request: object) -> None:
+        raise ValueError("a payload that cannot be viewed")
+
+    monkeypatch.setattr(lane_module, "tensor_views", fail)
+    request = decoded(encode_request(1, model="mlp-light", inputs={"x": np.ones((1, 64), np.float32)}))
+    try:
+        with pytest.raises(ValueError, match="cannot be viewed"):
+            lane.offer(REPLIES.route(1), request, model, *model.signature.measure(request), time.monotonic_ns())
+    finally:
+        lane.crew.stop(2.0)
+    assert pending.total == 0
+    assert lane.stats.admitted == 0 and lane.backlog.depth == 0
 
 
 def test_a_lane_admits_on_its_owner_loop_alone(models):
