@@ -5,6 +5,7 @@ Run by the sockets' owner, as edged.client.sync and edged.client.aio say who tha
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -15,6 +16,10 @@ from edged.client.keys import ClientKeys
 from edged.client.members import Membership, Resolve, named
 from edged.wire.codec import Reply, Status, encode_request
 from edged.wire.endpoints import class_endpoint, is_tcp, tcp_class_ports
+
+# A class-port health request unanswered this long is asked again: its reply was lost (the daemon
+# stopped or restarted while answering it), and the client would go the shared way for good.
+ASK_AGAIN_S = 1.0
 
 
 class Sockets:
@@ -28,7 +33,7 @@ class Sockets:
     # By class: the port of its own socket beside a tcp endpoint, as given; None: each daemon's, from its health.
     _class_ports: dict[str, int] | None
     _learned: dict[int, dict[str, int]]  # per daemon (slot), when not given: its class ports, from its health
-    _asking: dict[int, int]  # by request id: the daemon (slot) a health request asks for its class ports
+    _asking: dict[int, tuple[int, float]]  # by request id: the daemon (slot) asked for its class ports, and when
     _sockets: list[Any]  # per daemon (fleet slot): its shared endpoint's DEALER; None once the slot is free
     _daemon_of: dict[Any, int]  # every socket open: the daemon it reaches, by slot
     # Per daemon and class: a DEALER on that class's own socket; None where it has none.
@@ -88,7 +93,7 @@ class Sockets:
         self._watch(sock, index)
         # A freed slot's daemon is another: what was learned or asked of the last one is not its.
         self._learned.pop(index, None)
-        self._asking = {request_id: asked for request_id, asked in self._asking.items() if asked != index}
+        self._forget_asks(index)
         # A class given a tcp port connects now, so that its first call finds its socket ready
         # (a connection still in its handshake takes nothing: the call would go the shared way).
         for klass in self._class_ports or ():
@@ -128,33 +133,47 @@ class Sockets:
             return [self._sockets[index]]
         key = (index, klass)
         if key not in self._class_sockets:
-            endpoint = class_endpoint(self._fleet.endpoints[index], klass, self._ports(index).get(klass))
+            ports = self._ports(index)
+            if ports is None:  # nothing kept: the next call looks again
+                return [self._sockets[index]]
+            endpoint = class_endpoint(self._fleet.endpoints[index], klass, ports.get(klass))
             self._class_sockets[key] = None if endpoint is None else self._connect(index, endpoint)
         own = self._class_sockets[key]
         return [self._sockets[index]] if own is None else [own, self._sockets[index]]
 
-    def _ports(self, index: int) -> dict[str, int]:
-        """The class ports of daemon `index`: those given, else those its health listed. Not
-        known yet beside a tcp endpoint: its health is asked, and the call goes the shared way."""
+    def _ports(self, index: int) -> dict[str, int] | None:
+        """The class ports of daemon `index`: those given, else those its health listed. None
+        while not known beside a tcp endpoint: its health is asked, and calls go the shared way."""
         if self._class_ports is not None:
             return self._class_ports
         learned = self._learned.get(index)
-        if learned is None and is_tcp(self._fleet.endpoints[index]) and index not in self._asking.values():
-            request_id = next(self._ids)
-            if self._try_send(self._sockets[index], encode_request(request_id, "health")):
-                self._asking[request_id] = index
+        if learned is None and is_tcp(self._fleet.endpoints[index]):
+            self._ask_ports(index)
+            return None
         return learned or {}
+
+    def _ask_ports(self, index: int) -> None:
+        """Ask daemon `index`'s health for its class ports, unless asked within ASK_AGAIN_S."""
+        now = time.monotonic()
+        if any(asked == index and now - at < ASK_AGAIN_S for asked, at in self._asking.values()):
+            return
+        self._forget_asks(index)  # a reply to an older ask, should it come, counts as a late reply
+        request_id = next(self._ids)
+        if self._try_send(self._sockets[index], encode_request(request_id, "health")):
+            self._asking[request_id] = (index, now)
+
+    def _forget_asks(self, index: int) -> None:
+        self._asking = {request_id: ask for request_id, ask in self._asking.items() if ask[0] != index}
 
     def _learn(self, reply: Reply) -> bool:
         """Whether `reply` answers a health request of `_ports`: if so, its class ports are
-        taken in, and the classes asked meanwhile get their own sockets at their next call."""
-        index = self._asking.pop(reply.id, None)  # type: ignore[arg-type]  # another id's type: not ours
-        if index is None:
+        taken in, and each class's next call there gets its own socket."""
+        ask = self._asking.pop(reply.id, None)  # type: ignore[arg-type]  # another id's type: not ours
+        if ask is None:
             return False
+        index = ask[0]
         ingress = reply.header.get("ingress") if reply.status is Status.OK else None
         self._learned[index] = tcp_class_ports(ingress) if isinstance(ingress, dict) else {}
-        for key in [key for key, sock in self._class_sockets.items() if key[0] == index and sock is None]:
-            del self._class_sockets[key]
         return True
 
     def _why_none(self) -> str:

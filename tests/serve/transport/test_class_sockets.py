@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,8 @@ import zmq
 from support import RunningDaemon, bounded, established, exchange, free_tcp_port, run_edged, short_dir, wait_for
 
 from edged.client import AsyncClient, Client
-from edged.wire.codec import encode_request
+from edged.client.sockets import ASK_AGAIN_S
+from edged.wire.codec import Status, decode_request, encode_reply, encode_request
 from edged.wire.endpoints import class_endpoint
 
 X = np.zeros((1, 64), np.float32)
@@ -141,6 +143,53 @@ def test_the_async_client_learns_class_ports_from_health_too(own_daemon: Callabl
             return established(port)
 
     assert asyncio.run(calls_then_connected()), "the async client never connected to realtime's tcp socket"
+
+
+def test_a_client_whose_class_port_question_went_unanswered_asks_again(context: zmq.Context) -> None:
+    """A daemon that stopped or restarted while answering the client's health request leaves
+    it unanswered: the client asks again once ASK_AGAIN_S has passed, and then connects to
+    the class's port (before, it went the shared way for good). The daemon here is a bare
+    ROUTER speaking the protocol, which drops the first health request on purpose."""
+    shared_port, realtime_port = free_tcp_port(), free_tcp_port()
+    shared, own = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
+    shared.bind(f"tcp://127.0.0.1:{shared_port}")
+    own.bind(f"tcp://127.0.0.1:{realtime_port}")
+    ingress = {"realtime": [f"tcp://127.0.0.1:{realtime_port}"]}
+    healths: list[float] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        poller = zmq.Poller()
+        poller.register(shared, zmq.POLLIN)
+        poller.register(own, zmq.POLLIN)
+        while not stop.is_set():
+            for sock, _ in poller.poll(50):
+                envelope, *frames = sock.recv_multipart()
+                request = decode_request(frames)
+                if request.op == "health":
+                    healths.append(time.monotonic())
+                    if len(healths) == 1:
+                        continue  # lost, as if the daemon had died answering it
+                    reply = encode_reply(request.id, Status.OK, state="serving", ingress=ingress)
+                else:
+                    reply = encode_reply(request.id, Status.OK, outputs={"scores": np.zeros((1, 10), np.float32)})
+                sock.send_multipart([envelope, *reply])
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        with Client(f"tcp://127.0.0.1:{shared_port}") as client:
+            end = time.monotonic() + 10 * ASK_AGAIN_S
+            while not established(realtime_port) and time.monotonic() < end:
+                assert client.infer("mlp-light", {"x": X}, klass="realtime")["scores"].shape == (1, 10)
+                time.sleep(0.02)
+            assert established(realtime_port), f"never connected to realtime's port; health asked at {healths}"
+            assert len(healths) == 2 and healths[1] - healths[0] >= ASK_AGAIN_S, healths
+    finally:
+        stop.set()
+        server.join()
+        shared.close(linger=0)
+        own.close(linger=0)
 
 
 @pytest.mark.parametrize(
