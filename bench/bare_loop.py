@@ -58,7 +58,7 @@ def serve_bare(argv: list[str]) -> int:
         if request is None or request.op != "infer" or self.loaded is None:
             return whole(self, route, frames, received_ns, more)  # health, at start-up
         model = self._models[request.model]
-        runner = self.loaded.lanes[self.klass]._on_loop.runners[model.name]
+        runner = self.loaded.lanes[self.klass]._on_loop[model.name]
         names = model.signature.output_names
         outputs = dict(zip(names, runner.run(tensor_views(request), names)))
         reply(route, fast.encode_ok(request.id, 0, 0, 0, outputs))

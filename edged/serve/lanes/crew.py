@@ -61,18 +61,17 @@ class Crew:
             self.join(1.0)
             raise errors[0]
 
-    def new_worker(self, klass: ClassConfig | None = None, inline: list[ModelEntry] | None = None) -> Worker:
-        """A worker, not started; with `inline`, the loop's runners of those models (no pipeline)."""
+    def _new_worker(self) -> Worker:
         return Worker(
-            klass or self.klass,
-            self._models if inline is None else inline,
+            self.klass,
+            self._models,
             self._backend,
             self.jobs,
             self.calls,
             self._answers,
             self._service,
             self._precedence,
-            pipelines=self._pipelines if inline is None else [],
+            pipelines=self._pipelines,
         )
 
     @property
@@ -148,7 +147,7 @@ class Crew:
         return [thread for thread in self._threads if not self.calls.abandoned(thread)]
 
     def _start_worker(self, ready: threading.Barrier | None) -> Worker:
-        worker = self.new_worker()
+        worker = self._new_worker()
         name = f"lane-{self.klass.name}-{len(self._threads)}"
         thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
         thread.start()

@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from edged.backends import Backend
+from edged.backends import Backend, Runner
 from edged.config.classes import ClassConfig
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Backlog, Shed, admit
@@ -26,7 +26,7 @@ from edged.serve.lanes.crew import Crew
 from edged.serve.lanes.inline_cap import InlineCap
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.priced import Priced
-from edged.serve.lanes.worker import Remeasure, Worker
+from edged.serve.lanes.worker import Remeasure, load_and_warm
 from edged.serve.pending import PendingBytes
 from edged.serve.pricing import ServiceTimes, price_clock
 from edged.serve.stats import ClassStats
@@ -73,8 +73,9 @@ class Lane:
         self._answers = Answers(self.stats, self.backlog, self._pending)
         self.crew = Crew(klass, models, pipelines or [], backend, self._answers, self.service, self.precedence)
         self._models = models
+        self._backend = backend
         self.inline_cap = InlineCap.of(klass, loop_deadline_ms)  # read by its loop at each arrival
-        self._on_loop: Worker | None = None  # runners of the owner's own: never shared with a worker
+        self._on_loop: dict[str, Runner] | None = None  # by model, the owner's own runners: never a worker's
         self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0
 
@@ -84,28 +85,23 @@ class Lane:
         self.crew.start()
         if self.klass.runs_inline:
             # No CUDA graph on a loop: ONNX Runtime captures in global mode, which other lanes' calls break.
-            worker = self.crew.new_worker(replace(self.klass, cuda_graph=False), inline=self._models)
-            worker.load(pin=False)  # the loop's thread keeps its own settings
-            self._on_loop = worker
+            klass = replace(self.klass, cuda_graph=False)
+            self._on_loop = {m.name: load_and_warm(self._backend, m, klass, self.service) for m in self._models}
 
     def own(self) -> None:
         """Make the calling thread, the class's loop, the lane's one admitter. Each inline runner
         within the cap makes one call here first: a runtime's per-thread state (ONNX Runtime's
         CUDA handles) is then not made mid-request."""
         self._owner = threading.get_ident()
-        on_loop = self._on_loop
-        if on_loop is None:
-            return
-        for model in on_loop.models:
+        for model in self._models if self._on_loop is not None else ():
             if self.service.estimate_ns(model.name) <= self.inline_cap.most_ns:
-                on_loop.runners[model.name].run(model.samples[0].inputs(), model.signature.output_names)
+                self._on_loop[model.name].run(model.samples[0].inputs(), model.signature.output_names)
 
     def disown(self) -> None:
         """Give the inline runners back (the owner, once it admits to newer lanes)."""
-        if self._on_loop is not None:
-            for runner in self._on_loop.runners.values():
-                runner.close()
-            self._on_loop = None
+        for runner in (self._on_loop or {}).values():
+            runner.close()
+        self._on_loop = None
 
     def offer(
         self,
@@ -205,7 +201,7 @@ class Lane:
 
     def _call_inline(self, job: Job) -> None:
         assert self._on_loop is not None
-        runner, name = self._on_loop.runners[job.model.name], job.model.name
+        runner, name = self._on_loop[job.model.name], job.model.name
         self.stats.inline += 1
         self.stats.call(job.rows)
         clock = price_clock(runner)

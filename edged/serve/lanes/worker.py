@@ -63,12 +63,12 @@ class Worker:
     error: BaseException | None = None  # why `load` failed
     loaded: threading.Event = field(default_factory=threading.Event)
 
-    def load(self, pin: bool = True) -> None:
-        """Pin the thread as the class asks (if `pin`), then load and warm the models on the thread that calls them."""
+    def load(self) -> None:
+        """Pin the thread as the class asks, then load and warm the models on the thread that calls them."""
         # On Linux both apply to this thread only; the backend's threads, made from it, inherit them.
-        if pin and self.klass.cpu_affinity:
+        if self.klass.cpu_affinity:
             os.sched_setaffinity(0, self.klass.cpu_affinity)
-        if pin and self.klass.nice:
+        if self.klass.nice:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.klass.nice)
         for model in self.models:
             self.runners[model.name] = load_and_warm(self.backend, model, self.klass, self.service)
