@@ -20,6 +20,8 @@ from edged.wire.endpoints import class_endpoint, is_tcp, tcp_class_ports
 # A class-port health request unanswered this long is asked again: its reply was lost (the daemon
 # stopped or restarted while answering it), and the client would go the shared way for good.
 ASK_AGAIN_S = 1.0
+# Unanswered asks kept per daemon: a daemon that never answers costs a client no more than these.
+ASKS_KEPT = 4
 
 
 class Sockets:
@@ -155,9 +157,12 @@ class Sockets:
     def _ask_ports(self, index: int) -> None:
         """Ask daemon `index`'s health for its class ports, unless asked within ASK_AGAIN_S."""
         now = time.monotonic()
-        if any(asked == index and now - at < ASK_AGAIN_S for asked, at in self._asking.values()):
+        asked = sorted((at, request_id) for request_id, (slot, at) in self._asking.items() if slot == index)
+        if asked and now - asked[-1][0] < ASK_AGAIN_S:
             return
-        self._forget_asks(index)  # a reply to an older ask, should it come, counts as a late reply
+        # The earlier asks stay, so that a reply to one, late, still teaches and counts as no call's.
+        for _, request_id in asked[: max(len(asked) + 1 - ASKS_KEPT, 0)]:
+            del self._asking[request_id]
         request_id = next(self._ids)
         if self._try_send(self._sockets[index], encode_request(request_id, "health")):
             self._asking[request_id] = (index, now)

@@ -149,13 +149,15 @@ def test_a_client_whose_class_port_question_went_unanswered_asks_again(context: 
     """A daemon that stopped or restarted while answering the client's health request leaves
     it unanswered: the client asks again once ASK_AGAIN_S has passed, and then connects to
     the class's port (before, it went the shared way for good). The daemon here is a bare
-    ROUTER speaking the protocol, which drops the first health request on purpose."""
+    ROUTER speaking the protocol, which holds the first health request on purpose, and
+    answers it only after the second: that late reply counts as no call's."""
     shared_port, realtime_port = free_tcp_port(), free_tcp_port()
     shared, own = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
     shared.bind(f"tcp://127.0.0.1:{shared_port}")
     own.bind(f"tcp://127.0.0.1:{realtime_port}")
     ingress = {"realtime": [f"tcp://127.0.0.1:{realtime_port}"]}
     healths: list[float] = []
+    held: list[list[bytes]] = []
     stop = threading.Event()
 
     def serve() -> None:
@@ -168,11 +170,16 @@ def test_a_client_whose_class_port_question_went_unanswered_asks_again(context: 
                 request = decode_request(frames)
                 if request.op == "health":
                     healths.append(time.monotonic())
-                    if len(healths) == 1:
-                        continue  # lost, as if the daemon had died answering it
                     reply = encode_reply(request.id, Status.OK, state="serving", ingress=ingress)
-                else:
-                    reply = encode_reply(request.id, Status.OK, outputs={"scores": np.zeros((1, 10), np.float32)})
+                    if len(healths) == 1:
+                        held.append([envelope, *reply])  # unanswered for now
+                        continue
+                    sock.send_multipart([envelope, *reply])
+                    for late in held:
+                        sock.send_multipart(late)
+                    held.clear()
+                    continue
+                reply = encode_reply(request.id, Status.OK, outputs={"scores": np.zeros((1, 10), np.float32)})
                 sock.send_multipart([envelope, *reply])
 
     server = threading.Thread(target=serve, daemon=True)
@@ -185,6 +192,9 @@ def test_a_client_whose_class_port_question_went_unanswered_asks_again(context: 
                 time.sleep(0.02)
             assert established(realtime_port), f"never connected to realtime's port; health asked at {healths}"
             assert len(healths) == 2 and healths[1] - healths[0] >= ASK_AGAIN_S, healths
+            time.sleep(0.2)  # the held reply, sent after the second, has come in
+            (counters,) = client.counters().values()
+            assert counters.late == 0 and counters.failed == 0, counters
     finally:
         stop.set()
         server.join()
