@@ -191,7 +191,9 @@ def test_a_client_whose_class_port_question_went_unanswered_asks_again(context: 
                 assert client.infer("mlp-light", {"x": X}, klass="realtime")["scores"].shape == (1, 10)
                 time.sleep(0.02)
             assert established(realtime_port), f"never connected to realtime's port; health asked at {healths}"
-            assert len(healths) == 2 and healths[1] - healths[0] >= ASK_AGAIN_S, healths
+            # Not asked again at each call (one every 20 ms): about ASK_AGAIN_S apart, as read here,
+            # where the first may have come in later than the client sent it.
+            assert len(healths) == 2 and healths[1] - healths[0] >= ASK_AGAIN_S / 2, healths
             time.sleep(0.2)  # the held reply, sent after the second, has come in
             (counters,) = client.counters().values()
             assert counters.late == 0 and counters.failed == 0, counters
