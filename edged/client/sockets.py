@@ -95,7 +95,7 @@ class Sockets:
         self._watch(sock, index)
         # A freed slot's daemon is another: what was learned or asked of the last one is not its.
         self._learned.pop(index, None)
-        self._forget_asks(index)
+        self._asking = {request_id: ask for request_id, ask in self._asking.items() if ask[0] != index}
         # A class given a tcp port connects now, so that its first call finds its socket ready
         # (a connection still in its handshake takes nothing: the call would go the shared way).
         for klass in self._class_ports or ():
@@ -166,9 +166,6 @@ class Sockets:
         request_id = next(self._ids)
         if self._try_send(self._sockets[index], encode_request(request_id, "health")):
             self._asking[request_id] = (index, now)
-
-    def _forget_asks(self, index: int) -> None:
-        self._asking = {request_id: ask for request_id, ask in self._asking.items() if ask[0] != index}
 
     def _learn(self, reply: Reply) -> bool:
         """Whether `reply` answers a health request of `_ports`: if so, its class ports are

@@ -75,8 +75,7 @@ CLASS = Section(
             "read by the class's own loop, under the same CURVE keys, and listed in health's ingress. A tcp client "
             "sends the class there (edged.client reads the port from health), as an ipc client does to the ipc "
             "socket beside its endpoint; named on the shared endpoint, the class pays two hand-offs between threads. "
-            "Left out: "
-            'none. See docs/protocol.md, "A socket per class".',
+            'Left out: none. See docs/protocol.md, "A socket per class".',
             low=1,
             high=65535,
             default="none",

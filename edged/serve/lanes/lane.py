@@ -93,7 +93,9 @@ class Lane:
         within the cap makes one call here first: a runtime's per-thread state (ONNX Runtime's
         CUDA handles) is then not made mid-request."""
         self._owner = threading.get_ident()
-        for model in self._models if self._on_loop is not None else ():
+        if self._on_loop is None:
+            return
+        for model in self._models:
             if self.service.estimate_ns(model.name) <= self.inline_cap.most_ns:
                 self._on_loop[model.name].run(model.samples[0].inputs(), model.signature.output_names)
 
