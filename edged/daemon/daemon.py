@@ -280,8 +280,8 @@ class Daemon:
             return False
         if now >= self._drain_deadline_ns:
             return True
-        # Every loop past the stop's fence, and no switch of lanes half done.
-        if not self.loops.fenced() or self._switch is not None:
+        # Past the stop's fence, every loop took up any switch asked before it (`lanes` counts both generations).
+        if not self.loops.fenced():
             return False
         return self.lifecycle.state is State.STOPPING or all(lane.backlog.depth == 0 for lane in self.lanes)
 

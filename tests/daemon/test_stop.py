@@ -163,18 +163,21 @@ def test_sigterm_just_after_a_burst_of_realtime_requests_answers_each_once(
             running.close()
 
 
-def steering_fault_program(trigger: Path) -> list[str]:
-    """`python -m edged` with a bug put on its steering thread by the test: its housekeeping
-    raises on every turn once `trigger` exists (no real fault of that thread is known)."""
+def steering_fault_program(trigger: Path, method: str = "edged.daemon.trimmer:Trimmer.check") -> list[str]:
+    """`python -m edged` with a bug put on its steering thread by the test: `method` (module:Class.name,
+    a step of that thread) raises once `trigger` exists, after doing its work (no real fault of that
+    thread is known)."""
+    module, qualified = method.split(":")
+    owner, name = qualified.split(".")
     code = (
         "import os, runpy\n"
-        "from edged.daemon.trimmer import Trimmer\n"
-        "real = Trimmer.check\n"
-        "def check(self, now_ns):\n"
+        f"from {module} import {owner}\n"
+        f"real = {owner}.{name}\n"
+        "def faulty(self, *args):\n"
+        "    real(self, *args)\n"
         f"    if os.path.exists({str(trigger)!r}):\n"
         "        raise RuntimeError('a fault the test put on the steering thread')\n"
-        "    real(self, now_ns)\n"
-        "Trimmer.check = check\n"
+        f"{owner}.{name} = faulty\n"
         "runpy.run_module('edged', run_name='__main__')\n"
     )
     return [sys.executable, "-c", code]
@@ -225,3 +228,29 @@ def test_an_injected_bug_on_the_steering_thread_drains_refusing_new_requests_ans
     finally:
         running.close()
         listener.close()
+
+
+def test_a_steering_thread_failing_mid_reload_stops_once_the_loops_are_past_its_fence(
+    context: zmq.Context, repository: Path
+) -> None:
+    """The steering thread raises just after handing a reload's lanes to the loops, before it
+    records the switch: with nothing admitted, it stops at once (before, it waited out the whole
+    drain_timeout_ms, 60 s here, for a switch it would never record), answering what comes."""
+    trigger = repository / "fault"
+    config = f'[server]\nmodel_repository = "{repository}"\ndrain_timeout_ms = 60000\n'
+    running = start_daemon(config, program=steering_fault_program(trigger, "edged.daemon.daemon:Daemon._take_loaded"))
+    try:
+        trigger.touch()
+        os.kill(running.pid, signal.SIGHUP)
+        wait_for(lambda: "a fault the test put" in running.log(), 30, "the failure in the log")
+        sock = connect(context, running.ipc)
+        sock.send_multipart(encode_request(1, model="mlp-light", inputs=random_input("mlp-light", 1, 1)))
+        # Answered refused or, should the stop already have closed the socket, never read: either is a stop.
+        if sock.poll(5_000):
+            assert receive(sock, 1_000).status == "UNAVAILABLE"
+        # A reload and a stop take a second or two: 12 s is a fifth of the drain timeout.
+        assert running.process.process.wait(timeout=12) == 1, running.log()[-3000:]
+        assert "the steering thread failed: draining" in running.log()
+        sock.close(linger=0)
+    finally:
+        running.close()
