@@ -140,7 +140,14 @@ def map_sealed(fd: int, nbytes: int, refuse: Callable[[Status, str], ProtocolErr
             "not a memfd of ordinary pages (a file on a file system, a POSIX object, or a huge-page memfd, "
             "MFD_HUGETLB, whose pool can run dry under the daemon): create it with memfd_create(MFD_ALLOW_SEALING)",
         )
-    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as exc:  # a descriptor opened with O_PATH: fstat answers, nothing else does
+        raise refuse(
+            Status.INVALID_ARGUMENT,
+            f"the daemon cannot read its seals ({exc.strerror}): send the descriptor memfd_create returned, "
+            "open for reading and writing",
+        ) from None
     if not seals & fcntl.F_SEAL_SHRINK:
         raise refuse(
             Status.INVALID_ARGUMENT,

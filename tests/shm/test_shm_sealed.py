@@ -173,7 +173,7 @@ def _with_id(header: bytes, request_id: int) -> bytes:
 def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDaemon, conn: socket.socket) -> None:
     unsealed = os.memfd_create("edged-unsealed", os.MFD_ALLOW_SEALING)
     sealed = os.memfd_create("edged-sealed", os.MFD_ALLOW_SEALING)
-    read_only = huge = -1
+    read_only = path_only = huge = -1
     named = shared_memory.SharedMemory(name=f"edged-fd-{os.getpid()}", create=True, size=4096)
     try:
         with contextlib.suppress(OSError):  # where the kernel has no huge pages at all
@@ -184,6 +184,8 @@ def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDa
         os.ftruncate(sealed, 4096)
         fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         read_only = os.open(f"/proc/self/fd/{sealed}", os.O_RDONLY)
+        # A regular file on the memfd device by fstat, but no descriptor to read seals or map through.
+        path_only = os.open(f"/proc/self/fd/{sealed}", os.O_PATH)
         with tempfile.TemporaryFile() as on_disk:
             os.ftruncate(on_disk.fileno(), 4096)
             cases = {
@@ -193,6 +195,7 @@ def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDa
                 "posix object": register_fd(conn, [named._fd], 4096),
                 "too short": register_fd(conn, [sealed], 8192),
                 "read-only": register_fd(conn, [read_only], 4096),
+                "path only": register_fd(conn, [path_only], 4096),
                 "no descriptor": register_fd(conn, [], 4096),
                 "two": register_fd(conn, [sealed, sealed], 4096),
             }
@@ -206,6 +209,7 @@ def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDa
             "huge pages": "huge-page memfd, MFD_HUGETLB, whose pool can run dry under the daemon",
             "too short": "it is 4096 bytes, fewer than the 8192 registered",
             "read-only": "the daemon cannot map it for reading and writing",
+            "path only": "the daemon cannot read its seals (Bad file descriptor): send the descriptor memfd_create",
             "no descriptor": "send one descriptor, the memfd, with each shm_register (SCM_RIGHTS); got 0",
             "two": "got 1 and more, which the daemon closed",
         }
@@ -217,7 +221,7 @@ def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDa
         assert reply["status"] == "OK" and reply["id"] == 9 and reply["bytes"] == 4096, reply
         assert memfd_maps(daemon, "edged-sealed") == 1
     finally:
-        for fd in (unsealed, sealed, read_only, huge):
+        for fd in (unsealed, sealed, read_only, path_only, huge):
             if fd >= 0:
                 os.close(fd)
         named.unlink()
