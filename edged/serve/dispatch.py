@@ -116,7 +116,8 @@ class Dispatcher:
 
     def _route(self, route: Route, request: Request, received_ns: int, more: bool) -> None:
         ingress = route[0].bound[route[1]].klass
-        name = request.klass or ingress or self.serving.config.default_class
+        # Named, even as "", it is checked: only a header without `class` takes the socket's or the default.
+        name = request.klass if request.klass is not None else ingress or self.serving.config.default_class
         if ingress is not None and name != ingress:
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,

@@ -54,6 +54,7 @@ BAD: dict[str, tuple[list[bytes], str, str, Any]] = {
     "unknown model": ([infer(4, model="resnet-1000"), X_BYTES], "NOT_FOUND", "unknown model", 4),
     "no model": ([header(id=4, op="infer", inputs=[X_SPEC]), X_BYTES], "INVALID_ARGUMENT", "'model'", 4),
     "unknown class": ([infer(5, **{"class": "vip"}), X_BYTES], "NOT_FOUND", "unknown class", 5),
+    "empty class": ([infer(5, **{"class": ""}), X_BYTES], "NOT_FOUND", "unknown class ''", 5),
     "class not a string": ([infer(5, **{"class": 7}), X_BYTES], "INVALID_ARGUMENT", "'class'", 5),
     "no inputs": ([header(id=6, model="mlp-light")], "INVALID_ARGUMENT", "'inputs'", 6),
     "unknown dtype": ([infer(6, [{**X_SPEC, "dtype": "float33"}]), X_BYTES], "INVALID_ARGUMENT", "unknown dtype", 6),

@@ -43,6 +43,8 @@ def test_a_request_on_a_class_socket_is_of_that_class_and_health_lists_the_socke
         refused = exchange(sock, encode_request(2, model="mlp-light", klass="bulk", inputs={"x": X}))
         assert refused.header["status"] == "INVALID_ARGUMENT"
         assert "takes class 'realtime' alone" in refused.header["error"]
+        empty = exchange(sock, encode_request(4, model="mlp-light", klass="", inputs={"x": X}))
+        assert "takes class 'realtime' alone" in empty.header["error"], empty.header  # not read as no class
         assert exchange(sock, [msgpack.packb({"v": 1, "id": 3, "op": "health"})]).header["status"] == "OK"
     finally:
         sock.close(linger=0)
