@@ -124,6 +124,8 @@ def _reply_frames(
     timing = timing_us(queue_us, compute_us, total_us)
     if error is None:
         try:
+            for name, slot in job.into.items():  # every slot checked before any byte is written
+                slot.check(name, outputs[name].nbytes if outputs else 0)
             written = {name: slot.write(name, outputs[name]) for name, slot in job.into.items()} if outputs else {}
         except ValueError as exc:  # the client's slot is too small for what the model produced
             return encode_reply(job.request_id, Status.INVALID_ARGUMENT, error=str(exc), timing_us=timing), False

@@ -91,17 +91,19 @@ class Slot:
     region: Region
     target: memoryview
 
-    def write(self, name: str, array: np.ndarray) -> ShmRef:
-        """Write `array`'s bytes at the slot's start; the reference to what was written.
-        Raises ValueError, with the sentence for the client, when it does not fit."""
-        array = np.ascontiguousarray(array)
-        if array.nbytes > self.ref.nbytes:
+    def check(self, name: str, nbytes: int) -> None:
+        """Raise ValueError, with the sentence for the client, where output `name` of `nbytes` does not fit."""
+        if nbytes > self.ref.nbytes:
             raise ValueError(
-                f"output {name!r} is {array.nbytes} bytes, but its slot in region {self.ref.region!r} "
-                f"holds {self.ref.nbytes}"
+                f"output {name!r} is {nbytes} bytes, but its slot in region {self.ref.region!r} holds {self.ref.nbytes}"
             )
-        if self.region.mapping.size() < self.ref.offset + array.nbytes:
+        if self.region.mapping.size() < self.ref.offset + nbytes:
             raise ValueError(f"region {self.ref.region!r} has shrunk; output {name!r} was not written")
+
+    def write(self, name: str, array: np.ndarray) -> ShmRef:
+        """Write `array`'s bytes at the slot's start (`check`ed first); the reference to what was written."""
+        array = np.ascontiguousarray(array)
+        self.check(name, array.nbytes)
         np.frombuffer(self.target, np.uint8, array.nbytes)[:] = array.reshape(-1).view(np.uint8)
         return ShmRef(self.ref.region, self.ref.offset, array.nbytes)
 

@@ -6,6 +6,7 @@ a region stays mapped while a request reads it, and is unmapped once forgotten."
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from multiprocessing import shared_memory
@@ -14,7 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from support import RunningDaemon, connect, exchange, nothing_more, random_input, receive, start_daemon, wait_for
+from onnx import TensorProto, helper
+from support import (
+    RunningDaemon,
+    connect,
+    exchange,
+    nothing_more,
+    random_input,
+    receive,
+    short_dir,
+    start_daemon,
+    wait_for,
+)
+from support.models import save_model
 
 from edged.client import Client, InvalidArgument
 from edged.wire.codec import encode_request
@@ -196,3 +209,44 @@ def test_shared_memory_is_off_unless_enabled() -> None:
         assert set(Path("/dev/shm").glob("edged-*")) == before
     finally:
         running.close()
+
+
+def test_an_output_too_large_for_its_slot_leaves_every_slot_of_the_request_unwritten(
+    obj: shared_memory.SharedMemory,
+) -> None:
+    """A model of two outputs, the second's slot too small: the refusal comes before any
+    byte is written, the first output's slot included (docs/protocol.md: nothing is written)."""
+    root = short_dir()
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Concat", ["x", "x"], ["twice"], axis=1)],
+        "twin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [
+            helper.make_tensor_value_info("same", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("twice", TensorProto.FLOAT, ["N", 8]),
+        ],
+    )
+    spec = {"dtype": "float32"}
+    outputs = [{"name": "same", "shape": [-1, 4], **spec}, {"name": "twice", "shape": [-1, 8], **spec}]
+    save_model(root, graph, [{"name": "x", "shape": [-1, 4], **spec}], outputs)
+    shm = "[shm]\nenabled = true\ntrust_posix_names = true\n"
+    running = start_daemon(f'[server]\nmodel_repository = "{root}"\n{shm}')
+    context = zmq.Context()
+    sock = connect(context, running.ipc)
+    try:
+        status, handle = register(sock, obj.name, obj.size)
+        assert status == "OK", handle
+        x = np.arange(4, dtype=np.float32).reshape(1, 4) + 1
+        into = {"same": ShmRef(handle, 1024, 16), "twice": ShmRef(handle, 2048, 16)}  # twice needs 32
+        reply = exchange(sock, encode_request(2, model="twin", inputs={"x": x}, outputs_shm=into))
+        assert reply.status == "INVALID_ARGUMENT" and "output 'twice' is 32 bytes" in reply.header["error"]
+        assert not any(obj.buf[1024:1040]) and not any(obj.buf[2048:2064]), "a slot was written"
+        into["twice"] = ShmRef(handle, 2048, 32)
+        reply = exchange(sock, encode_request(3, model="twin", inputs={"x": x}, outputs_shm=into))
+        assert reply.status == "OK", reply.header
+        np.testing.assert_array_equal(np.frombuffer(bytes(obj.buf[1024:1040]), np.float32), x[0])
+    finally:
+        sock.close(linger=0)
+        context.term()
+        running.close()
+        shutil.rmtree(root, ignore_errors=True)
