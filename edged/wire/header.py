@@ -22,6 +22,12 @@ from edged.wire.messages import (
 from edged.wire.shm import read_ref
 from edged.wire.tensors import DTYPES
 
+# What msgpack's wordless errors mean, in words for the client.
+_UNSAID = {
+    msgpack.exceptions.StackError: "nested deeper than msgpack's unpacker allows",
+    msgpack.exceptions.FormatError: "byte 0xc1, which msgpack never uses",
+}
+
 
 def unpack_header(frame: Buffer, limits: Limits) -> dict[str, Any]:
     """The header frame as a map, within `limits.max_header_bytes`."""
@@ -32,8 +38,9 @@ def unpack_header(frame: Buffer, limits: Limits) -> dict[str, Any]:
         )
     try:
         header = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for garbage
-        raise ProtocolError(Status.INVALID_ARGUMENT, f"header is not valid msgpack ({exc})") from None
+    except Exception as exc:  # msgpack raises several unrelated types for garbage, two of them without words
+        why = str(exc) or _UNSAID.get(type(exc), type(exc).__name__)
+        raise ProtocolError(Status.INVALID_ARGUMENT, f"header is not valid msgpack ({why})") from None
     if not isinstance(header, dict):
         raise ProtocolError(Status.INVALID_ARGUMENT, f"header must be a msgpack map, got {type(header).__name__}")
     return header
