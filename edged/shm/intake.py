@@ -150,6 +150,10 @@ class FdIntake:
             return bytes(encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes)[0])
         except ProtocolError as exc:
             return bytes(encode_reply(exc.request_id, exc.status, error=exc.message)[0])
+        except Exception as exc:  # a bug here must cost this request, not the connection and its regions
+            log.exception("failed on a memfd registration")
+            error = f"the daemon failed on this request: {exc}"
+            return bytes(encode_reply(request_id, Status.INTERNAL, error=error)[0])
 
     def _drop(self, conn: socket.socket, owner: int) -> None:
         """A connection is over: its regions go with it."""

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -261,3 +262,42 @@ def test_a_posix_name_is_refused_unless_the_daemon_trusts_such_clients(daemon: R
     finally:
         obj.unlink()
         obj.close()
+
+
+def test_a_bug_in_a_memfd_registration_costs_that_request_alone() -> None:
+    """A fault put in the registry for one registration (no real one is known) is answered
+    INTERNAL on the same connection, which keeps its regions and registers more (before:
+    no reply, the connection closed, its earlier region forgotten)."""
+    code = (
+        "import runpy\n"
+        "from edged.shm.registry import Regions\n"
+        "real = Regions.register_fd\n"
+        "def faulty(self, owner, fd, nbytes, name, request_id):\n"
+        "    if name == 'edged-fault':\n"
+        "        raise RuntimeError('a fault the test put in the registry')\n"
+        "    return real(self, owner, fd, nbytes, name, request_id)\n"
+        "Regions.register_fd = faulty\n"
+        "runpy.run_module('edged', run_name='__main__')\n"
+    )
+    running = start_daemon("[shm]\nenabled = true\n", program=[sys.executable, "-c", code])
+    memfd = os.memfd_create("edged-good", os.MFD_ALLOW_SEALING)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        os.ftruncate(memfd, 4096)
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        conn.settimeout(10)
+        conn.connect(shm_socket_path(running.ipc) or "")
+        assert register_fd(conn, [memfd], 4096, request_id=1)["status"] == "OK"
+        request = {"v": 1, "id": 2, "op": "shm_register", "name": "edged-fault", "bytes": 4096}
+        socket.send_fds(conn, [msgpack.packb(request)], [memfd])
+        faulted = msgpack.unpackb(conn.recv(4096) or b"\xc0")
+        assert faulted is not None, "no reply: the connection was closed"
+        assert faulted["status"] == "INTERNAL" and faulted["id"] == 2, faulted
+        assert "a fault the test put in the registry" in faulted["error"]
+        assert register_fd(conn, [memfd], 4096, request_id=3)["status"] == "OK"
+        with Client(running.ipc) as client:
+            assert client.stats()["shm"]["regions"] == 2
+    finally:
+        conn.close()
+        os.close(memfd)
+        running.close()
