@@ -5,6 +5,7 @@ the daemons' sockets (edged.client.sockets). `Client` (edged.client.sync) and
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -119,8 +120,9 @@ class Api(Sockets):
         timeout_ms: float | None = None,
         outputs_into: dict[str, np.ndarray] | None = None,
     ) -> Any:
-        if timeout_ms is None and deadline_ms is not None:
-            # Past its deadline the daemon answers by itself; wait a little beyond it.
+        if timeout_ms is None and deadline_ms is not None and math.isfinite(deadline_ms):
+            # Past its deadline the daemon answers by itself; wait a little beyond it. (One not finite it
+            # refuses at once.)
             timeout_ms = max(deadline_ms * 2, deadline_ms + 1000)
         fields: dict[str, Any] = {}
         if self._regions:

@@ -127,8 +127,9 @@ class Call:
 
     def _send(self, now: float, send: SendFn) -> None:
         hedge = self._want == "hedge"
-        left = self.deadline_ms  # sent as given at once (the daemon judges it), else what is left of it
-        if left is not None and now > self.started:
+        # The first try goes as given, the daemon judging it (0 or less included); a later one with what is left.
+        left = self.deadline_ms
+        if left is not None and (self._sent or self._send_again_at < math.inf):
             left -= now - self.started
             if left <= 0:
                 self._cannot_send()

@@ -89,7 +89,8 @@ class Client(Api):
         call.advance(now_ms(), send)
         while not call.done:
             wait_ms = call.wake_at() - now_ms()
-            ready = self._poller.poll(max(math.ceil(wait_ms), 0)) if wait_ms > 0 else []
+            # An endless wait (timeout_ms = inf) polls without a limit: math.ceil takes no infinity.
+            ready = self._poller.poll(math.ceil(wait_ms) if wait_ms < math.inf else None) if wait_ms > 0 else []
             for sock, _ in ready:
                 self._read(sock, call, send)
             self._follow()

@@ -4,6 +4,7 @@ uvloop, their results, and the exception each non-OK status raises."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +178,27 @@ def test_async_client_raises_the_status_exception(daemon: RunningDaemon) -> None
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
+
+
+@pytest.mark.parametrize("deadline_ms", [0, -5, 1e-4, float("inf"), float("nan")])
+def test_a_deadline_the_daemon_refuses_is_sent_and_refused_not_timed_out(
+    daemon: RunningDaemon, deadline_ms: float
+) -> None:
+    """A deadline of 0 or less, a tiny one, or one not finite goes to the daemon as given, whose
+    answer is the call's (before: NoReply after 0 ms for the first three, OverflowError after
+    sending for the last two); either way within a second."""
+    x = random_input("mlp-light", 1, 0)
+    with Client(daemon.ipc) as client:
+        started = time.monotonic()
+        with pytest.raises((InvalidArgument, Overloaded)) as raised:
+            client.infer("mlp-light", x, deadline_ms=deadline_ms)
+        assert time.monotonic() - started < 1.0
+        assert "deadline" in str(raised.value), raised.value
+        assert client.infer("mlp-light", x)["scores"].shape == (1, 10)
+        (counters,) = client.counters().values()
+        assert counters.late == 0 and counters.timed_out == 0, counters
+
+
+def test_a_client_that_waits_for_ever_is_answered(daemon: RunningDaemon) -> None:
+    with Client(daemon.ipc, timeout_ms=float("inf")) as client:
+        assert client.infer("mlp-light", random_input("mlp-light", 1, 0))["scores"].shape == (1, 10)
