@@ -17,7 +17,7 @@ from edged.client.call import Call
 from edged.client.errors import NoReply, raise_for_status
 from edged.client.fleet import EndpointCounters
 from edged.client.members import DEFAULT_PERIOD_S
-from edged.client.shm import CudaIpcRegion, FdChannel, NamedRegion, SharedRegion
+from edged.client.shm import CudaIpcRegion, FdChannel, NamedRegion, SharedRegion, little_endian
 from edged.client.sockets import Sockets
 from edged.wire.codec import Buffer, Reply, ShmRef, Status, encode_request
 
@@ -202,6 +202,11 @@ class Api(Sockets):
         return array
 
     def _slot(self, name: str, array: np.ndarray) -> ShmRef:
+        if not little_endian(array.dtype):
+            raise ValueError(
+                f"outputs_into[{name!r}] is {array.dtype.str}, big-endian; the daemon writes little-endian bytes: "
+                "give an array of the output's dtype in little-endian order"
+            )
         for region in self._regions:
             if (ref := region.ref(array)) is not None:
                 return ref

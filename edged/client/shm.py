@@ -99,7 +99,8 @@ class SharedRegion:
 
     def tensor(self, array: np.ndarray) -> ShmTensor | None:
         """`array` as an input by reference, if it lies in this region; else None."""
-        ref = self.ref(array)
+        # The wire is little-endian: an array in another byte order goes as a frame, converted.
+        ref = self.ref(array) if little_endian(array.dtype) else None
         return None if ref is None else ShmTensor(ref, wire_name(array.dtype), tuple(array.shape))
 
     def view(self, ref: dict[str, int], dtype: str, shape: list[int]) -> np.ndarray:
@@ -221,3 +222,8 @@ class CudaIpcRegion:
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return ShmTensor(ShmRef(self.handle, offset, nbytes), wire_name(dtype), tuple(shape))
+
+
+def little_endian(dtype: np.dtype) -> bool:
+    """Whether `dtype`'s bytes are in the wire's order (one-byte types always are)."""
+    return dtype.newbyteorder("<") == dtype

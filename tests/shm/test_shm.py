@@ -250,3 +250,22 @@ def test_an_output_too_large_for_its_slot_leaves_every_slot_of_the_request_unwri
         context.term()
         running.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_big_endian_array_in_a_region_goes_converted_and_is_refused_as_an_output_slot(daemon: RunningDaemon) -> None:
+    """The wire is little-endian: a big-endian input lying in a region goes as a frame,
+    converted, and gives what the native array gives (before: its bytes went by reference
+    unconverted, a wrong answer); a big-endian outputs_into array is refused, naming it."""
+    with Client(daemon.ipc) as client:
+        expected = client.infer("mlp-light", {"x": X})["scores"]
+        region = client.shared_region(1 << 20)
+        try:
+            x = region.array(X.shape, ">f4")
+            x[:] = X
+            np.testing.assert_array_equal(client.infer("mlp-light", {"x": x})["scores"], expected)
+            scores = region.array(expected.shape, ">f4")
+            with pytest.raises(ValueError, match="outputs_into\\['scores'\\] is >f4, big-endian"):
+                client.infer("mlp-light", {"x": X}, outputs_into={"scores": scores})
+        finally:
+            del x, scores
+            region.close()
