@@ -99,7 +99,8 @@ class Api(Sockets):
         """Run `model`; returns {output name: array}. Raises an EdgedError unless OK.
 
         `klass` picks the priority class, `deadline_ms` the daemon-side budget,
-        `outputs` a subset of outputs, `timeout_ms` how long this client waits. An input
+        `outputs` a subset of outputs, `timeout_ms` how long this client waits (left out with a
+        deadline: past the deadline, docs/clients.md). An input
         that lies in a registered SharedRegion goes by reference; `outputs_into` names
         arrays in one for the daemon to write outputs into (edged.client.shm).
         """
