@@ -45,8 +45,9 @@ class AsyncClient(Api):
         self._regions = []
         self._fd_channel = None
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
-        # Each socket's reading task, from the first call on (the loop runs only then).
+        # Each socket's reading task, from the first call on (the loop runs only then), on that call's loop.
         self._receivers: dict[zmq.asyncio.Socket, asyncio.Task[None]] | None = None
+        self._receivers_loop: asyncio.AbstractEventLoop | None = None
         self._start(endpoints, hedge, hedge_after_ms, resolve_every_s, resolve)
 
     def _watch(self, sock: zmq.asyncio.Socket, index: int) -> None:
@@ -66,10 +67,12 @@ class AsyncClient(Api):
 
     async def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         loop = asyncio.get_running_loop()
-        if self._receivers is None:
+        call = self._new_call(op, fields, timeout_ms)
+        # The first call, or the first on another loop: asyncio.run cancels every task of its loop at its end.
+        if self._receivers_loop is not loop:
+            self._receivers_loop = loop
             self._receivers = {s: loop.create_task(self._receive(s, i)) for s, i in self._daemon_of.items()}
         self._follow()
-        call = self._new_call(op, fields, timeout_ms)
         settled: asyncio.Future[None] = loop.create_future()
         ids: list[int] = []
 

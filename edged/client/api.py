@@ -57,6 +57,8 @@ class Api(Sockets):
         return self._call(op, fields, timeout_ms or self.timeout_ms, lambda r: parse(raise_for_status(r)))
 
     def _new_call(self, op: str, fields: dict[str, Any], timeout_ms: float) -> Call:
+        if self.closed:
+            raise RuntimeError("this client is closed: its sockets are gone; make a new one")
         model = fields.get("model") if op == "infer" else None
         return Call(self._fleet, model, fields.get("deadline_ms"), timeout_ms, now_ms())
 

@@ -40,6 +40,7 @@ class Sockets:
     _daemon_of: dict[Any, int]  # every socket open: the daemon it reaches, by slot
     # Per daemon and class: a DEALER on that class's own socket; None where it has none.
     _class_sockets: dict[tuple[int, str], Any]
+    closed: bool  # by close(): a call then raises at once
 
     def _start(
         self,
@@ -64,6 +65,7 @@ class Sockets:
         self._class_sockets = {}
         self._daemon_of = {}
         self._learned, self._asking = {}, {}
+        self.closed = False
         for index in range(len(self._fleet.endpoints)):
             self._open(index)
 
@@ -121,6 +123,7 @@ class Sockets:
 
     def _close_sockets(self) -> None:
         """Every socket closed, and the name no longer followed."""
+        self.closed = True
         if self._members is not None:
             self._members.close()
         for sock in self._daemon_of:

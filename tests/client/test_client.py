@@ -202,3 +202,38 @@ def test_a_deadline_the_daemon_refuses_is_sent_and_refused_not_timed_out(
 def test_a_client_that_waits_for_ever_is_answered(daemon: RunningDaemon) -> None:
     with Client(daemon.ipc, timeout_ms=float("inf")) as client:
         assert client.infer("mlp-light", random_input("mlp-light", 1, 0))["scores"].shape == (1, 10)
+
+
+def test_an_async_client_serves_a_second_event_loop(daemon: RunningDaemon) -> None:
+    """asyncio.run twice with one client: its readers follow the new loop (before: the first
+    loop's, cancelled at its end, and the second run's call raised NoReply)."""
+    client = AsyncClient(daemon.ipc, timeout_ms=2000)
+    x = random_input("mlp-light", 1, 0)
+
+    async def one() -> tuple[int, ...]:
+        return (await client.infer("mlp-light", x))["scores"].shape
+
+    try:
+        assert asyncio.run(one()) == (1, 10)
+        assert asyncio.run(one()) == (1, 10)
+    finally:
+        asyncio.run(client.close())
+
+
+def test_a_closed_client_says_so_at_once(daemon: RunningDaemon) -> None:
+    """Sync and async alike (before: ZMQError ENOTSOCK; the async client waited out its timeout)."""
+    x = random_input("mlp-light", 1, 0)
+    client = Client(daemon.ipc)
+    client.close()
+    with pytest.raises(RuntimeError, match="this client is closed"):
+        client.infer("mlp-light", x)
+
+    async def after_close() -> None:
+        async with AsyncClient(daemon.ipc, timeout_ms=3000) as async_client:
+            assert (await async_client.infer("mlp-light", x))["scores"].shape == (1, 10)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="this client is closed"):
+            await async_client.infer("mlp-light", x)
+        assert time.monotonic() - started < 1.0
+
+    asyncio.run(after_close())
