@@ -54,7 +54,8 @@ class Api(Sockets):
             raise
 
     def _request(self, op: str, parse: Callable[[Reply], Any], timeout_ms: float | None = None, **fields: Any) -> Any:
-        return self._call(op, fields, timeout_ms or self.timeout_ms, lambda r: parse(raise_for_status(r)))
+        timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        return self._call(op, fields, timeout_ms, lambda r: parse(raise_for_status(r)))
 
     def _new_call(self, op: str, fields: dict[str, Any], timeout_ms: float) -> Call:
         if self.closed:

@@ -36,7 +36,10 @@ def is_loopback(endpoint: str) -> bool:
 def class_endpoint(endpoint: str, klass: str, tcp_port: int | None = None) -> str | None:
     """Where the socket of `klass` alone sits beside the shared `endpoint`: ipc://DIR/NAME.sock
     gives ipc://DIR/NAME-KLASS.sock; tcp://HOST:PORT gives tcp://HOST:`tcp_port` (the
-    class's tcp_port, which both sides must know), and None without one."""
+    class's tcp_port, which both sides must know), and None without one, or for a name no
+    file may carry (a client's unknown class: the shared endpoint then says so)."""
+    if not klass or "/" in klass:
+        return None
     if is_tcp(endpoint):
         return None if tcp_port is None else f"{endpoint.rpartition(':')[0]}:{tcp_port}"
     path = PurePosixPath(endpoint[len("ipc://") :])

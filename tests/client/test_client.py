@@ -237,3 +237,10 @@ def test_a_closed_client_says_so_at_once(daemon: RunningDaemon) -> None:
         assert time.monotonic() - started < 1.0
 
     asyncio.run(after_close())
+
+
+@pytest.mark.parametrize("klass", ["a/b", ""])
+def test_a_class_no_socket_file_can_name_is_refused_by_the_daemon(daemon: RunningDaemon, klass: str) -> None:
+    """Before: "a/b" raised pathlib's ValueError from the client's class-socket path."""
+    with Client(daemon.ipc) as client, pytest.raises(NotFound, match="unknown class"):
+        client.infer("mlp-light", random_input("mlp-light", 1, 0), klass=klass)
