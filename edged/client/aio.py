@@ -42,7 +42,7 @@ class AsyncClient(Api):
         self._context = zmq.asyncio.Context()
         self._curve = curve
         self._class_ports = None if class_ports is None else dict(class_ports)
-        self._regions = []
+        self._regions, self._made = [], []
         self._fd_channel = None
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
         # Each socket's reading task, from the first call on (the loop runs only then), on that call's loop.
@@ -127,8 +127,7 @@ class AsyncClient(Api):
         for receiver in (self._receivers or {}).values():
             receiver.cancel()
         self._close_sockets()
-        if self._fd_channel is not None:
-            self._fd_channel.close()
+        self._close_shared()
         self._context.term()
 
     async def __aenter__(self) -> AsyncClient:

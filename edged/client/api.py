@@ -33,6 +33,9 @@ class Api(Sockets):
     _ids: Iterator[int]
     _regions: list[SharedRegion]  # registered with the daemon (edged.client.shm)
     _fd_channel: FdChannel | None  # to the daemon's memfd socket, once a memfd was registered
+    # Made by shared_region and not yet answered: the caller never holds one whose call raised (NoReply,
+    # cancelled), so close() closes it.
+    _made: list[SharedRegion]
 
     def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         raise NotImplementedError
@@ -50,6 +53,7 @@ class Api(Sockets):
             return self._fd_channel.register(region, self.timeout_ms)
         except BaseException:
             if owned:
+                self._made.remove(region)
                 region.close()
             raise
 
@@ -181,16 +185,28 @@ class Api(Sockets):
             raise ValueError("shared memory needs a client of one endpoint: a region is registered with one daemon")
 
         def registered(reply: Reply) -> SharedRegion | CudaIpcRegion:
-            if reply.status is not Status.OK and owned and isinstance(region, SharedRegion):
-                region.close()  # made for this call alone, and refused: nothing is left behind
+            if owned and isinstance(region, SharedRegion):
+                self._made.remove(region)
+                if reply.status is not Status.OK:
+                    region.close()  # made for this call alone, and refused: nothing is left behind
             region.handle = raise_for_status(reply).header["region"]
             if isinstance(region, SharedRegion):
                 self._regions.append(region)
             return region
 
+        if owned and isinstance(region, SharedRegion):
+            self._made.append(region)
         if fields is None and isinstance(region, SharedRegion):
             return self._call_fd(region, owned, registered)
         return self._call("shm_register", fields or {}, self.timeout_ms, registered)
+
+    def _close_shared(self) -> None:
+        """At close: the memfd socket, and the regions made for calls that never returned them."""
+        if self._fd_channel is not None:
+            self._fd_channel.close()
+        for region in self._made:
+            region.close()
+        self._made.clear()
 
     def unregister(self, region: SharedRegion | CudaIpcRegion) -> Any:
         """Have the daemon forget `region` (shm_unregister); inputs in it go as frames again."""

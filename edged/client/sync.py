@@ -55,7 +55,7 @@ class Client(Api):
         self._context = context or zmq.Context.instance()
         self._curve = curve
         self._class_ports = None if class_ports is None else dict(class_ports)
-        self._regions = []
+        self._regions, self._made = [], []
         self._fd_channel = None
         self._poller = zmq.Poller()
         self._start(endpoints, hedge, hedge_after_ms, resolve_every_s, resolve)
@@ -125,8 +125,7 @@ class Client(Api):
 
     def close(self) -> None:
         self._close_sockets()
-        if self._fd_channel is not None:
-            self._fd_channel.close()
+        self._close_shared()
 
     def __enter__(self) -> Client:
         return self

@@ -4,6 +4,7 @@ uvloop, their results, and the exception each non-OK status raises."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -244,3 +245,15 @@ def test_a_class_no_socket_file_can_name_is_refused_by_the_daemon(daemon: Runnin
     """Before: "a/b" raised pathlib's ValueError from the client's class-socket path."""
     with Client(daemon.ipc) as client, pytest.raises(NotFound, match="unknown class"):
         client.infer("mlp-light", random_input("mlp-light", 1, 0), klass=klass)
+
+
+def test_a_named_region_whose_registration_got_no_reply_is_gone_once_the_client_closes(short_tmp: Path) -> None:
+    """No daemon answers: shared_region raises NoReply and the caller never holds the region,
+    so the client unlinks it at close (before: its POSIX object stayed in /dev/shm)."""
+    prefix = f"edged-noreply-{os.getpid()}-"
+    client = Client(f"ipc://{short_tmp}/nobody.sock", timeout_ms=200)
+    with pytest.raises(NoReply):
+        client.shared_region(4096, prefix=prefix, named=True)
+    assert any(name.startswith(prefix) for name in os.listdir("/dev/shm"))
+    client.close()
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
