@@ -3,6 +3,7 @@ daemon goes on serving: every case here is raw frames on a real DEALER socket.""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from onnx import TensorProto, helper
 from support import (
     Reference,
     RunningDaemon,
@@ -20,7 +22,10 @@ from support import (
     nothing_more,
     receive,
     receive_or_death,
+    short_dir,
+    start_daemon,
 )
+from support.models import save_model
 
 from edged.loadgen.launch import resident_kib
 from edged.wire.codec import encode_request
@@ -194,3 +199,34 @@ def test_hostile_header_values_get_one_reply_and_the_daemon_survives(
     assert reply.header["id"] == msgpack.unpackb(HOSTILE[case]()[0])["id"]
     assert running.alive(), running.log()[-2000:]
     check_still_serving(sock, reference)
+
+
+def test_a_request_of_zero_rows_for_a_size_priced_model_on_bulk_is_answered_and_bulk_serves_on(
+    context: zmq.Context,
+) -> None:
+    """0 rows is a valid shape. On bulk, which batches by rows under a call's time cap, a model
+    priced by size divided its price by the rows: the worker died, and nothing on bulk was
+    answered again."""
+    root = short_dir()
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1)],
+        "summer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "L"])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [1])],
+    )
+    spec = {"dtype": "float32"}
+    save_model(root, graph, [{"name": "x", "shape": [-1, -1], **spec}], [{"name": "s", "shape": [-1, 1], **spec}])
+    running = start_daemon(f'[server]\nmodel_repository = "{root}"\n')
+    sock = connect(context, running.ipc)
+    try:
+        empty = exchange(
+            sock, encode_request(1, model="summer", klass="bulk", inputs={"x": np.zeros((0, 4), np.float32)})
+        )
+        assert empty.status == "OK" and empty.output().shape == (0, 1), empty.header
+        one = exchange(sock, encode_request(2, model="summer", klass="bulk", inputs={"x": np.ones((1, 4), np.float32)}))
+        assert one.status == "OK" and one.output().tolist() == [[4.0]], one.header
+    finally:
+        sock.close(linger=0)
+        running.close()
+        shutil.rmtree(root, ignore_errors=True)

@@ -112,6 +112,8 @@ class Worker:
                 self.answers.failures(batch, time.monotonic_ns(), f"the daemon failed on this request: {exc}")
             # Drop the jobs before blocking: their frames or mapped shared memory go now, not at the next job.
             job = batch = None
+        if held is not None:  # given up on by the watchdog: a job `fill` held back goes to the one replacing it
+            self.jobs.put(held)
         for runner in self.runners.values():
             runner.close()
         if self.stepper is not None:
@@ -136,7 +138,7 @@ class Worker:
         if not cap_ns:
             return sys.maxsize
         if job.model.signature.sized:
-            row_ns = job.cost_ns / job.rows
+            row_ns = job.cost_ns / max(job.rows, 1)  # a request of 0 rows is valid, and its own batch
             return max(int(cap_ns // row_ns), 1) if row_ns > 0 else sys.maxsize
         name = job.model.name
         first_ns, extra_ns = self.service.estimate_ns(name, 1), self.service.extra_row_ns(name)

@@ -510,3 +510,62 @@ def test_a_batch_wait_ends_even_when_its_deadline_passes_inside_the_queue(models
 
     threading.Thread(target=batches, daemon=True).start()
     assert done.wait(60), "a batch wait never ended"
+
+
+class FirstTwoCallsHeld:
+    """The real backend, whose first two calls once `armed` each wait for their own gate."""
+
+    def __init__(self) -> None:
+        self.real = OnnxRuntimeCpu()
+        self.armed = False
+        self.calls = 0
+        self.gates = [threading.Event(), threading.Event()]
+        self.entered = [threading.Event(), threading.Event()]
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> object:
+        real, owner = self.real.load(model, lane), self
+
+        class Runner:
+            def run(self, inputs, output_names):
+                if owner.armed and owner.calls < 2:
+                    call = owner.calls
+                    owner.calls += 1
+                    owner.entered[call].set()
+                    assert owner.gates[call].wait(timeout=30), "the test never opened the gate"
+                return real.run(inputs, output_names)
+
+            def close(self) -> None:
+                real.close()
+
+        return Runner()
+
+
+def test_a_job_held_back_from_a_hung_batch_runs_on_the_worker_that_replaces_it(models):
+    """The worker takes X, holds B (another model) back from X's batch, and X's call hangs: the
+    watchdog answers X and replaces the worker, and B runs once X's call returns (before: the
+    worker given up on dropped B, never answered, its work held by the lane for good)."""
+    backend = FirstTwoCallsHeld()
+    klass = ClassConfig("held", order=0, max_batch=8, batch_wait_us=0, inline_max_us=0, stuck_after_ms=100)
+    lane = Lane(klass, [models["mlp-light"], models["cnn-heavy"]], backend)
+    lane.start()
+    lane.own()
+    backend.armed = True
+    light, heavy = models["mlp-light"], models["cnn-heavy"]
+    x, image = np.ones((1, 64), np.float32), np.zeros((1, 3, 64, 64), np.float32)
+    lane.enqueue(job(light, x, 71))
+    assert backend.entered[0].wait(5)  # the worker is inside 71's call
+    lane.enqueue(job(light, x, 72))
+    lane.enqueue(job(heavy, image, 73))  # queued behind 72, not of its batch
+    backend.gates[0].set()
+    assert backend.entered[1].wait(5)  # 72's call hangs, 73 held back
+    time.sleep(0.2)
+    lane.crew.check_stuck(time.monotonic_ns())
+    backend.gates[1].set()
+    got = collect(REPLIES.queue, 3)
+    assert {route: reply.status for route, reply in got.items()} == {
+        71: Status.OK,
+        72: Status.INTERNAL,
+        73: Status.OK,
+    }
+    assert lane.backlog.depth == 0
+    lane.crew.stop(5.0)
