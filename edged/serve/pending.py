@@ -37,8 +37,9 @@ class PendingBytes:
                     f"more than limits.max_pending_bytes = {self._total_cap}"
                 )
             else:
-                self._by_peer[peer] = held + nbytes
-                self._total += nbytes
+                if nbytes:  # nothing held (inputs in shared memory, 0 rows): no entry, which give_back would keep
+                    self._by_peer[peer] = held + nbytes
+                    self._total += nbytes
                 return None
         return Shed("bytes", why, retry_hint_ms(backlog.average_job_ns))
 
@@ -55,3 +56,8 @@ class PendingBytes:
     def total(self) -> int:
         """The bytes held now, by every peer."""
         return self._total
+
+    @property
+    def peers(self) -> int:
+        """How many peers hold bytes now."""
+        return len(self._by_peer)

@@ -57,3 +57,24 @@ def test_the_watchdog_looks_next_when_the_oldest_open_call_passes_its_limit() ->
     for thread in threads:
         thread.join()
     assert calls.oldest_ns(100) == 100
+
+
+def test_a_thread_given_up_on_is_replaced_once_whatever_calls_it_makes_after() -> None:
+    """An abandoned worker that returns and makes more calls (re-running a failed batch's
+    jobs one by one, a pipeline's next step) is not found overdue, and replaced, again."""
+    calls = OpenCalls()
+    found = []
+
+    def call_twice() -> None:
+        calls.begin([], 0)
+        found.append(calls.overdue(now_ns=100, limit_ns=10))
+        calls.end()
+        calls.begin([], 200)  # a later call of the thread given up on
+        found.append(calls.overdue(now_ns=1_000, limit_ns=10))
+        calls.end()
+
+    thread = threading.Thread(target=call_twice)
+    thread.start()
+    thread.join()
+    assert calls.abandoned(thread)
+    assert [overdue.workers_lost for overdue in found] == [1, 0], found

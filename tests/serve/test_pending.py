@@ -67,3 +67,13 @@ def test_a_client_past_its_budget_is_shed_and_the_others_are_served(
     finally:
         greedy.close(linger=0)
         other.close(linger=0)
+
+
+def test_a_request_holding_no_bytes_leaves_no_entry_behind() -> None:
+    """Inputs in shared memory or 0 rows hold 0 bytes: taken and given back, nothing stays
+    per peer (an entry of 0 was kept for every such peer before)."""
+    pending = PendingBytes(Limits())
+    for peer in range(1000):
+        assert pending.take(str(peer).encode(), 0, Backlog()) is None
+        pending.give_back(str(peer).encode(), 0)
+    assert pending.total == 0 and pending.peers == 0

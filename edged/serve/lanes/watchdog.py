@@ -38,8 +38,10 @@ class OpenCalls:
         self._abandoned: set[int] = set()  # idents of worker threads given up on
 
     def begin(self, jobs: list[Job], now_ns: int) -> None:
+        ident = threading.get_ident()
         with self._lock:
-            self._open[threading.get_ident()] = _Call(now_ns, jobs, sum(job.cost_ns for job in jobs))
+            # A thread given up on is replaced once: a later call of its own counts as found overdue already.
+            self._open[ident] = _Call(now_ns, jobs, sum(job.cost_ns for job in jobs), ident in self._abandoned)
 
     def end(self) -> None:
         with self._lock:
