@@ -11,7 +11,7 @@ import os
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from edged.config.classes import ClassConfig, default_classes, parse_classes
@@ -103,6 +103,12 @@ def load_config(path: Path | None = None) -> Config:
             raw = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist: give an existing file to --config") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {path} is a folder: give the TOML file to --config") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8, as TOML must be: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     return parse_config(raw, base_dir=Path(path).resolve().parent if path else Path.cwd())
@@ -247,6 +253,8 @@ def _check_endpoints(endpoints: Any, key: str) -> None:
             endpoint,
             'an "ipc://PATH" or "tcp://HOST:PORT" URL',
         )
+        if endpoint.startswith("ipc://") and not PurePosixPath(endpoint[len("ipc://") :]).name:
+            raise ConfigError(f"{key}: {endpoint!r} names no socket file: give one, as ipc:///run/edged/edged.sock")
         if endpoint.startswith("ipc://") and len(endpoint) - len("ipc://") > 107:
             raise ConfigError(
                 f"{key}: ipc path {endpoint!r} is longer than the 107 bytes a unix socket allows; use a shorter path"

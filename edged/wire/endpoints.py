@@ -9,6 +9,7 @@ import errno
 import ipaddress
 import os
 import socket
+import stat
 from pathlib import Path, PurePosixPath
 
 LOOPBACK_NAMES = ("localhost", "lo")
@@ -77,9 +78,16 @@ def restrict_ipc_socket(path: Path, mode: int, group: int | None) -> None:
 
 def prepare_ipc_path(path: Path) -> None:
     """Create the socket's folder, and refuse to steal a socket another daemon serves."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EndpointError(f"cannot make the folder of ipc socket {path}: {exc.strerror}") from None
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
         return
+    if not stat.S_ISSOCK(mode):  # a file, a folder, a link: someone else's, never removed
+        raise EndpointError(f"{path} is not a socket: choose another endpoint (edged removes only a dead socket)")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(path))

@@ -166,3 +166,38 @@ def test_serve_with_an_empty_repository_exits_1_saying_why(short_tmp: Path) -> N
     result = serve("--config", str(config), "--endpoint", f"ipc://{short_tmp}/d.sock")
     assert result.returncode == 1
     assert "no model" in result.stderr
+
+
+def test_serve_refuses_an_ipc_path_that_is_no_socket_and_leaves_it_alone(short_tmp: Path) -> None:
+    """A file there (before: deleted, as a dead daemon's socket is) or a folder (a traceback)."""
+    victim = short_tmp / "notes.txt"
+    victim.write_text("a user's file")
+    folder = short_tmp / "folder.sock"
+    folder.mkdir()
+    for path in (victim, folder):
+        result = serve("--endpoint", f"ipc://{path}")
+        assert result.returncode == 1, result.stderr
+        assert "is not a socket" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert victim.read_text() == "a user's file" and folder.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (("--endpoint", "ipc://"), "names no socket file"),
+        (("--endpoint", "ipc:///proc/none/d.sock"), "cannot make the folder of ipc socket"),
+        (("--config", "CONFIG_DIR"), "is a folder"),
+        (("--config", "NOT_UTF8"), "not UTF-8"),
+    ],
+)
+def test_serve_with_an_endpoint_or_config_it_cannot_read_says_why_without_a_traceback(
+    short_tmp: Path, args: tuple[str, str], phrase: str
+) -> None:
+    not_utf8 = short_tmp / "latin.toml"
+    not_utf8.write_bytes(b"\xff\xfe[server]\n")
+    where = {"CONFIG_DIR": str(short_tmp), "NOT_UTF8": str(not_utf8)}
+    args = tuple(where.get(arg, arg) for arg in args)
+    endpoint = () if "--endpoint" in args else ("--endpoint", f"ipc://{short_tmp}/d.sock")
+    result = serve(*args, *endpoint)
+    assert result.returncode in (1, 2), result.stderr
+    assert phrase in result.stderr and "Traceback" not in result.stderr, result.stderr
