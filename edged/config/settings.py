@@ -64,12 +64,24 @@ def no_unknown(table: dict[str, Any], known: set[str], prefix: str) -> None:
             raise ConfigError(f"unknown key {prefix}{key}: known keys here are {', '.join(sorted(known))}")
 
 
+# A ceiling for every integer key that names none: TOML takes integers past 64 bits, and a duration
+# past what a clock or a sleep can hold failed only while serving (batch_wait_us at 2**63 killed a
+# worker). 2**40 is 12 days in us, 35 years in ms, 1 TiB in bytes: past any setting's need.
+MOST_INT = 2**40
+
+
 def read_int(table: dict[str, Any], key: Key, default: int, prefix: str) -> int:
-    """The integer at `key`, within the key's low and high."""
+    """The integer at `key`, within the key's low and high (MOST_INT where it names none)."""
     value = table.get(key.name, default)
-    low, high = key.low if key.low is not None else 0, key.high
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
-    expect(ok, prefix + key.name, value, key.valid)
+    low, high = key.low if key.low is not None else 0, key.high if key.high is not None else MOST_INT
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    past = whole and key.high is None and value > high  # a key with a high of its own says it
+    expect(
+        whole and low <= value <= high,
+        prefix + key.name,
+        value,
+        f"at most {high:,}: {key.valid}" if past else key.valid,
+    )
     return value
 
 

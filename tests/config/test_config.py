@@ -342,3 +342,18 @@ def test_the_inline_cap_is_as_set_or_left_to_the_daemon() -> None:
 def test_a_class_tcp_port_is_refused_where_it_cannot_be_bound(text: str, refusal: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(refusal)):
         parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[classes.bulk]\nbatch_wait_us = 9223372036854775807\n", r"classes\.bulk\.batch_wait_us"),
+        ("[server]\ndrain_timeout_ms = 9223372036854775807\n", r"server\.drain_timeout_ms"),
+        ("[server]\nmax_message_bytes = 99999999999999999999999\n", r"server\.max_message_bytes"),
+    ],
+)
+def test_an_integer_past_any_need_is_refused_at_start_up_naming_its_key(text: str, key: str) -> None:
+    """TOML takes integers past 64 bits: accepted, batch_wait_us at 2**63 killed bulk's worker at
+    its first request, and the others failed at a stop or a bind."""
+    with pytest.raises(ConfigError, match=key + r" = \d+ is not valid: set it to at most 1,099,511,627,776"):
+        parse(text)
