@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 from edged.config.class_keys import CLASS
 from edged.config.settings import ConfigError, expect, no_unknown, read_bool, read_int
+
+CLASS_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +177,8 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
     # A file that names classes defines the full set; a file that names none keeps the defaults.
     for name, settings in table.items() if table else ((n, {}) for n in defaults):
         prefix = f"classes.{name}."
+        # The name is a socket file's too (edged.wire.endpoints.class_endpoint), and a word in every log line.
+        expect(CLASS_NAME.fullmatch(name) is not None, "classes", name, "class names of letters, digits, '_' and '-'")
         expect(isinstance(settings, dict), f"classes.{name}", settings, "a table")
         base = defaults.get(name, ClassConfig(name, order=len(classes)))
         if "reserved_memory_mb" in settings:
@@ -215,7 +220,8 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
         affinity = settings.get("cpu_affinity", list(base.cpu_affinity))
         usable = usable_cores()
         expect(
-            isinstance(affinity, list) and all(isinstance(c, int) and c in usable for c in affinity),
+            isinstance(affinity, list)
+            and all(isinstance(c, int) and not isinstance(c, bool) and c in usable for c in affinity),
             prefix + "cpu_affinity",
             affinity,
             f"a list of the cores this process may use, {usable} (empty: any)",

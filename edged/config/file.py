@@ -19,6 +19,7 @@ from edged.config.keys import LIMITS, METRICS, SECURITY, SERVER
 from edged.config.settings import ConfigError, expect, no_unknown, read_bool, read_int, subtable
 from edged.config.shm import ShmConfig, read_shm
 from edged.wire.codec import Limits
+from edged.wire.endpoints import is_tcp
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # edged/, beside the repository in a checkout
 
@@ -253,6 +254,10 @@ def _check_endpoints(endpoints: Any, key: str) -> None:
             endpoint,
             'an "ipc://PATH" or "tcp://HOST:PORT" URL',
         )
+        port = endpoint.rpartition(":")[2] if is_tcp(endpoint) else "1"
+        if not (port.isdigit() and 1 <= int(port) <= 65535):
+            # ZeroMQ takes a port past 65535 and binds another; 0 or * one it picks, which no client is told.
+            raise ConfigError(f"{key}: {endpoint!r} names no port from 1 to 65535: give one, as tcp://127.0.0.1:5555")
         if endpoint.startswith("ipc://") and not PurePosixPath(endpoint[len("ipc://") :]).name:
             raise ConfigError(f"{key}: {endpoint!r} names no socket file: give one, as ipc:///run/edged/edged.sock")
         if endpoint.startswith("ipc://") and len(endpoint) - len("ipc://") > 107:

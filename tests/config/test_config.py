@@ -357,3 +357,21 @@ def test_an_integer_past_any_need_is_refused_at_start_up_naming_its_key(text: st
     its first request, and the others failed at a stop or a bind."""
     with pytest.raises(ConfigError, match=key + r" = \d+ is not valid: set it to at most 1,099,511,627,776"):
         parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "phrase"),
+    [
+        ('[server]\nendpoints = ["tcp://127.0.0.1:99999"]\n', "names no port from 1 to 65535"),
+        ('[server]\nendpoints = ["tcp://127.0.0.1:0"]\n', "names no port from 1 to 65535"),
+        ('[server]\nendpoints = ["tcp://127.0.0.1"]\n', "names no port from 1 to 65535"),
+        ('[server]\ndefault_class = "a/b"\n[classes."a/b"]\n', "class names of letters, digits"),
+        ('[server]\ndefault_class = ""\n[classes.""]\n', "class names of letters, digits"),
+        ("[classes.realtime]\ncpu_affinity = [true]\n", r"classes\.realtime\.cpu_affinity"),
+    ],
+)
+def test_what_would_bind_elsewhere_or_name_no_file_is_refused(text: str, phrase: str) -> None:
+    """Accepted before: port 99999 bound another port while the log named 99999, port 0 one no
+    client is told, a class "a/b" or "" no socket file can carry, a core given as true."""
+    with pytest.raises(ConfigError, match=phrase):
+        parse(text)
