@@ -32,10 +32,10 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     if args.isolation:
         return _bench_isolation(args)
-    streams = [Stream.parse(text) for text in args.mix or ["realtime:mlp-light:200", "bulk:cnn-heavy:200"]]
+    streams = args.mix or [Stream.parse("realtime:mlp-light:200"), Stream.parse("bulk:cnn-heavy:200")]
     if args.endpoint and (len(args.endpoint) > 1 or named(args.endpoint[0])):
         return _bench_fleet(args, streams)  # several daemons, or a DNS name that stands for several
-    factors = [float(f) for f in args.sweep.split(",")]
+    factors = args.sweep
     with tempfile.TemporaryDirectory(prefix="edged-bench-") as folder:
         if args.endpoint:
             steps = run_sweep(args.endpoint[0], streams, factors, args.duration, progress_to_stderr)

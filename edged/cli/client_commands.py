@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edged.cli.arguments import positive_float, positive_int
 from edged.config import default_endpoint
 
 if TYPE_CHECKING:
@@ -48,10 +49,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="NAME=FILE.npy",
         help="an input from a .npy file, repeatable; inputs not given are random",
     )
-    infer.add_argument("--batch", type=int, default=1, help="batch size of random inputs (default 1)")
+    infer.add_argument("--batch", type=positive_int, default=1, help="batch size of random inputs (default 1)")
     infer.add_argument("--class", dest="klass", help="priority class (default: the daemon's default)")
     infer.add_argument("--deadline-ms", type=float, help="the request's time budget in the daemon")
-    infer.add_argument("--repeat", type=int, default=1, help="send it this many times and print latency percentiles")
+    infer.add_argument(
+        "--repeat", type=positive_int, default=1, help="send it this many times and print latency percentiles"
+    )
     infer.set_defaults(run=_infer)
 
 
@@ -61,7 +64,7 @@ def _endpoint_option(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("EDGED_ENDPOINT") or default_endpoint(),
         help="the daemon's endpoint (default: $EDGED_ENDPOINT, else the default ipc socket)",
     )
-    parser.add_argument("--timeout-ms", type=float, default=5000.0, help="how long to wait for a reply")
+    parser.add_argument("--timeout-ms", type=positive_float, default=5000.0, help="how long to wait for a reply")
     parser.add_argument("--server-key", type=Path, help="a CURVE tcp endpoint: the daemon's public key file")
     parser.add_argument("--client-key", type=Path, help="a CURVE tcp endpoint: this client's .key_secret file")
 

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from edged.cli.arguments import positive_float, positive_floats, stream
 from edged.config import ConfigError, load_config
 
 
@@ -23,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
         from edged.client import EdgedError
 
         if isinstance(exc, EdgedError):
+            print(f"edged: {exc}", file=sys.stderr)
+            return 1
+        # A client command's bad endpoint (ZeroMQ refuses it) or missing file: one line, not a traceback.
+        import zmq
+
+        if args.command != "serve" and isinstance(exc, (zmq.ZMQError, OSError)):
             print(f"edged: {exc}", file=sys.stderr)
             return 1
         raise
@@ -102,11 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--mix",
         action="append",
+        type=stream,
         metavar="CLASS:MODEL:RATE[:DEADLINE_MS[:ROWS]]",
         help="a stream of Poisson arrivals, repeatable (default: realtime:mlp-light:200 and bulk:cnn-heavy:200)",
     )
-    bench.add_argument("--duration", type=float, default=10.0, help="seconds per step (default 10)")
-    bench.add_argument("--sweep", default="1", help="multipliers of every rate, one step each, e.g. 0.5,1,2,3")
+    bench.add_argument("--duration", type=positive_float, default=10.0, help="seconds per step (default 10)")
+    bench.add_argument(
+        "--sweep", type=positive_floats, default=[1.0], help="multipliers of every rate, one step each, e.g. 0.5,1,2,3"
+    )
     bench.add_argument("--json", type=Path, help="write every step's figures here")
     bench.add_argument("--png", type=Path, help="plot latency percentiles against offered load here")
     bench.add_argument(

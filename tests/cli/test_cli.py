@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 from support import Reference, RunningDaemon, established, free_tcp_port, run_edged
 
 from edged.client import Client
@@ -171,3 +172,35 @@ def test_no_daemon_exits_1_saying_no_reply(short_tmp: Path) -> None:
 def models_of(daemon: RunningDaemon) -> list[dict[str, object]]:
     with Client(daemon.ipc) as client:
         return client.models()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "phrase"),
+    [
+        (("health", "--endpoint", "tcp://127.0.0.1:abc"), 1, "edged: "),
+        (("health", "--endpoint", "foo://x"), 1, "edged: "),
+        (("infer", "mlp-light", "--repeat", "0"), 2, "is not 1 or more"),
+        (("infer", "mlp-light", "--batch", "0"), 2, "is not 1 or more"),
+        (("health", "--timeout-ms", "-5"), 2, "is not a number above 0"),
+        (("bench", "--mix", "bogus"), 2, "CLASS:MODEL:RATE"),
+        (("bench", "--mix", "realtime:mlp-light:abc"), 2, "could not convert"),
+        (("bench", "--mix", "realtime:mlp-light:-5"), 2, "RATE must be above 0"),
+        (("bench", "--sweep", "x"), 2, "is not a number"),
+        (("bench", "--duration", "0"), 2, "is not a number above 0"),
+    ],
+)
+def test_a_bad_argument_gets_one_line_and_a_non_zero_exit_not_a_traceback(
+    short_tmp: Path, args: tuple[str, ...], code: int, phrase: str
+) -> None:
+    """Tracebacks before (ZMQError, FileNotFoundError, UnboundLocalError, ValueError,
+    ZeroDivisionError), or a run that did nothing and exited 0 (a negative rate)."""
+    env = {"EDGED_ENDPOINT": f"ipc://{short_tmp}/nobody.sock"}
+    result = edged(*args, env=env)
+    assert result.returncode == code, result.stderr
+    assert phrase in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_an_input_file_that_is_not_there_gets_one_line(daemon: RunningDaemon) -> None:
+    result = edged("infer", "mlp-light", "--endpoint", daemon.ipc, "--input", "x=/nonexistent/x.npy")
+    assert result.returncode == 1 and "No such file" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr

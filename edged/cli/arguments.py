@@ -1,0 +1,43 @@
+"""Argument types the commands share: a value argparse refuses in one line, before any work."""
+
+from __future__ import annotations
+
+import argparse
+
+from edged.loadgen.sweep import Stream
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not 1 or more")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a number above 0")
+    return value
+
+
+def positive_floats(text: str) -> list[float]:
+    """A comma-separated list of numbers above 0 (--sweep)."""
+    return [positive_float(part) for part in text.split(",")]
+
+
+def stream(text: str) -> Stream:
+    """One --mix entry, CLASS:MODEL:RATE[:DEADLINE_MS[:ROWS]]."""
+    try:
+        parsed = Stream.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not parsed.rate > 0 or parsed.rows < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: its RATE must be above 0 and its ROWS 1 or more")
+    return parsed
