@@ -138,7 +138,9 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         SERVER["models"].valid,
     )
     backend = server.get("backend", "onnxruntime")
-    expect(isinstance(backend, str), "server.backend", backend, SERVER["backend"].valid)
+    from edged.backends import BACKENDS  # here: the backends' module reads the config's classes
+
+    expect(isinstance(backend, str) and backend in BACKENDS, "server.backend", backend, SERVER["backend"].valid)
     fallback = server.get("fallback")
     expect(
         fallback is None or (fallback == "onnxruntime" and backend == "tensorrt"),

@@ -43,7 +43,7 @@ SERVER = Section(
             "string",
             'Runtime that serves the models: "onnxruntime" (CPU), "onnxruntime-cuda" or "tensorrt" (GPU '
             "backends; see the README's GPU sections).",
-            wanted='a backend name such as "onnxruntime"',
+            wanted='one of "onnxruntime", "onnxruntime-cuda" and "tensorrt" (edged.backends.BACKENDS)',
         ),
         Key(
             "fallback",

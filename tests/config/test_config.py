@@ -25,6 +25,7 @@ from edged.config import (
     parse_config,
 )
 from edged.config.classes import ClassConfig
+from edged.config.keys import SERVER
 from edged.wire.codec import Limits
 
 
@@ -375,3 +376,17 @@ def test_what_would_bind_elsewhere_or_name_no_file_is_refused(text: str, phrase:
     client is told, a class "a/b" or "" no socket file can carry, a core given as true."""
     with pytest.raises(ConfigError, match=phrase):
         parse(text)
+
+
+def test_a_backend_no_one_registered_is_refused_by_the_check_naming_the_choices() -> None:
+    """Before: `config --check` passed it, and serve said no model had such a variant."""
+    with pytest.raises(
+        ConfigError, match=r"server\.backend = 'onnxrutime' is not valid: set it to one of \"onnxruntime\""
+    ):
+        parse('[server]\nbackend = "onnxrutime"\n')
+
+
+def test_the_backend_names_the_reference_gives_are_the_registered_ones() -> None:
+    from edged.backends import BACKENDS
+
+    assert re.findall(r'"([\w-]+)"', SERVER["backend"].valid) == list(BACKENDS)
