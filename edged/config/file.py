@@ -256,8 +256,8 @@ def _check_endpoints(endpoints: Any, key: str) -> None:
             endpoint,
             'an "ipc://PATH" or "tcp://HOST:PORT" URL',
         )
-        port = endpoint.rpartition(":")[2] if is_tcp(endpoint) else "1"
-        if not (port.isdigit() and 1 <= int(port) <= 65535):
+        port = endpoint.rpartition(":")[2]
+        if is_tcp(endpoint) and not (port.isdigit() and 1 <= int(port) <= 65535):
             # ZeroMQ takes a port past 65535 and binds another; 0 or * one it picks, which no client is told.
             raise ConfigError(f"{key}: {endpoint!r} names no port from 1 to 65535: give one, as tcp://127.0.0.1:5555")
         if endpoint.startswith("ipc://") and not PurePosixPath(endpoint[len("ipc://") :]).name:
