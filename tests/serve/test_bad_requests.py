@@ -4,6 +4,7 @@ daemon goes on serving: every case here is raw frames on a real DEALER socket.""
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,10 +21,12 @@ from support import (
     exchange,
     header,
     nothing_more,
+    random_input,
     receive,
     receive_or_death,
     short_dir,
     start_daemon,
+    wait_for,
 )
 from support.models import save_model
 
@@ -230,3 +233,28 @@ def test_a_request_of_zero_rows_for_a_size_priced_model_on_bulk_is_answered_and_
         sock.close(linger=0)
         running.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_hopeless_deadline_leaves_the_models_price_where_it_was(daemon: RunningDaemon, context: zmq.Context) -> None:
+    """A shed beyond the model's own run has the lane re-time the model on its worker. One
+    timed call there, cold, priced mlp-light at 7x its warm price; the median of several
+    stays near it (within 4x here, where the one call was 7x)."""
+    sock = connect(context, daemon.ipc)
+    try:
+
+        def standard() -> dict:
+            return exchange(sock, [header(id="s", op="stats")]).header["classes"]["standard"]
+
+        def price_ms() -> float:
+            return standard()["prices"]["mlp-light"]["first_row_ms"]
+
+        before = price_ms()
+        x = random_input("mlp-light", 1, 0)
+        for attempt in range(2):
+            shed = exchange(sock, encode_request(attempt, model="mlp-light", inputs=x, deadline_ms=0.001))
+            assert shed.status == "OVERLOADED", shed.header
+            wait_for(lambda: standard()["queue_depth"] == 0, 5, "the re-timing")
+            time.sleep(1.1)  # a re-timing at most once a second
+        assert price_ms() <= 4 * before, (before, price_ms())
+    finally:
+        sock.close(linger=0)

@@ -122,7 +122,7 @@ class Worker:
     def _remeasure(self, model: ModelEntry) -> None:
         inputs = model.samples[0].inputs()
         if model.pipeline is None:
-            elapsed = _time_calls(self.runners[model.name], model, inputs, 1)
+            elapsed = _time_calls(self.runners[model.name], model, inputs, WARMUP_RUNS - 1)
             self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
             return
         assert self.stepper is not None
