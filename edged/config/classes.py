@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 from edged.config.class_keys import CLASS
 from edged.config.settings import ConfigError, expect, no_unknown, read_bool, read_int
-
-CLASS_NAME = re.compile(r"[A-Za-z0-9_-]+")
+from edged.wire.endpoints import CLASS_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +175,7 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
     # A file that names classes defines the full set; a file that names none keeps the defaults.
     for name, settings in table.items() if table else ((n, {}) for n in defaults):
         prefix = f"classes.{name}."
-        # The name is a socket file's too (edged.wire.endpoints.class_endpoint), and a word in every log line.
+        # The name is a part of a socket file's too (edged.wire.endpoints.class_endpoint), and a word in log lines.
         expect(CLASS_NAME.fullmatch(name) is not None, "classes", name, "class names of letters, digits, '_' and '-'")
         expect(isinstance(settings, dict), f"classes.{name}", settings, "a table")
         base = defaults.get(name, ClassConfig(name, order=len(classes)))

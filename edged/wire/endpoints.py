@@ -8,11 +8,14 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import re
 import socket
 import stat
 from pathlib import Path, PurePosixPath
 
 LOOPBACK_NAMES = ("localhost", "lo")
+# A class's name, as the config allows it: a part of its own socket file's name (class_endpoint).
+CLASS_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class EndpointError(RuntimeError):
@@ -39,7 +42,7 @@ def class_endpoint(endpoint: str, klass: str, tcp_port: int | None = None) -> st
     gives ipc://DIR/NAME-KLASS.sock; tcp://HOST:PORT gives tcp://HOST:`tcp_port` (the
     class's tcp_port, which both sides must know), and None without one, or for a name no
     file may carry (a client's unknown class: the shared endpoint then says so)."""
-    if not klass or "/" in klass:
+    if CLASS_NAME.fullmatch(klass) is None:
         return None
     if is_tcp(endpoint):
         return None if tcp_port is None else f"{endpoint.rpartition(':')[0]}:{tcp_port}"
