@@ -82,21 +82,23 @@ class Crew:
         return self._recovery[0]
 
     def reject_queued(self, message: str) -> int:
-        """Answer every job still queued UNAVAILABLE, without running it."""
-        count = 0
+        """Answer every job still queued UNAVAILABLE, without running it; a STOP stays queued."""
+        count = stops = 0
         while True:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
-                return count
+                break
             if job is STOP:
-                self.jobs.put(job)
-                return count
-            if isinstance(job, Job):
+                stops += 1
+            elif isinstance(job, Job):
                 self._answers.unrun(job, Status.UNAVAILABLE, message)
                 count += 1
             elif isinstance(job, Remeasure):  # a re-timing nobody waits for: dropped, off the backlog
                 self._answers.done_unanswered(job.cost_ns)
+        for _ in range(stops):
+            self.jobs.put(STOP)
+        return count
 
     def retire(self) -> None:
         """Let the workers finish every job already queued, then end."""
@@ -124,6 +126,8 @@ class Crew:
         stuck = self.calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
         if stuck is None or not stuck.jobs:
             return
+        for item in stuck.held:  # for the replacement, not after the stuck call
+            self.jobs.put(item)
         late = f"has not returned after {limit_ms} ms"
         why = f"a backend call of {stuck.jobs[0].model.name} {late}"
         log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
@@ -138,10 +142,14 @@ class Crew:
         return self.calls.oldest_ns(now_ns) + limit_ms * 1_000_000 if limit_ms else math.inf
 
     def answer_open_calls(self, message: str) -> int:
-        """Answer INTERNAL every request still inside a backend call: the last act of a
-        shutdown whose grace ran out, so that nothing admitted goes unanswered."""
+        """Answer INTERNAL every request still inside a backend call, and queue again what
+        their threads held back (for reject_queued): the last acts of a shutdown whose grace
+        ran out, so that nothing admitted goes unanswered."""
         now_ns = time.monotonic_ns()
-        return self._answers.failures(self.calls.overdue(now_ns, -1).jobs, now_ns, message)
+        stuck = self.calls.overdue(now_ns, -1)
+        for item in stuck.held:
+            self.jobs.put(item)
+        return self._answers.failures(stuck.jobs, now_ns, message)
 
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if not self.calls.abandoned(thread)]

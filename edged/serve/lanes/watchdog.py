@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from edged.serve.lanes.batching import Job
 
@@ -21,20 +22,24 @@ class _Call:
 
 @dataclass(frozen=True, slots=True)
 class Overdue:
-    """The jobs of calls open too long, and how many worker threads were given up on (each wants a replacement)."""
+    """The jobs of calls open too long, what their threads held back from those calls' batches
+    (for the queue again), and how many worker threads were given up on (each wants a replacement)."""
 
     jobs: list[Job]
+    held: list[Any]
     workers_lost: int
 
 
 class OpenCalls:
     """The backend calls a lane is inside. Under `_lock`, each thread opens and closes its own
-    call; the watchdog (`overdue`, on the daemon's steering thread) marks calls overdue once and
-    abandons their threads. A loop's inline calls are not watched here (Lane._run_inline)."""
+    call, and what it holds back from the call's batch; the watchdog (`overdue`, on the daemon's
+    steering thread) marks calls overdue once, abandons their threads and takes what they hold.
+    A loop's inline calls are not watched here (Lane._run_inline)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[int, _Call] = {}
+        self._held: dict[int, Any] = {}  # a queue item each thread took but left out of its batch
         self._abandoned: set[int] = set()  # idents of worker threads given up on
 
     def begin(self, jobs: list[Job], now_ns: int) -> None:
@@ -47,9 +52,22 @@ class OpenCalls:
         with self._lock:
             self._open.pop(threading.get_ident(), None)
 
+    def hold(self, item: Any) -> None:
+        """Keep what this thread took from the queue but left for after its call: a thread
+        stuck in that call would otherwise keep it from every worker, and from a stop."""
+        with self._lock:
+            self._held[threading.get_ident()] = item
+
+    def take_held(self) -> Any:
+        """What this thread holds, unless the watchdog took it; None if nothing."""
+        with self._lock:
+            return self._held.pop(threading.get_ident(), None)
+
     def overdue(self, now_ns: int, limit_ns: int) -> Overdue:
-        """The jobs of calls newly open past `limit_ns` (some may be answered already); abandons their threads."""
+        """The jobs of calls newly open past `limit_ns` (some may be answered already), and
+        what their threads hold; abandons those threads."""
         jobs: list[Job] = []
+        held: list[Any] = []
         lost = 0
         with self._lock:
             for ident, call in self._open.items():
@@ -57,9 +75,11 @@ class OpenCalls:
                     continue
                 call.overdue = True
                 jobs.extend(call.jobs)
+                if ident in self._held:
+                    held.append(self._held.pop(ident))
                 self._abandoned.add(ident)
                 lost += 1
-        return Overdue(jobs, lost)
+        return Overdue(jobs, held, lost)
 
     def oldest_ns(self, now_ns: int) -> int:
         """When the oldest call not yet found overdue began; `now_ns` with none open."""

@@ -83,11 +83,13 @@ class Worker:
 
     def serve(self) -> None:
         """Run jobs until STOP, or until the watchdog gives up on this thread."""
-        held: Job | None = None
+        holding = False
         me = threading.current_thread()
         while not self.calls.abandoned(me):
-            job = held if held is not None else self.jobs.get()
-            held = None
+            job = self.calls.take_held() if holding else None
+            if job is None:
+                job = self.jobs.get()
+            holding = False
             if job is STOP:
                 break
             if isinstance(job, Remeasure):
@@ -104,6 +106,9 @@ class Worker:
                 # max_batch counts rows, as GPU buffers are sized; a larger lone job (CPU only) runs alone.
                 rows = min(self.klass.max_batch, self._row_cap(job))
                 held = fill(batch, self.jobs, self.klass.max_batch, self.klass.batch_wait_us, rows)
+                if held is not None:
+                    self.calls.hold(held)
+                    holding = True
             try:
                 self.run(batch)
             except Exception as exc:  # a bug past the backend call must cost its batch, never the lane a worker
@@ -111,9 +116,7 @@ class Worker:
                 log.exception("class %s: a batch of %s failed", self.klass.name, job.model.name)
                 self.answers.failures(batch, time.monotonic_ns(), f"the daemon failed on this request: {exc}")
             # Drop the jobs before blocking: their frames or mapped shared memory go now, not at the next job.
-            job = batch = None
-        if held is not None:  # given up on by the watchdog: a job `fill` held back goes to the one replacing it
-            self.jobs.put(held)
+            job = batch = held = None
         for runner in self.runners.values():
             runner.close()
         if self.stepper is not None:

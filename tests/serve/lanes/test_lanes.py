@@ -21,6 +21,7 @@ from support.transport import Replies
 
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.config.classes import ClassConfig
+from edged.daemon.stopping import stop_lanes
 from edged.models.repository import ModelEntry, discover
 from edged.serve.admission import Shed
 from edged.serve.lanes import lane as lane_module
@@ -540,10 +541,9 @@ class FirstTwoCallsHeld:
         return Runner()
 
 
-def test_a_job_held_back_from_a_hung_batch_runs_on_the_worker_that_replaces_it(models):
-    """The worker takes X, holds B (another model) back from X's batch, and X's call hangs: the
-    watchdog answers X and replaces the worker, and B runs once X's call returns (before: the
-    worker given up on dropped B, never answered, its work held by the lane for good)."""
+def hung_with_one_held_back(models: dict[str, ModelEntry]) -> tuple[Lane, FirstTwoCallsHeld]:
+    """A lane whose worker is inside request 72's call, which hangs, holding 73 (another
+    model) back from that call's batch; 71 was answered OK before."""
     backend = FirstTwoCallsHeld()
     klass = ClassConfig("held", order=0, max_batch=8, batch_wait_us=0, inline_max_us=0, stuck_after_ms=100)
     lane = Lane(klass, [models["mlp-light"], models["cnn-heavy"]], backend)
@@ -558,14 +558,31 @@ def test_a_job_held_back_from_a_hung_batch_runs_on_the_worker_that_replaces_it(m
     lane.enqueue(job(heavy, image, 73))  # queued behind 72, not of its batch
     backend.gates[0].set()
     assert backend.entered[1].wait(5)  # 72's call hangs, 73 held back
+    assert collect(REPLIES.queue, 1)[71].status is Status.OK
+    return lane, backend
+
+
+def test_a_job_held_back_from_a_hung_batch_runs_at_once_on_the_worker_that_replaces_it(models):
+    """The watchdog answers 72 and replaces the worker, and 73 runs on the replacement while
+    72's call still hangs (before: the worker given up on dropped 73; then it kept 73 until
+    the hung call returned, which may be never)."""
+    lane, backend = hung_with_one_held_back(models)
     time.sleep(0.2)
     lane.crew.check_stuck(time.monotonic_ns())
+    got = collect(REPLIES.queue, 2)
+    assert {route: reply.status for route, reply in got.items()} == {72: Status.INTERNAL, 73: Status.OK}
     backend.gates[1].set()
-    got = collect(REPLIES.queue, 3)
-    assert {route: reply.status for route, reply in got.items()} == {
-        71: Status.OK,
-        72: Status.INTERNAL,
-        73: Status.OK,
-    }
-    assert lane.backlog.depth == 0
     lane.crew.stop(5.0)
+    assert REPLIES.queue.empty(), "a request was answered twice"
+    assert lane.backlog.depth == 0
+
+
+def test_a_stop_beside_a_hung_batch_answers_the_job_held_back_from_it_unavailable(models):
+    """The stop's grace runs out with 72's call hung: 72 is answered INTERNAL and 73, which
+    the stuck worker held back, UNAVAILABLE (before: never answered)."""
+    lane, backend = hung_with_one_held_back(models)
+    assert stop_lanes([lane], time.monotonic() + 0.2) == 1
+    got = collect(REPLIES.queue, 2)
+    assert {route: reply.status for route, reply in got.items()} == {72: Status.INTERNAL, 73: Status.UNAVAILABLE}
+    backend.gates[1].set()
+    assert lane.backlog.depth == 0
