@@ -16,7 +16,7 @@ from edged.models.repository import ModelEntry
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job
 from edged.serve.lanes.precedence import Precedence
-from edged.serve.lanes.watchdog import OpenCalls
+from edged.serve.lanes.watchdog import OpenCalls, Overdue
 from edged.serve.lanes.worker import STOP, Remeasure, Worker
 from edged.serve.pricing import ServiceTimes
 from edged.wire.codec import Status
@@ -124,12 +124,11 @@ class Crew:
         """Answer the requests of a call open past `stuck_after_ms`; replace its worker."""
         limit_ms = self.klass.stuck_after_ms
         stuck = self.calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
-        if stuck is None or not stuck.jobs:
+        if stuck is None or not stuck.workers_lost:
             return
-        for item in stuck.held:  # for the replacement, not after the stuck call
-            self.jobs.put(item)
+        self._take_over(stuck)
         late = f"has not returned after {limit_ms} ms"
-        why = f"a backend call of {stuck.jobs[0].model.name} {late}"
+        why = f"a backend call {f'of {stuck.jobs[0].model.name}' if stuck.jobs else 're-timing a model'} {late}"
         log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
         # Recovering before the replies say so: a client told so may ask health at once.
         for _ in range(stuck.workers_lost):
@@ -147,9 +146,16 @@ class Crew:
         ran out, so that nothing admitted goes unanswered."""
         now_ns = time.monotonic_ns()
         stuck = self.calls.overdue(now_ns, -1)
+        self._take_over(stuck)
+        return self._answers.failures(stuck.jobs, now_ns, message)
+
+    def _take_over(self, stuck: Overdue) -> None:
+        """What threads given up on left: what they held back, queued again for the others;
+        their re-timings' charges, off the backlog (such a thread settles none when it returns)."""
         for item in stuck.held:
             self.jobs.put(item)
-        return self._answers.failures(stuck.jobs, now_ns, message)
+        for charge_ns in stuck.retimings:
+            self._answers.done_unanswered(charge_ns)
 
     def _workers(self) -> list[threading.Thread]:
         return [thread for thread in self._threads if not self.calls.abandoned(thread)]

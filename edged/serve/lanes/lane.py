@@ -234,6 +234,6 @@ class Lane:
         moment's contention would otherwise shed its requests for ever, none admitted to correct it."""
         if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
             self._last_remeasure_ns = now_ns
-            cost_ns = self.service.estimate_ns(model.name)
-            self.backlog.add(cost_ns)
-            self.crew.jobs.put(Remeasure(model, cost_ns))
+            job = Remeasure.of(model, self.service)
+            self.backlog.add(job.cost_ns)
+            self.crew.jobs.put(job)

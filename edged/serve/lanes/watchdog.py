@@ -27,6 +27,7 @@ class Overdue:
 
     jobs: list[Job]
     held: list[Any]
+    retimings: list[int]  # the charges of calls with no job: re-timings, which answer nobody
     workers_lost: int
 
 
@@ -42,11 +43,13 @@ class OpenCalls:
         self._held: dict[int, Any] = {}  # a queue item each thread took but left out of its batch
         self._abandoned: set[int] = set()  # idents of worker threads given up on
 
-    def begin(self, jobs: list[Job], now_ns: int) -> None:
+    def begin(self, jobs: list[Job], now_ns: int, retiming_ns: int = 0) -> None:
+        """This thread enters a backend call for `jobs`, or, with none, a re-timing charged `retiming_ns`."""
         ident = threading.get_ident()
+        charge_ns = sum(job.cost_ns for job in jobs) if jobs else retiming_ns
         with self._lock:
             # A thread given up on is replaced once: a later call of its own counts as found overdue already.
-            self._open[ident] = _Call(now_ns, jobs, sum(job.cost_ns for job in jobs), ident in self._abandoned)
+            self._open[ident] = _Call(now_ns, jobs, charge_ns, ident in self._abandoned)
 
     def end(self) -> None:
         with self._lock:
@@ -65,9 +68,10 @@ class OpenCalls:
 
     def overdue(self, now_ns: int, limit_ns: int) -> Overdue:
         """The jobs of calls newly open past `limit_ns` (some may be answered already), and
-        what their threads hold; abandons those threads."""
+        what their threads hold; abandons those threads, whose re-timings' charges pass to the caller."""
         jobs: list[Job] = []
         held: list[Any] = []
+        retimings: list[int] = []
         lost = 0
         with self._lock:
             for ident, call in self._open.items():
@@ -75,11 +79,13 @@ class OpenCalls:
                     continue
                 call.overdue = True
                 jobs.extend(call.jobs)
+                if not call.jobs:
+                    retimings.append(call.charge_ns)
                 if ident in self._held:
                     held.append(self._held.pop(ident))
                 self._abandoned.add(ident)
                 lost += 1
-        return Overdue(jobs, held, lost)
+        return Overdue(jobs, held, retimings, lost)
 
     def oldest_ns(self, now_ns: int) -> int:
         """When the oldest call not yet found overdue began; `now_ns` with none open."""

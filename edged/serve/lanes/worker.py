@@ -43,6 +43,12 @@ class Remeasure:
     model: ModelEntry
     cost_ns: int
 
+    @classmethod
+    def of(cls, model: ModelEntry, service: ServiceTimes) -> Remeasure:
+        """A re-timing of `model`, charged the calls it makes at the model's price now."""
+        calls = 1 if model.pipeline is not None else WARMUP_RUNS - 1
+        return cls(model, service.estimate_ns(model.name) * calls)
+
 
 @dataclass(slots=True)
 class Worker:
@@ -93,11 +99,7 @@ class Worker:
             if job is STOP:
                 break
             if isinstance(job, Remeasure):
-                try:
-                    self._remeasure(job.model)
-                except Exception:  # a transient backend error: the price stands
-                    log.exception("class %s: re-timing %s failed", self.klass.name, job.model.name)
-                self.answers.done_unanswered(job.cost_ns)
+                self._remeasure(job)
                 continue
             if self.klass.yields:
                 self.precedence.wait_turn(self.klass.order)
@@ -122,7 +124,20 @@ class Worker:
         if self.stepper is not None:
             self.stepper.close()
 
-    def _remeasure(self, model: ModelEntry) -> None:
+    def _remeasure(self, job: Remeasure) -> None:
+        """Re-time a model, watched as any backend call. Its charge leaves the backlog here,
+        or, where the watchdog gave up on this thread meanwhile, it left with the watchdog."""
+        self.calls.begin([], time.monotonic_ns(), job.cost_ns)
+        try:
+            self._time_again(job.model)
+        except Exception:  # a transient backend error: the price stands
+            log.exception("class %s: re-timing %s failed", self.klass.name, job.model.name)
+        finally:
+            self.calls.end()
+        if not self.calls.abandoned(threading.current_thread()):
+            self.answers.done_unanswered(job.cost_ns)
+
+    def _time_again(self, model: ModelEntry) -> None:
         inputs = model.samples[0].inputs()
         if model.pipeline is None:
             elapsed = _time_calls(self.runners[model.name], model, inputs, WARMUP_RUNS - 1)

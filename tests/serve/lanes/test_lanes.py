@@ -27,6 +27,7 @@ from edged.serve.admission import Shed
 from edged.serve.lanes import lane as lane_module
 from edged.serve.lanes.batching import Job, fill
 from edged.serve.lanes.lane import Lane
+from edged.serve.lanes.worker import WARMUP_RUNS
 from edged.serve.pending import PendingBytes
 from edged.wire.codec import Status, decode_reply, encode_request
 
@@ -586,3 +587,31 @@ def test_a_stop_beside_a_hung_batch_answers_the_job_held_back_from_it_unavailabl
     assert {route: reply.status for route, reply in got.items()} == {72: Status.INTERNAL, 73: Status.UNAVAILABLE}
     backend.gates[1].set()
     assert lane.backlog.depth == 0
+
+
+def test_a_hung_re_timing_is_watched_its_worker_replaced_and_its_charge_settled_once(models):
+    """A re-timing is a backend call like any: hung, the watchdog replaces its worker, which
+    serves at once, and takes its charge off the backlog; the call's late return settles
+    nothing twice (before: not watched, the lane's one worker gone for as long as it hung)."""
+    backend = FirstTwoCallsHeld()
+    backend.gates[1].set()  # only the re-timing's first call hangs
+    klass = ClassConfig("retime", order=0, workers=1, inline_max_us=0, stuck_after_ms=100)
+    lane = Lane(klass, [models["mlp-light"]], backend)
+    lane.start()
+    lane.own()
+    backend.armed = True
+    model = models["mlp-light"]
+    lane._remeasure(model, time.monotonic_ns())
+    # Charged the calls it makes (before: one), so that arrivals meanwhile queue behind all of them.
+    assert lane.backlog.work_ns == (WARMUP_RUNS - 1) * lane.service.estimate_ns(model.name)
+    assert lane.backlog.depth == 1 and backend.entered[0].wait(5)
+    hung = next(thread for thread in threading.enumerate() if thread.name == "lane-retime-0")
+    time.sleep(0.2)
+    lane.crew.check_stuck(time.monotonic_ns())
+    assert lane.backlog.depth == 0
+    lane.enqueue(job(model, np.ones((1, 64), np.float32), 81))
+    assert collect(REPLIES.queue, 1)[81].status is Status.OK
+    backend.gates[0].set()
+    hung.join(5)
+    assert not hung.is_alive() and lane.backlog.depth == 0 and lane.backlog.work_ns == 0
+    lane.crew.stop(5.0)
