@@ -38,6 +38,8 @@ import numpy as np
 def guard(x):
     if np.isnan(x).any():
         raise ValueError("refused: the input holds a NaN")
+    if np.isinf(x).any():
+        raise SystemExit("an infinity")  # ends a script; here it is one request's failure
     return {"x": x, "thread": np.frombuffer(threading.current_thread().name.encode(), np.uint8)}
 
 
@@ -192,8 +194,14 @@ def test_a_pipeline_that_cannot_make_its_deadline_is_shed_at_arrival_naming_the_
     assert after == before  # nothing ran
 
 
-def test_a_failing_python_step_ends_its_own_request_alone_naming_the_step(served: RunningDaemon) -> None:
-    poisoned = np.full((1, 64), np.nan, dtype=np.float32)
+@pytest.mark.parametrize(
+    ("bad", "raised"),
+    [(np.nan, "ValueError: refused: the input holds a NaN"), (np.inf, "SystemExit: an infinity")],
+)
+def test_a_failing_python_step_ends_its_own_request_alone_naming_the_step(
+    served: RunningDaemon, bad: float, raised: str
+) -> None:
+    poisoned = np.full((1, 64), bad, dtype=np.float32)
     clean = np.ones((1, 64), dtype=np.float32)
     with Client(served.ipc) as client, Client(served.ipc) as other:
         with pytest.raises(Internal) as failed:
@@ -201,7 +209,7 @@ def test_a_failing_python_step_ends_its_own_request_alone_naming_the_step(served
         answered = other.infer("guarded", {"x": clean})
         again = client.infer("guarded", {"x": clean})
     message = str(failed.value)
-    assert "step 'guard' (Python step steps:guard) failed: ValueError: refused: the input holds a NaN" in message
+    assert f"step 'guard' (Python step steps:guard) failed: {raised}" in message
     expected = Reference().run("mlp-light", {"x": clean})
     np.testing.assert_allclose(answered["scores"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(again["scores"], expected, rtol=1e-5, atol=1e-6)

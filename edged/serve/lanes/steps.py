@@ -169,7 +169,7 @@ class Stepper:
             made = self._call(step, given, keep)
         except StepFailed:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a Python step's SystemExit too: its request's failure, not its worker's end
             raise StepFailed(f"step {step.name!r} ({step.runs}) failed: {type(exc).__name__}: {exc}") from exc
         self._service.observe(step.key, clock() - start, rows, elements)
         return made
