@@ -196,6 +196,13 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
 def _ipc_mode(value: Any) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777
     expect(ok, "server.ipc_mode", value, SERVER["ipc_mode"].valid)
+    if not value & 0o200:
+        # Its own user cannot connect: neither `edged` commands run as that user nor, after a
+        # crash, the next start's check of the socket left behind (it refuses to start).
+        raise ConfigError(
+            f"server.ipc_mode = {value:#o} leaves the daemon's own user without write permission on its "
+            "sockets: include 0o200 (0o660 by default)"
+        )
     return value
 
 

@@ -114,7 +114,8 @@ SERVER = Section(
             "ipc_mode",
             "integer",
             "Permission bits of every ipc socket file, in TOML's octal notation (0o660, not 660). Connecting "
-            "needs write permission: 0o660 admits the daemon's user and group. Applied at start-up only.",
+            "needs write permission: 0o660 admits the daemon's user and group. The owner's write bit (0o200) is "
+            "required. Applied at start-up only.",
             wanted="permission bits in TOML's octal notation, such as 0o660",
             default="0o660",
         ),

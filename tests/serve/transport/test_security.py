@@ -276,6 +276,7 @@ INVALID = {
     "ipc mode a string": ('[server]\nipc_mode = "0660"', "server.ipc_mode"),
     "ipc mode too large": ("[server]\nipc_mode = 0o1777", "server.ipc_mode"),
     "ipc mode bool": ("[server]\nipc_mode = true", "server.ipc_mode"),
+    "ipc mode owner cannot write": ("[server]\nipc_mode = 0o060", "server.ipc_mode = 0o60 leaves the daemon's own"),
     "ipc group unknown": ('[server]\nipc_group = "no-such-group-edged"', "server.ipc_group"),
     "ipc group negative": ("[server]\nipc_group = -1", "server.ipc_group"),
 }
