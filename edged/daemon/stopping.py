@@ -19,6 +19,8 @@ def stop_lanes(lanes: list[Lane], end: float) -> int:
     # so that nothing admitted goes unanswered (systemd's TimeoutStopSec is the backstop).
     for lane in lanes:
         lane.crew.stop(timeout_s=max(end - time.monotonic(), 0.0))
+    for lane in lanes:
+        lane.crew.take_back_held()
     message = "the daemon stopped before this backend call returned"
     cut_short = sum(lane.crew.answer_open_calls(message) for lane in lanes)
     unanswered += sum(lane.crew.reject_queued("the daemon is shutting down") for lane in lanes)

@@ -62,7 +62,11 @@ class StatsCollector:
             labels=["class", "outcome"],
         )
         counters = {key: CounterMetricFamily(name, text, labels=["class"]) for key, name, text in CLASS_COUNTERS}
-        depth = GaugeMetricFamily("edged_queue_depth", "Requests (and re-timings of a price) waiting or running in the class.", labels=["class"])
+        depth = GaugeMetricFamily(
+            "edged_queue_depth",
+            "Requests (and re-timings of a price) waiting or running in the class.",
+            labels=["class"],
+        )
         latency = GaugeMetricFamily(
             "edged_latency_seconds",
             "Latency percentiles since start-up, by stage (queue, compute, total).",

@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -370,3 +371,28 @@ def test_a_pipeline_refuses_an_input_in_device_memory_fake_gpu(fake_gpu: Running
     assert "pipeline 'guarded' takes its inputs in frames or POSIX shared memory, not in device memory" in str(
         refused.value
     )
+
+
+def test_a_bulk_pipeline_waiting_its_turn_between_steps_is_not_taken_for_hung(
+    repository: Path,
+    own_daemon,  # type: ignore[no-untyped-def]
+) -> None:
+    """Bulk's pipeline ends its first step (0.3 s) while realtime runs one of 1.5 s: it waits
+    its turn before the next, and that wait is no backend call. Timed as one, it passed bulk's
+    1 s limit: INTERNAL, and the worker replaced."""
+    classes = "[classes.realtime]\nstuck_after_ms = 10000\n[classes.standard]\n[classes.bulk]\nstuck_after_ms = 1000\n"
+    running = own_daemon(f'[server]\nmodel_repository = "{repository}"\n{classes}')
+    first, long = np.zeros((1, 64), dtype=np.float32), np.zeros((1, 64), dtype=np.float32)
+    first[0, 0], long[0, 0] = 0.3, 1.5
+
+    def infer(x: np.ndarray, klass: str) -> np.ndarray:
+        with Client(running.ipc, timeout_ms=30_000) as client:
+            return client.infer("slow", {"x": x}, klass=klass, deadline_ms=20_000)["scores"]
+
+    with ThreadPoolExecutor(2) as pool:
+        waiting = pool.submit(infer, first, "bulk")
+        time.sleep(0.1)
+        ahead = pool.submit(infer, long, "realtime")
+        assert ahead.result().shape == (1, 10)
+        assert waiting.result().shape == (1, 10)
+    assert "recovering" not in running.log()

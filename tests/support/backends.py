@@ -4,6 +4,7 @@ fail or hold what reaches it."""
 from __future__ import annotations
 
 import threading
+import time
 
 from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
 from edged.config.classes import ClassConfig
@@ -54,6 +55,48 @@ class CountingRunner:
         if self._owner.counting and self._owner.truncated and len(first) > self._owner.truncated:
             return [output[: self._owner.truncated] for output in outputs]
         return outputs
+
+    def close(self) -> None:
+        self._runner.close()
+
+
+class KeyedGates:
+    """The real ONNX Runtime backend, whose calls, once `armed`, are held where the first
+    element of their first input is a key of `gates` (`entered[key]` set on arrival), and
+    each last `delay_s` longer."""
+
+    def __init__(self) -> None:
+        self.real = OnnxRuntimeCpu()
+        self.armed = False
+        self.delay_s = 0.0
+        self.loads = 0
+        self.gates: dict[float, threading.Event] = {}
+        self.entered: dict[float, threading.Event] = {}
+
+    def gate(self, key: float) -> threading.Event:
+        """A gate for calls led by `key`, closed until set."""
+        self.gates[key], self.entered[key] = threading.Event(), threading.Event()
+        return self.gates[key]
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> KeyedRunner:
+        self.loads += 1
+        return KeyedRunner(self, self.real.load(model, lane))
+
+
+class KeyedRunner:
+    def __init__(self, owner: KeyedGates, runner) -> None:
+        self._owner, self._runner = owner, runner
+
+    def run(self, inputs, output_names):
+        owner = self._owner
+        if owner.armed:
+            first = next(iter(inputs.values()))
+            key = float(first.reshape(-1)[0]) if first.size else None
+            if key in owner.gates:
+                owner.entered[key].set()
+                assert owner.gates[key].wait(timeout=60), "the test never opened the gate"
+            time.sleep(owner.delay_s)
+        return self._runner.run(inputs, output_names)
 
     def close(self) -> None:
         self._runner.close()

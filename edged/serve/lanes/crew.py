@@ -149,6 +149,12 @@ class Crew:
         self._take_over(stuck)
         return self._answers.failures(stuck.jobs, now_ns, message)
 
+    def take_back_held(self) -> None:
+        """Queue again what every worker holds, for reject_queued (a stop, before any call is
+        answered: an answer may end a wait, and a worker would run what it held)."""
+        for item in self.calls.release_held():
+            self.jobs.put(item)
+
     def _take_over(self, stuck: Overdue) -> None:
         """What threads given up on left: what they held back, queued again for the others;
         their re-timings' charges, off the backlog (such a thread settles none when it returns)."""

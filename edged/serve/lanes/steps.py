@@ -122,12 +122,17 @@ class Stepper:
                 plan[step.name] = tuple(kept)
         return plan
 
-    def timed(self, entry: ModelEntry, inputs: Mapping[str, np.ndarray]) -> None:
+    def timed(
+        self,
+        entry: ModelEntry,
+        inputs: Mapping[str, np.ndarray],
+        before_step: Callable[[Step, set[str]], None] = lambda step, done: None,
+    ) -> None:
         """Run `entry`'s pipeline on a sample, pricing its steps and, under the pipeline's name, the whole."""
         assert entry.pipeline is not None
         elements = entry.signature.elements(dict(inputs))
         start = time.perf_counter_ns()
-        self.run(entry.pipeline, inputs, 1, elements)
+        self.run(entry.pipeline, inputs, 1, elements, before_step)
         self._service.observe(entry.name, time.perf_counter_ns() - start, 1, elements)
 
     def warm(self, entry: ModelEntry, runs: int) -> None:

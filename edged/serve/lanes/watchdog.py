@@ -14,6 +14,7 @@ from edged.serve.lanes.batching import Job
 
 @dataclass(slots=True)
 class _Call:
+    thread: threading.Thread
     started_ns: int
     jobs: list[Job]
     charge_ns: int  # its jobs' charged work, summed once: admission reads it on every arrival
@@ -40,31 +41,39 @@ class OpenCalls:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[int, _Call] = {}
-        self._held: dict[int, Any] = {}  # a queue item each thread took but left out of its batch
-        self._abandoned: set[int] = set()  # idents of worker threads given up on
+        self._held: dict[int, Any] = {}  # a queue item each thread took but has not begun a call for
+        # Worker threads given up on: the objects, not their idents, which a new thread may reuse.
+        self._abandoned: set[threading.Thread] = set()
 
     def begin(self, jobs: list[Job], now_ns: int, retiming_ns: int = 0) -> None:
         """This thread enters a backend call for `jobs`, or, with none, a re-timing charged `retiming_ns`."""
-        ident = threading.get_ident()
+        me = threading.current_thread()
         charge_ns = sum(job.cost_ns for job in jobs) if jobs else retiming_ns
         with self._lock:
             # A thread given up on is replaced once: a later call of its own counts as found overdue already.
-            self._open[ident] = _Call(now_ns, jobs, charge_ns, ident in self._abandoned)
+            self._open[threading.get_ident()] = _Call(me, now_ns, jobs, charge_ns, me in self._abandoned)
 
     def end(self) -> None:
         with self._lock:
             self._open.pop(threading.get_ident(), None)
 
     def hold(self, item: Any) -> None:
-        """Keep what this thread took from the queue but left for after its call: a thread
-        stuck in that call would otherwise keep it from every worker, and from a stop."""
+        """Keep what this thread took from the queue but has not begun a call for (left out of
+        its batch, or waiting its turn): a thread stuck meanwhile would keep it from every worker,
+        and from a stop."""
         with self._lock:
             self._held[threading.get_ident()] = item
 
     def take_held(self) -> Any:
-        """What this thread holds, unless the watchdog took it; None if nothing."""
+        """What this thread holds, unless the watchdog or a stop took it; None if nothing."""
         with self._lock:
             return self._held.pop(threading.get_ident(), None)
+
+    def release_held(self) -> list[Any]:
+        """Everything every thread holds, taken from them (a stop)."""
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        return held
 
     def overdue(self, now_ns: int, limit_ns: int) -> Overdue:
         """The jobs of calls newly open past `limit_ns` (some may be answered already), and
@@ -83,7 +92,7 @@ class OpenCalls:
                     retimings.append(call.charge_ns)
                 if ident in self._held:
                     held.append(self._held.pop(ident))
-                self._abandoned.add(ident)
+                self._abandoned.add(call.thread)
                 lost += 1
         return Overdue(jobs, held, retimings, lost)
 
@@ -101,6 +110,8 @@ class OpenCalls:
         # A snapshot without the lock: a call that begins or ends meanwhile is off by one call.
         done_ns = charged_ns = 0
         for call in list(self._open.values()):
+            if call.overdue:  # its charge left the backlog when the watchdog took it over
+                continue
             done_ns += min(int((now_ns - call.started_ns) * rate), call.charge_ns)
             charged_ns += call.charge_ns
         return done_ns, charged_ns
@@ -108,4 +119,4 @@ class OpenCalls:
     def abandoned(self, thread: threading.Thread) -> bool:
         """Asked by a worker before each job."""
         # A set lookup without the lock: a stale answer only delays the worker by one job.
-        return thread.ident in self._abandoned
+        return thread in self._abandoned

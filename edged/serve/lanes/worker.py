@@ -12,6 +12,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,10 @@ log = logging.getLogger("edged.lanes")
 WARMUP_RUNS = 5
 
 STOP = object()  # queued to end one worker once what is ahead of it is done
+
+
+class Withdrawn(Exception):
+    """A stop took the job a worker held while it waited its turn, and answered it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +106,8 @@ class Worker:
             if isinstance(job, Remeasure):
                 self._remeasure(job)
                 continue
-            if self.klass.yields:
-                self.precedence.wait_turn(self.klass.order)
+            if self.klass.yields and not self._wait_turn(job):
+                continue
             batch = [job]
             if self.klass.max_batch > 1 and job.model.signature.batchable and job.model.pipeline is None:
                 # max_batch counts rows, as GPU buffers are sized; a larger lone job (CPU only) runs alone.
@@ -124,12 +129,22 @@ class Worker:
         if self.stepper is not None:
             self.stepper.close()
 
+    def _wait_turn(self, job: Job) -> bool:
+        """Wait while a higher class has work, holding `job` where a stop can take it
+        (edged.daemon.stopping); False where one did: the job is answered, not for running."""
+        self.calls.hold(job)
+        self.precedence.wait_turn(self.klass.order)
+        return self.calls.take_held() is not None
+
     def _remeasure(self, job: Remeasure) -> None:
-        """Re-time a model, watched as any backend call. Its charge leaves the backlog here,
-        or, where the watchdog gave up on this thread meanwhile, it left with the watchdog."""
-        self.calls.begin([], time.monotonic_ns(), job.cost_ns)
+        """Re-time a model, each backend call watched as any. Its charge leaves the backlog
+        here, or, where the watchdog gave up on this thread meanwhile, it left with the watchdog."""
+
+        def watch() -> None:
+            self.calls.begin([], time.monotonic_ns(), job.cost_ns)
+
         try:
-            self._time_again(job.model)
+            self._time_again(job.model, watch)
         except Exception:  # a transient backend error: the price stands
             log.exception("class %s: re-timing %s failed", self.klass.name, job.model.name)
         finally:
@@ -137,15 +152,15 @@ class Worker:
         if not self.calls.abandoned(threading.current_thread()):
             self.answers.done_unanswered(job.cost_ns)
 
-    def _time_again(self, model: ModelEntry) -> None:
+    def _time_again(self, model: ModelEntry, watch: Callable[[], None]) -> None:
         inputs = model.samples[0].inputs()
         if model.pipeline is None:
-            elapsed = _time_calls(self.runners[model.name], model, inputs, WARMUP_RUNS - 1)
+            elapsed = _time_calls(self.runners[model.name], model, inputs, WARMUP_RUNS - 1, watch)
             self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
             return
         assert self.stepper is not None
         try:
-            self.stepper.timed(model, inputs)
+            self.stepper.timed(model, inputs, lambda step, done: watch())
         except StepFailed as exc:
             log.warning("pipeline %s: re-timing its warm-up sample failed: %s", model.name, exc)
 
@@ -215,7 +230,9 @@ class Worker:
 
         def before_step(step: Step, done: set[str]) -> None:
             if done and self.klass.yields:
-                self.precedence.wait_turn(self.klass.order)
+                self.calls.end()  # waiting is no backend call: not the watchdog's to time
+                if not self._wait_turn(job):
+                    raise Withdrawn
             now_ns = time.monotonic_ns()
             if (late := priced.late(job.deadline_ns - now_ns, step)) is not None:
                 # Count a cut run at its least cost: dropping it would hide the slow tail the bound must cover.
@@ -230,6 +247,8 @@ class Worker:
             outputs = self.stepper.run(pipeline, job.inputs, job.rows, job.elements, before_step)
         except StepLate as exc:
             self.answers.expired(job, str(exc), ran=(taken_ns, time.perf_counter_ns() - start))
+            return
+        except Withdrawn:
             return
         except StepFailed as exc:
             self.answers.result(job, taken_ns, 0, error=str(exc))
@@ -262,10 +281,14 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
     return runner
 
 
-def _time_calls(runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int) -> int:
-    """Median of `runs` calls by the price clock: one call would carry any hiccup into the price."""
+def _time_calls(
+    runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int, before: Callable[[], None] = lambda: None
+) -> int:
+    """Median of `runs` calls by the price clock, `before` called before each: one call would
+    carry any hiccup into the price."""
     clock, times = price_clock(runner), []
     for _ in range(runs):
+        before()
         start = clock()
         runner.run(inputs, model.signature.output_names)
         times.append(clock() - start)
