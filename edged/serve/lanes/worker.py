@@ -103,10 +103,11 @@ class Worker:
             holding = False
             if job is STOP:
                 break
+            # A re-timing waits too: it computes as a call does, and is timed apart from the higher classes'.
+            if self.klass.yields and not self._wait_turn(job):
+                continue
             if isinstance(job, Remeasure):
                 self._remeasure(job)
-                continue
-            if self.klass.yields and not self._wait_turn(job):
                 continue
             batch = [job]
             if self.klass.max_batch > 1 and job.model.signature.batchable and job.model.pipeline is None:
@@ -129,7 +130,7 @@ class Worker:
         if self.stepper is not None:
             self.stepper.close()
 
-    def _wait_turn(self, job: Job) -> bool:
+    def _wait_turn(self, job: Job | Remeasure) -> bool:
         """Wait while a higher class has work, holding `job` where a stop can take it
         (edged.daemon.stopping); False where one did: the job is answered, not for running."""
         self.calls.hold(job)

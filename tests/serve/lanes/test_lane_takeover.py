@@ -162,3 +162,31 @@ def test_a_stop_answers_a_job_waiting_its_turn_behind_a_hung_higher_class(models
             REPLIES.queue.get(timeout=0.3)
     finally:
         gate.set()
+
+
+def test_a_yielding_lanes_re_timing_waits_while_a_higher_class_has_work(models):
+    """It computes as a call does: run beside realtime's work it slowed that work, and priced
+    the model under that contention."""
+    precedence, backend = Precedence(), KeyedGates()
+    light = models["mlp-light"]
+    realtime = started(
+        ClassConfig("rt", order=0, inline_max_us=0, stuck_after_ms=0), [light], backend, precedence=precedence
+    )
+    bulk = started(ClassConfig("bulk", order=1, yields=True, inline_max_us=0), [light], backend, precedence=precedence)
+    backend.armed = True
+    gate = backend.gate(7.0)
+    realtime.enqueue(job(light, led_by(7.0), "busy"))
+    assert backend.entered[7.0].wait(5)
+    request = decoded(encode_request(1, model="mlp-light", deadline_ms=1e-3, inputs={"x": led_by(0.5)}))
+    shed = bulk.offer(REPLIES.route("short"), request, light, *light.signature.measure(request), time.monotonic_ns())
+    assert isinstance(shed, Shed)
+    time.sleep(0.3)
+    assert bulk.backlog.depth == 1, "the re-timing ran while realtime had work"
+    gate.set()
+    assert statuses(1) == {"busy": Status.OK}
+    end = time.monotonic() + 5
+    while bulk.backlog.depth and time.monotonic() < end:
+        time.sleep(0.01)
+    assert bulk.backlog.depth == 0
+    realtime.crew.stop(5.0)
+    bulk.crew.stop(5.0)
