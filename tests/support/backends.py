@@ -63,13 +63,14 @@ class CountingRunner:
 class KeyedGates:
     """The real ONNX Runtime backend, whose calls, once `armed`, are held where the first
     element of their first input is a key of `gates` (`entered[key]` set on arrival), and
-    each last `delay_s` longer."""
+    each last `delay_s` longer; while `failing_loads`, a load fails."""
 
     def __init__(self) -> None:
         self.real = OnnxRuntimeCpu()
         self.armed = False
         self.delay_s = 0.0
         self.loads = 0
+        self.failing_loads = False
         self.gates: dict[float, threading.Event] = {}
         self.entered: dict[float, threading.Event] = {}
 
@@ -80,6 +81,8 @@ class KeyedGates:
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> KeyedRunner:
         self.loads += 1
+        if self.failing_loads:
+            raise RuntimeError("out of device memory (a test's)")
         return KeyedRunner(self, self.real.load(model, lane))
 
 

@@ -23,6 +23,12 @@ from edged.wire.codec import Status
 
 log = logging.getLogger("edged.lanes")
 
+# A replacement worker that failed to load (the hung call may still hold the device's memory)
+# is tried again this often; meanwhile a lane left with no worker answers its queue UNAVAILABLE
+# every ANSWER_EVERY_NS: admitted, nothing would run it.
+RETRY_LOAD_NS = 2_000_000_000
+ANSWER_EVERY_NS = 50_000_000
+
 
 class Crew:
     """One lane's workers: written by the loader as it starts them, then by the steering
@@ -49,6 +55,7 @@ class Crew:
         self._precedence = precedence
         self._threads: list[threading.Thread] = []
         self._recovery: tuple[str, Worker] | None = None  # why the lane is not ok, and the worker it waits for
+        self._retry_at_ns = 0  # when to try again a replacement that failed to load
 
     def start(self) -> None:
         """Start the workers; returns once each has loaded and warmed every model."""
@@ -79,7 +86,8 @@ class Crew:
         """ "ok", or why not: shown by the health op."""
         if self._recovery is None or self._recovery[1].loaded.is_set():
             return "ok"
-        return self._recovery[0]
+        why, worker = self._recovery
+        return why if worker.error is None else f"{why}; its new worker failed to load ({worker.error}), retrying"
 
     def reject_queued(self, message: str) -> int:
         """Answer every job still queued UNAVAILABLE, without running it; a STOP stays queued."""
@@ -121,7 +129,9 @@ class Crew:
             thread.join(max(end - time.monotonic(), 0.0))
 
     def check_stuck(self, now_ns: int) -> None:
-        """Answer the requests of a call open past `stuck_after_ms`; replace its worker."""
+        """Answer the requests of a call open past `stuck_after_ms`; replace its worker, and try
+        again a replacement that failed to load."""
+        self._check_replacement(now_ns)
         limit_ms = self.klass.stuck_after_ms
         stuck = self.calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
         if stuck is None or not stuck.workers_lost:
@@ -133,12 +143,28 @@ class Crew:
         # Recovering before the replies say so: a client told so may ask health at once.
         for _ in range(stuck.workers_lost):
             self._recovery = (f"recovering: {why}", self._start_worker(None))
+        self._retry_at_ns = now_ns + RETRY_LOAD_NS
         self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
 
     def next_check_ns(self, now_ns: int) -> float:
-        """When `check_stuck` must look next: as the oldest open call passes `stuck_after_ms`."""
+        """When `check_stuck` must look next: as the oldest open call passes `stuck_after_ms`,
+        or soon, where a replacement failed to load."""
         limit_ms = self.klass.stuck_after_ms
-        return self.calls.oldest_ns(now_ns) + limit_ms * 1_000_000 if limit_ms else math.inf
+        due = self.calls.oldest_ns(now_ns) + limit_ms * 1_000_000 if limit_ms else math.inf
+        return min(due, now_ns + ANSWER_EVERY_NS) if self._failed_replacement() else due
+
+    def _failed_replacement(self) -> bool:
+        return self._recovery is not None and self._recovery[1].error is not None
+
+    def _check_replacement(self, now_ns: int) -> None:
+        if not self._failed_replacement():
+            return
+        if not self.alive:
+            self.reject_queued(f"the class {self.klass.name!r} has no worker now: {self.health}")
+        if now_ns >= self._retry_at_ns:
+            assert self._recovery is not None
+            self._recovery = (self._recovery[0], self._start_worker(None))
+            self._retry_at_ns = now_ns + RETRY_LOAD_NS
 
     def answer_open_calls(self, message: str) -> int:
         """Answer INTERNAL every request still inside a backend call, and queue again what

@@ -190,3 +190,43 @@ def test_a_yielding_lanes_re_timing_waits_while_a_higher_class_has_work(models):
     assert bulk.backlog.depth == 0
     realtime.crew.stop(5.0)
     bulk.crew.stop(5.0)
+
+
+def test_a_lane_whose_new_worker_fails_to_load_answers_unavailable_and_tries_again(models):
+    """The hung call still holds what a new worker needs (a GPU's memory): the load fails. The
+    lane, left with no worker, answers what it is given UNAVAILABLE (before: admitted and never
+    answered), says so in health, and serves again once a later try loads."""
+    backend = KeyedGates()
+    light = models["mlp-light"]
+    lane = started(ClassConfig("t", order=0, inline_max_us=0, stuck_after_ms=100), [light], backend)
+    backend.armed = True
+    gate = backend.gate(3.0)
+    lane.enqueue(job(light, led_by(3.0), "A"))
+    assert backend.entered[3.0].wait(5)
+    time.sleep(0.15)
+    backend.failing_loads = True
+
+    def steer_until(done, what: str) -> None:  # the steering thread's housekeeping, as it comes due
+        end = time.monotonic() + 10
+        while not done() and time.monotonic() < end:
+            now = time.monotonic_ns()
+            lane.crew.check_stuck(now)
+            time.sleep(max(min(lane.crew.next_check_ns(now) - now, 10**8), 0) / 1e9)
+        assert done(), what
+
+    try:
+        steer_until(lambda: not REPLIES.queue.empty(), "A answered")
+        assert statuses(1) == {"A": Status.INTERNAL}
+        steer_until(lambda: "failed to load" in lane.crew.health, "health to say so")
+        lane.enqueue(job(light, led_by(0.5), "C"))
+        steer_until(lambda: not REPLIES.queue.empty(), "C answered")
+        assert statuses(1) == {"C": Status.UNAVAILABLE}
+        assert lane.backlog.depth == 0
+        backend.failing_loads = False
+        gate.set()
+        steer_until(lambda: lane.crew.health == "ok", "a later try to load")
+        lane.enqueue(job(light, led_by(0.5), "D"))
+        assert statuses(1) == {"D": Status.OK}
+    finally:
+        gate.set()
+        lane.crew.stop(5.0)
