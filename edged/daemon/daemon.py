@@ -242,7 +242,7 @@ class Daemon:
         """Stuck calls, systemd's watchdog, retired lanes, memory a burst left, silent clients'
         shared memory, the box's other load, the status line."""
         for lane in self.lanes:
-            lane.crew.check_stuck(now)
+            lane.crew.check_stuck(now, replace=lane not in self._retiring)
         self.loops.check(now, self.notifier)
         ended = [lane for lane in self._retiring if not lane.crew.alive]
         for lane in ended:  # anything queued behind its workers' last job: answered, never lost

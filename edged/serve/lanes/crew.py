@@ -128,10 +128,12 @@ class Crew:
         for thread in self._workers():
             thread.join(max(end - time.monotonic(), 0.0))
 
-    def check_stuck(self, now_ns: int) -> None:
+    def check_stuck(self, now_ns: int, replace: bool = True) -> None:
         """Answer the requests of a call open past `stuck_after_ms`; replace its worker, and try
-        again a replacement that failed to load."""
-        self._check_replacement(now_ns)
+        again a replacement that failed to load. A retired lane's (`replace` False) is given up
+        on and not replaced: its other workers, if any, finish what it holds."""
+        if replace:
+            self._check_replacement(now_ns)
         limit_ms = self.klass.stuck_after_ms
         stuck = self.calls.overdue(now_ns, limit_ms * 1_000_000) if limit_ms else None
         if stuck is None or not stuck.workers_lost:
@@ -139,6 +141,10 @@ class Crew:
         self._take_over(stuck)
         late = f"has not returned after {limit_ms} ms"
         why = f"a backend call {f'of {stuck.jobs[0].model.name}' if stuck.jobs else 're-timing a model'} {late}"
+        if not replace:
+            log.error("class %s: %s, on lanes a reload replaced: its worker is given up", self.klass.name, why)
+            self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}")
+            return
         log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
         # Recovering before the replies say so: a client told so may ask health at once.
         for _ in range(stuck.workers_lost):

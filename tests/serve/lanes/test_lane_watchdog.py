@@ -4,6 +4,7 @@ replaces the worker, shows it in health, and the late result is never sent."""
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 
 import zmq
@@ -66,4 +67,27 @@ def test_a_hung_call_is_answered_its_worker_replaced_and_its_late_result_dropped
     stats = standard_stats()
     assert stats["failed"] == 1 and stats["queue_depth"] == 0
     assert running.stop() == 0
+    shutil.rmtree(repository, ignore_errors=True)
+
+
+def test_a_call_that_hangs_across_a_reload_is_answered_and_its_retired_lane_loads_no_new_worker(
+    context: zmq.Context, own_daemon
+):
+    """SIGHUP while a call hangs: its lane is retired, and the watchdog answers the call
+    INTERNAL as the limit passes, without loading a new worker (every model) for a lane
+    that a reload replaced, whose worker would only end (before: it did)."""
+    repository = short_dir()
+    save_sleeper(repository)
+    running = own_daemon(CONFIG.format(repository=repository).replace("stuck_after_ms = 200", "stuck_after_ms = 4000"))
+    hung = connect(context, running.ipc)
+    started = time.monotonic()
+    hung.send_multipart(encode_request("hung", model="sleeper", klass="standard", inputs=sleep_for(400_000)))
+    time.sleep(0.3)
+    running.process.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reloaded" in running.log(), 30, "the reload")
+    reply = receive(hung, 20_000)
+    assert reply.status == "INTERNAL" and "has not returned after 4000 ms" in reply.header["error"], reply.header
+    assert time.monotonic() - started < 15
+    assert "starting a new worker" not in running.log()
+    running.process.process.kill()
     shutil.rmtree(repository, ignore_errors=True)
