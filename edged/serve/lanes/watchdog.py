@@ -34,9 +34,10 @@ class Overdue:
 
 class OpenCalls:
     """The backend calls a lane is inside. Under `_lock`, each thread opens and closes its own
-    call, and what it holds back from the call's batch; the watchdog (`overdue`, on the daemon's
-    steering thread) marks calls overdue once, abandons their threads and takes what they hold.
-    A loop's inline calls are not watched here (Lane._run_inline)."""
+    call, and a job it holds outside the queue (left out of its batch, or waiting its turn); the
+    watchdog (`overdue`, on the daemon's steering thread) marks calls overdue once, abandons their
+    threads and takes what they hold, and a stop takes everything held. A loop's inline calls
+    are not watched here (Lane._run_inline)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
