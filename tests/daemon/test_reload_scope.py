@@ -1,0 +1,57 @@
+"""A reload applies what new lanes can carry (models, each class's settings); what the daemon
+applies only at start (its sockets, loops, limits, logging) is refused with the keys named, and
+the running configuration serves on. Before: dropping a class ended the daemon (exit 1), and an
+added class, a new default class or new limits were logged as reloaded and never applied."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+from support import start_daemon, wait_for
+
+from edged.client import Client
+
+CLASSES = "[classes.realtime]\n[classes.standard]\n[classes.bulk]\n"
+
+CHANGES = {
+    "a class dropped": ("[classes.realtime]\n[classes.standard]\n", "the classes (their names and order)"),
+    "a class added": (CLASSES + "[classes.extra]\norder = 3\n", "the classes (their names and order)"),
+    "the default class": ('[server]\ndefault_class = "realtime"\n' + CLASSES, "server.default_class"),
+    "a limit": ("[limits]\nmax_header_bytes = 100\n" + CLASSES, "[limits]"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_reload_changing_what_only_a_start_applies_is_refused_naming_it(change: str) -> None:
+    text, key = CHANGES[change]
+    running = start_daemon(CLASSES)
+    try:
+        (running.folder / "edged.toml").write_text(text)
+        running.process.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload refused" in running.log(), 30, "the refusal")
+        refusal = next(line for line in running.log().splitlines() if "reload refused" in line)
+        assert key in refusal and "changed: applied only at start, so restart the daemon" in refusal, refusal
+        x = np.ones((1, 64), np.float32)
+        with Client(running.ipc) as client:
+            for klass in ("realtime", "standard", "bulk"):
+                assert client.infer("mlp-light", {"x": x}, klass=klass)["scores"].shape == (1, 10)
+            assert set(client.health()["lanes"]) == {"realtime", "standard", "bulk"}
+        assert running.stop() == 0
+    finally:
+        running.close()
+
+
+def test_a_reload_changing_a_class_setting_is_applied() -> None:
+    running = start_daemon(CLASSES)
+    try:
+        changed = CLASSES.replace("[classes.standard]\n", "[classes.standard]\ninline_max_us = 123\n")
+        (running.folder / "edged.toml").write_text(changed)
+        running.process.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded: now serving" in running.log(), 30, "the reload")
+        with Client(running.ipc) as client:
+            assert client.stats()["classes"]["standard"]["inline_max_us"] == 123
+        assert running.stop() == 0
+    finally:
+        running.close()
