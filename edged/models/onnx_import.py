@@ -113,7 +113,14 @@ def pinned(spec: dict[str, Any], sizes: dict[str, list[int]]) -> dict[str, Any]:
 
 
 def check_free(repository: Path, name: str, replace: bool) -> Path:
-    """REPOSITORY/NAME, refused where it exists and `replace` was not given."""
+    """REPOSITORY/NAME, refused where it exists and `replace` was not given, or where NAME is
+    no folder name of its own: '.', '..' or a path would put the model, and `replace`'s
+    removal, on the repository itself or outside it."""
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name):
+        raise RepositoryError(
+            f"--name {name!r} is not a model name: use letters, digits, '.', '_' and '-', "
+            "not starting with '.' (it names a folder of the repository)"
+        )
     folder = repository / name
     if folder.exists() and not replace:
         raise RepositoryError(f"{folder} exists: choose another --name, or give --replace to overwrite it")

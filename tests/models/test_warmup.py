@@ -284,3 +284,19 @@ def test_a_sized_models_warmup_is_not_tiled_to_the_largest_batch() -> None:
     demo = Signature((TensorSpec("x", "float32", (-1, 64)),), (TensorSpec("scores", "float32", (-1, 10)),))
     calls = tiled(WarmupSample({"x": (1, 64)}, {"x": "float32"}), demo, max_batch=16)
     assert [(inputs["x"].shape, rows) for inputs, rows in calls] == [((1, 64), 1), ((16, 64), 16)]
+
+
+@pytest.mark.parametrize("name", [".", "..", "../escaped", "a/b"])
+def test_an_import_name_that_is_no_folder_of_its_own_is_refused_and_nothing_removed(
+    repository: Path, name: str
+) -> None:
+    """`--name . --replace` removed the whole repository (and `..` its parent) before writing."""
+    inner = repository / "inner"
+    inner.mkdir()
+    shutil.copytree(ENGINES / "mlp-light", inner / "mlp-light")
+    (repository / "beside.txt").write_text("kept")
+    source = ENGINES / "mlp-light" / "model.onnx"
+    done = run_edged("import", str(source), "--repository", str(inner), "--name", name, "--replace")
+    assert done.returncode == 1 and f"--name {name!r} is not a model name" in done.stderr, done.stderr
+    assert (inner / "mlp-light" / "manifest.json").is_file() and (repository / "beside.txt").is_file()
+    assert not (repository / "escaped").exists() and not (inner / "a").exists()
