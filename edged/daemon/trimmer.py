@@ -37,7 +37,11 @@ class Trimmer:
         if now_ns < self._next_check_ns:
             return
         self._next_check_ns = now_ns + CHECK_EVERY_NS
-        rss, last = rss_bytes(), self._last
+        try:
+            rss = rss_bytes()
+        except OSError:  # out of descriptors a moment: a check missed, never the steering thread's end
+            return
+        last = self._last
         self._last = rss
         if last >= rss > self._after * GROWTH and rss - self._after > MIN_GROWTH_BYTES:
             self._wake.set()

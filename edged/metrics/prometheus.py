@@ -19,6 +19,7 @@ from edged.config import MetricsConfig
 from edged.config.settings import ConfigError
 from edged.daemon.lifecycle import REPORTED_STATES
 from edged.metrics.histogram import PERCENTILES
+from edged.metrics.server import serve_scrapes
 
 Stats = Callable[[], dict[str, Any]]
 
@@ -142,7 +143,7 @@ class PrometheusEndpoint:
 
     def __init__(self, config: MetricsConfig, stats: Stats) -> None:
         try:
-            from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+            from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
         except ImportError:
             raise ConfigError(
                 f"metrics.prometheus_port = {config.prometheus_port} needs the prometheus-client package: "
@@ -154,8 +155,8 @@ class PrometheusEndpoint:
         ProcessCollector(registry=registry)
         address = f"{config.prometheus_host}:{config.prometheus_port}"
         try:
-            self._server, self._thread = start_http_server(
-                config.prometheus_port, addr=config.prometheus_host, registry=registry
+            self._server, self._thread = serve_scrapes(
+                config.prometheus_host, config.prometheus_port, make_wsgi_app(registry)
             )
         except OSError as exc:
             raise ConfigError(

@@ -4,6 +4,7 @@ figures must be the stats op's."""
 from __future__ import annotations
 
 import socket
+import time
 import tomllib
 import urllib.request
 from collections.abc import Iterator
@@ -139,3 +140,37 @@ def test_invalid_metrics_setting_is_refused_naming_its_key(text: str, key: str) 
     with pytest.raises(ConfigError) as caught:
         parse_config(tomllib.loads(text), base_dir=Path("/"))
     assert key in str(caught.value)
+
+
+def test_idle_connections_to_the_endpoint_hold_few_descriptors_and_serving_goes_on(
+    scraped_daemon: tuple[RunningDaemon, int],
+) -> None:
+    """Any local user reaches the port. Each idle connection held a thread and a descriptor for
+    as long as its client kept it: by the thousand they used up the daemon's descriptors and
+    its steering thread failed, stopping it. Now a few are served at once, each for seconds."""
+    running, port = scraped_daemon
+    descriptors = Path(f"/proc/{running.pid}/fd")
+    before = len(list(descriptors.iterdir()))
+    idle = []
+    try:
+        for _ in range(100):
+            connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+            connection.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            idle.append(connection)
+        time.sleep(0.5)
+        held = len(list(descriptors.iterdir())) - before
+        assert held <= 20, f"{held} descriptors held for 100 idle connections"
+        with Client(running.ipc) as client:
+            assert client.infer("mlp-light", random_input("mlp-light", 1, 0))["scores"].shape == (1, 10)
+    finally:
+        for connection in idle:
+            connection.close()
+    wait_for(lambda: scrape_or_none(port) is not None, 30, "a scrape once the idle connections are gone")
+    assert running.alive()
+
+
+def scrape_or_none(port: int) -> Samples | None:
+    try:
+        return scrape(port)
+    except OSError:
+        return None
