@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -253,4 +254,51 @@ def test_a_steering_thread_failing_mid_reload_stops_once_the_loops_are_past_its_
         assert "the steering thread failed: draining" in running.log()
         sock.close(linger=0)
     finally:
+        running.close()
+
+
+FLOOD = """
+import sys, msgpack, zmq
+sock = zmq.Context().socket(zmq.DEALER)
+sock.linger, sock.rcvhwm = 0, 0
+sock.connect(sys.argv[1])
+# A legal health request, slow to decode (6,000 keys): two such senders outpace the loop.
+frames = [msgpack.packb({"v": 1, "id": 1, "op": "health", **{key: key for key in range(6000)}})]
+while True:
+    sock.send_multipart(frames)
+    while sock.poll(0):
+        sock.recv_multipart()
+"""
+
+
+def test_a_stop_under_a_flood_that_never_lets_up_closes_and_answers_the_other_clients(
+    context: zmq.Context, short_tmp: Path
+) -> None:
+    """The closing realtime loop read its socket until empty, which a flood never is, and the
+    other loops gave way to it meanwhile: a request sent to them in the stop had no reply,
+    the loops 'did not close', and their sockets were destroyed under them (tracebacks)."""
+    running = start_daemon("[server]\nstop_grace_ms = 3000\ndrain_timeout_ms = 1000\n")
+    script = short_tmp / "flood.py"
+    script.write_text(FLOOD)
+    realtime = running.ipc.replace("d.sock", "d-realtime.sock")
+    floods = [subprocess.Popen([sys.executable, str(script), realtime]) for _ in range(2)]
+    try:
+        time.sleep(1.5)
+        os.kill(running.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        probes = [connect(context, running.ipc.replace("d.sock", "d-bulk.sock")), connect(context, running.ipc)]
+        for sock in probes:
+            for index in range(5):
+                sock.send_multipart(
+                    encode_request(index, model="mlp-light", inputs=random_input("mlp-light", 1, index))
+                )
+        statuses = Counter(receive(sock, 10_000).status for sock in probes for _ in range(5))
+        assert set(statuses) <= {"UNAVAILABLE", "OK"} and sum(statuses.values()) == 10, statuses
+        assert running.process.process.wait(timeout=30) == 0
+        log = running.log()
+        assert "stopped (" in log and "did not close" not in log and "Traceback" not in log, log[-2000:]
+    finally:
+        for flood in floods:
+            flood.kill()
+            flood.wait()
         running.close()

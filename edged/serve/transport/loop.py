@@ -27,6 +27,9 @@ log = logging.getLogger("edged.server")
 RECEIVE_BURST = 64
 # Time a closing socket has to flush the replies sent just before.
 CLOSE_LINGER_MS = 2000
+# A closing loop reads its sockets dry, or for this long where clients keep sending: then it
+# closes them (what a flood sends on goes unread), so that no client can hold a stop for ever.
+LAST_TURN_NS = 1_000_000_000
 # handoff_ns is a median over this many wake-ups: one slow wake-up does not move it, a busier box does.
 HANDOFFS_KEPT = 15
 
@@ -145,9 +148,14 @@ class Loop:
                     if sock in ready:
                         self._receive(index, RECEIVE_BURST)
                 self._hand_over()
-            # Last turn: answer what reached the sockets (inference gets UNAVAILABLE).
-            for index in range(len(socks)):
-                self._receive(index, None)
+            # Last turn: answer what reached the sockets (inference gets UNAVAILABLE), which
+            # needs no precedence: the other loops need not wait for it.
+            if top:
+                turns.sleep()
+            until_ns = time.monotonic_ns() + LAST_TURN_NS
+            for index, sock in enumerate(socks):
+                while _waiting(sock) and time.monotonic_ns() < until_ns:
+                    self._receive(index, RECEIVE_BURST)
             self._run_soon()
             self._hand_over()
         finally:
@@ -175,9 +183,9 @@ class Loop:
     def _finish(self) -> None:
         self._closing = True
 
-    def _receive(self, index: int, most: int | None) -> None:
-        """Handle up to `most` messages (None: all). Each is read before the one ahead is
-        handled, so the handler knows whether another waits (a lane then batches)."""
+    def _receive(self, index: int, most: int) -> None:
+        """Handle up to `most` messages. Each is read before the one ahead is handled, so
+        the handler knows whether another waits (a lane then batches)."""
         sock, handle = self.bound[index].sock, self._handle
         count = 1
         current = _read(sock)
@@ -185,7 +193,7 @@ class Loop:
             if not self._top:
                 self._give_way()
             # Once a second message was found, a burst is being read: receive without asking first.
-            following = _read(sock) if (most is None or count < most) and (count > 1 or _waiting(sock)) else None
+            following = _read(sock) if count < most and (count > 1 or _waiting(sock)) else None
             count += 1
             frames, received_ns = current
             # A REQ peer's envelope ends with an empty delimiter, and so must its reply's.
