@@ -6,6 +6,7 @@ import argparse
 import faulthandler
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,8 +16,15 @@ from edged.config import ConfigError, load_config
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "serve":  # the daemon steers its own signals
+        # SIGTERM ends a command as Ctrl-C does, through its `with` blocks: a daemon that
+        # `demo` or `bench` started stops, and its folder goes.
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.run(args)
+    except KeyboardInterrupt:
+        print("edged: interrupted", file=sys.stderr)
+        return 130
     except ConfigError as exc:
         print(f"edged: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -33,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"edged: {exc}", file=sys.stderr)
             return 1
         raise
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,8 +3,14 @@ answering, and stops cleanly."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
 
 
 def test_the_demo_serves_each_demo_model_and_stops_cleanly() -> None:
@@ -23,3 +29,37 @@ def test_the_demo_serves_each_demo_model_and_stops_cleanly() -> None:
     assert out.count("20 realtime requests, one at a time: round trip p50") == 2
     assert "daemon stopped with exit code 0" in out
     assert "Traceback" not in done.stderr
+
+
+def children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.update(int(child) for child in (task / "children").read_text().split())
+    return found
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)])
+def test_a_demo_ended_by_a_signal_stops_its_daemon_and_leaves_nothing(signum: int, code: int) -> None:
+    """SIGTERM (a terminal closed, a job manager) ended the demo and left its daemon serving
+    for good, beside its folder; Ctrl-C printed a traceback."""
+    folders = set(Path(tempfile.gettempdir()).glob("edged-demo-*"))
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "edged", "demo", "--requests", "10000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        end = time.monotonic() + 60
+        while not children(demo.pid) and time.monotonic() < end:
+            time.sleep(0.1)
+        daemons = children(demo.pid)
+        assert daemons, "the demo started no daemon"
+        time.sleep(2.0)  # serving, its requests under way
+        demo.send_signal(signum)
+        _, err = demo.communicate(timeout=60)
+    finally:
+        demo.kill()
+    assert demo.returncode == code and "Traceback" not in err, err
+    assert all(not Path(f"/proc/{pid}").exists() for pid in daemons), "the demo's daemon still runs"
+    assert set(Path(tempfile.gettempdir()).glob("edged-demo-*")) <= folders, "the demo's folder is left"
