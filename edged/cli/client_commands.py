@@ -141,12 +141,18 @@ def _find_model(models: list[dict[str, Any]], name: str) -> dict[str, Any]:
 def _inputs(model: dict[str, Any], given: list[str], batch: int) -> dict[str, np.ndarray]:
     from edged.wire.codec import DTYPES
 
+    names = [spec["name"] for spec in model["inputs"]]
     files = {}
     for item in given:
         name, sep, path = item.partition("=")
         if not sep:
             raise SystemExit(f"edged: --input takes NAME=FILE.npy, got {item!r}")
-        files[name] = np.load(path)
+        if name not in names:
+            raise SystemExit(f"edged: --input {name!r}: model {model['name']!r} has no such input; it has {names}")
+        try:
+            files[name] = np.load(path)  # object arrays refused: unpickling a file runs its code
+        except (ValueError, OSError, EOFError) as exc:
+            raise SystemExit(f"edged: --input {item}: not a .npy array numpy can read: {exc}") from None
     rng = np.random.default_rng(0)
     inputs = {}
     for spec in model["inputs"]:
@@ -154,5 +160,8 @@ def _inputs(model: dict[str, Any], given: list[str], batch: int) -> dict[str, np
             inputs[spec["name"]] = files[spec["name"]]
             continue
         shape = [batch if i == 0 and d == -1 else max(d, 1) for i, d in enumerate(spec["shape"])]
-        inputs[spec["name"]] = rng.standard_normal(shape).astype(DTYPES[spec["dtype"]])
+        try:
+            inputs[spec["name"]] = rng.standard_normal(shape).astype(DTYPES[spec["dtype"]])
+        except MemoryError:
+            raise SystemExit(f"edged: --batch {batch}: {spec['name']} {shape} does not fit in memory") from None
     return inputs

@@ -204,3 +204,23 @@ def test_an_input_file_that_is_not_there_gets_one_line(daemon: RunningDaemon) ->
     result = edged("infer", "mlp-light", "--endpoint", daemon.ipc, "--input", "x=/nonexistent/x.npy")
     assert result.returncode == 1 and "No such file" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_an_input_that_is_no_array_or_no_input_of_the_model_gets_one_line(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """Tracebacks before (a text file, a pickled object array, a batch past memory), and an
+    input the model does not have was ignored: random inputs sent, exit 0."""
+    text, objects = tmp_path / "text.npy", tmp_path / "objects.npy"
+    text.write_text("not an array")
+    np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    cases = {
+        f"x={text}": "not a .npy array numpy can read",
+        f"x={objects}": "not a .npy array numpy can read",
+        f"y={objects}": "--input 'y': model 'mlp-light' has no such input; it has ['x']",
+    }
+    for given, phrase in cases.items():
+        result = edged("infer", "mlp-light", "--endpoint", daemon.ipc, "--input", given)
+        assert result.returncode == 1 and phrase in result.stderr and "Traceback" not in result.stderr, result.stderr
+    huge = edged("infer", "mlp-light", "--endpoint", daemon.ipc, "--batch", str(10**15))
+    assert huge.returncode == 1 and "does not fit in memory" in huge.stderr, huge.stderr
