@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+from pathlib import Path
 
 from edged.client.members import named
+from edged.config import load_config
 from edged.loadgen.fleet import format_fleet, run_fleet
 from edged.loadgen.isolation import format_isolation, plot_isolation, run_isolation
 from edged.loadgen.launch import DaemonProcess
@@ -30,6 +33,12 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.png is not None and not _matplotlib():
         print(NO_MATPLOTLIB, file=sys.stderr)
         return 2
+    for option, path in (("--json", args.json), ("--png", args.png)):
+        if path is not None and (unwritable := _unwritable(path)):
+            print(f"edged: {option} {path}: {unwritable}", file=sys.stderr)
+            return 2
+    if args.config is not None and not args.endpoint:
+        load_config(args.config)  # its error now, with the key and the fix, not the daemon's exit code
     if args.isolation:
         return _bench_isolation(args)
     streams = args.mix or [Stream.parse("realtime:mlp-light:200"), Stream.parse("bulk:cnn-heavy:200")]
@@ -40,8 +49,15 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.endpoint:
             steps = run_sweep(args.endpoint[0], streams, factors, args.duration, progress_to_stderr)
         else:
-            with DaemonProcess([f"ipc://{folder}/edged.sock"], config=args.config) as daemon:
-                daemon.wait_serving()
+            log = Path(folder) / "daemon.log"
+            with DaemonProcess([f"ipc://{folder}/edged.sock"], config=args.config, log_path=log) as daemon:
+                try:
+                    daemon.wait_serving()
+                except RuntimeError as exc:
+                    said = log.read_text(errors="replace").strip().splitlines() or ["it said nothing"]
+                    why = next((line for line in reversed(said) if " ERROR " in line), said[-1])
+                    print(f"edged: {exc}: {why}", file=sys.stderr)
+                    return 1
                 steps = run_sweep(daemon.endpoints[0], streams, factors, args.duration, progress_to_stderr)
     for step in steps:
         print(f"\nstep x{step['factor']:g}: offered {step['offered_rps']:.0f} req/s for {args.duration:g} s")
@@ -51,6 +67,17 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.png:
         plot(steps, str(args.png))
     return 0
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why `path` cannot be written, or None."""
+    if path.is_dir():
+        return "is a folder: name a file"
+    if not path.parent.is_dir():
+        return f"its folder {path.parent} does not exist"
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        return "cannot be written (permission denied)"
+    return None
 
 
 def _matplotlib() -> bool:

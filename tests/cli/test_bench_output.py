@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
-from support import RunningDaemon
+import pytest
+from support import RunningDaemon, run_edged
 
 PROGRESS = re.compile(r"^ *\d+\.\d s  realtime: \d+ sent, \d+ ok; \d+ in flight$")
 
@@ -50,3 +52,30 @@ def test_png_without_matplotlib_exits_2_before_the_run() -> None:
         "(from a checkout: pip install -e '.[bench]')"
     ]
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (
+            ("--json", "/nonexistent/figures.json"),
+            "--json /nonexistent/figures.json: its folder /nonexistent does not exist",
+        ),
+        (("--json", "/tmp"), "--json /tmp: is a folder: name a file"),
+        (("--config", "/nonexistent/edged.toml"), "config file /nonexistent/edged.toml does not exist"),
+    ],
+)
+def test_a_file_bench_cannot_use_is_refused_before_the_run(args: tuple[str, ...], phrase: str) -> None:
+    """Found after the run before (a whole --duration spent; here 600 s, past the timeout),
+    or, for --config, a traceback without the daemon's reason."""
+    done = run_edged("bench", *args, "--duration", "600", timeout_s=120)
+    assert done.returncode == 2 and phrase in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_daemon_bench_starts_that_fails_says_why_in_one_line(tmp_path: Path) -> None:
+    """Its config is valid, but the daemon cannot serve it: the daemon's last line, not a traceback."""
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[server]\nmodel_repository = "{tmp_path / "none"}"\n')
+    done = run_edged("bench", "--config", str(config), "--duration", "600", timeout_s=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "the daemon exited with code 1 during start-up: " in done.stderr and "model_repository" in done.stderr
