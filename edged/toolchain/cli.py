@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edged.cli.arguments import positive_int
 from edged.config import default_repository
 
 if TYPE_CHECKING:
@@ -25,8 +26,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _model(quantize)
     quantize.add_argument("--precision", choices=("int8", "fp8"), required=True)
     quantize.add_argument("--calibration", type=Path, help="folder of .npy/.npz samples (default: seeded N(0,1))")
-    quantize.add_argument("--samples", type=int, default=256, help="calibration samples drawn when no folder is given")
-    quantize.add_argument("--held-out", type=int, default=32, help="held-out samples of the accuracy report")
+    quantize.add_argument(
+        "--samples", type=positive_int, default=256, help="calibration samples drawn when no folder is given"
+    )
+    quantize.add_argument("--held-out", type=positive_int, default=32, help="held-out samples of the accuracy report")
     quantize.add_argument("--quantizer", choices=("onnxruntime", "modelopt"), default="onnxruntime")
     quantize.set_defaults(step_run=_quantize)
 
@@ -38,9 +41,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     engine = steps.add_parser("engine", help="a TensorRT engine for this GPU (needs TensorRT and a GPU)")
     _model(engine)
     engine.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int8", "fp8"), required=True)
-    engine.add_argument("--min-batch", type=int, default=1)
-    engine.add_argument("--opt-batch", type=int, default=1)
-    engine.add_argument("--max-batch", type=int, default=16)
+    engine.add_argument("--min-batch", type=positive_int, default=1)
+    engine.add_argument("--opt-batch", type=positive_int, default=1)
+    engine.add_argument("--max-batch", type=positive_int, default=16)
     engine.add_argument(
         "--version-compatible", action="store_true", help="runs on later TensorRT too (and on the lean runtime)"
     )

@@ -187,6 +187,9 @@ def models_of(daemon: RunningDaemon) -> list[dict[str, object]]:
         (("bench", "--mix", "realtime:mlp-light:-5"), 2, "RATE must be above 0"),
         (("bench", "--sweep", "x"), 2, "is not a number"),
         (("bench", "--duration", "0"), 2, "is not a number above 0"),
+        (("build", "quantize", "mlp-light", "--precision", "int8", "--samples", "0"), 2, "is not 1 or more"),
+        (("build", "quantize", "mlp-light", "--precision", "int8", "--held-out", "-5"), 2, "is not 1 or more"),
+        (("build", "engine", "mlp-light", "--precision", "fp16", "--max-batch", "0"), 2, "is not 1 or more"),
     ],
 )
 def test_a_bad_argument_gets_one_line_and_a_non_zero_exit_not_a_traceback(
