@@ -113,15 +113,22 @@ class AsyncClient(Api):
                 continue  # not a reply of this protocol: nothing to match it to
             if self._learn(reply):
                 continue
-            pending = self._pending.get(reply.id)
+            request_id = reply.id if reply.id is not None else self._only_copy_on(index)
+            pending = self._pending.get(request_id)
             if pending is None:
                 counters.late += 1
                 continue
             call, send, settled = pending
-            if not call.on_reply(reply.id, reply, now_ms(), send):
+            if not call.on_reply(request_id, reply, now_ms(), send):
                 counters.late += 1
             if call.done and not settled.done():
                 settled.set_result(None)
+
+    def _only_copy_on(self, index: int) -> int | None:
+        """The id of the one copy any call awaits from daemon `index` (Call.copy_on), or None."""
+        calls = {id(call): call for call, _, _ in self._pending.values()}.values()  # a call per copy, once
+        waiting = [request_id for call in calls for request_id, copy in call.copies.items() if copy.endpoint == index]
+        return waiting[0] if len(waiting) == 1 else None
 
     async def close(self) -> None:
         for receiver in (self._receivers or {}).values():

@@ -82,7 +82,14 @@ class Call:
         if self._want is not None:
             self._send(now, send)
 
-    def on_reply(self, request_id: int, reply: Reply, now: float, send: SendFn) -> bool:
+    def copy_on(self, endpoint: int) -> int | None:
+        """The id of the one copy awaited from `endpoint`, or None (none, or several). A reply
+        whose id the daemon could not read (a header over its limit) carries none: where one
+        copy alone waits there, it is that copy's."""
+        ids = [request_id for request_id, copy in self.copies.items() if copy.endpoint == endpoint]
+        return ids[0] if len(ids) == 1 else None
+
+    def on_reply(self, request_id: int | None, reply: Reply, now: float, send: SendFn) -> bool:
         """Take a reply; False if it belongs to no copy still awaited (the caller counts it late)."""
         copy = self.copies.pop(request_id, None)
         if copy is None or self.done:

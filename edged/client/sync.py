@@ -115,7 +115,11 @@ class Client(Api):
                 continue  # not a reply of this protocol: nothing to match it to
             if self._learn(reply):
                 continue
-            if call is None or send is None or not call.on_reply(reply.id, reply, now_ms(), send):
+            if call is None or send is None:
+                counters.late += 1
+                continue
+            request_id = reply.id if reply.id is not None else call.copy_on(self._daemon_of[sock])
+            if not call.on_reply(request_id, reply, now_ms(), send):
                 counters.late += 1
 
     def counters(self) -> dict[str, EndpointCounters]:

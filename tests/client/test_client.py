@@ -257,3 +257,22 @@ def test_a_named_region_whose_registration_got_no_reply_is_gone_once_the_client_
     assert any(name.startswith(prefix) for name in os.listdir("/dev/shm"))
     client.close()
     assert not [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+
+
+def test_a_refusal_whose_id_the_daemon_could_not_read_reaches_the_one_call_waiting(own_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A header over `max_header_bytes` is refused unread, its reply's id nil: it matched no
+    call, and the client said 'no reply' once its timeout ran out."""
+    running = own_daemon("[limits]\nmax_header_bytes = 40\n")
+    x = random_input("mlp-light", 1, 0)
+    started = time.monotonic()
+    with Client(running.ipc, timeout_ms=20_000) as client:
+        with pytest.raises(InvalidArgument, match="over the limit of 40"):
+            client.infer("mlp-light", x)
+
+    async def main() -> None:
+        async with AsyncClient(running.ipc, timeout_ms=20_000) as client:
+            with pytest.raises(InvalidArgument, match="over the limit of 40"):
+                await client.infer("mlp-light", x)
+
+    asyncio.run(main())
+    assert time.monotonic() - started < 10  # two timeouts would be 40 s
