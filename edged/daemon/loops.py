@@ -63,6 +63,7 @@ class Loops:
                 self.prometheus = PrometheusEndpoint(config.metrics, lambda: figures(self.serving))
             except BaseException:
                 self.sockets.close()
+                self.fd_intake.close()
                 raise
         self.fence = 0  # the latest fence asked of the loops
         self._next_check_ns = 0

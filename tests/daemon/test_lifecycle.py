@@ -35,10 +35,13 @@ def stats(sock: zmq.Socket, klass: str) -> dict:
     return exchange(sock, [header(id="stats", op="stats")]).header["classes"][klass]
 
 
-def test_sigterm_on_an_idle_daemon_exits_zero(own_daemon: StartDaemon) -> None:
+def test_sigterm_on_an_idle_daemon_exits_zero_and_removes_its_socket_files(own_daemon: StartDaemon) -> None:
     running = own_daemon()
+    files = sorted(path.name for path in running.folder.glob("d*.sock"))
+    assert files == ["d-bulk.sock", "d-realtime.sock", "d-standard.sock", "d.sock"]
     running.process.process.send_signal(signal.SIGTERM)
     assert running.process.process.wait(timeout=30) == 0, running.log()[-2000:]
+    assert not list(running.folder.glob("*.sock")), "a socket file is left for clients to find"
 
 
 def test_sigterm_drains_admitted_work_and_refuses_new_work(
@@ -179,6 +182,8 @@ def test_serve_refuses_an_ipc_path_that_is_no_socket_and_leaves_it_alone(short_t
         assert result.returncode == 1, result.stderr
         assert "is not a socket" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert victim.read_text() == "a user's file" and folder.is_dir()
+    # The class sockets bound beside it before the refusal are gone with it.
+    assert sorted(path.name for path in short_tmp.iterdir()) == ["folder.sock", "notes.txt"]
 
 
 @pytest.mark.parametrize(

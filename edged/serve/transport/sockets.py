@@ -4,7 +4,9 @@ to the default class's loop, which hands on requests for other classes (edged.se
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from pathlib import Path
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -44,6 +46,7 @@ class Sockets:
         self._authenticator: ThreadAuthenticator | None = None
         self.by_class: dict[str, list[Bound]] = {name: [] for name in classes}
         self.endpoints = endpoints
+        self._files: list[tuple[Path, int]] = []  # the ipc socket files bound, by inode: removed at close
         try:
             if curve is not None:
                 # Before any bind: a CURVE socket with no ZAP handler refuses every client.
@@ -53,9 +56,11 @@ class Sockets:
                     if (own := class_endpoint(shared, klass, tcp_ports.get(klass))) is not None:
                         sock = bind(self._context, own, options, io_thread=1)
                         self.by_class[klass].append(Bound(sock, klass, own))
+                        self._remember(own)
             for endpoint in endpoints:
                 sock = bind(self._context, endpoint, options)
                 self.by_class[default_class].append(Bound(sock, None, endpoint))
+                self._remember(endpoint)
         except Exception:
             self.close()
             raise
@@ -68,12 +73,24 @@ class Sockets:
         own = {klass: [b.endpoint for b in bound if b.klass is not None] for klass, bound in self.by_class.items()}
         return {klass: endpoints for klass, endpoints in own.items() if endpoints}
 
+    def _remember(self, endpoint: str) -> None:
+        if endpoint.startswith("ipc://"):
+            path = Path(endpoint[len("ipc://") :])
+            self._files.append((path, path.stat().st_ino))
+
     def close(self) -> None:
-        """End the context, once every loop has closed its sockets (closes any a failed bind left open)."""
+        """End the context, once every loop has closed its sockets (closes any a failed bind
+        left open), and remove the socket files: a client then finds no daemon, not a dead one's
+        socket. A file another process has bound since (another inode) is left alone."""
         if self._authenticator is not None:
             self._authenticator.stop()
             self._authenticator = None
         self._context.destroy(linger=0)
+        for path, inode in self._files:
+            with contextlib.suppress(OSError):
+                if path.lstat().st_ino == inode:
+                    path.unlink()
+        self._files.clear()
 
 
 def _check_tcp_ports(endpoints: tuple[str, ...], tcp_ports: dict[str, int]) -> None:
