@@ -36,7 +36,8 @@ One TOML file, given with `edged serve --config FILE` (and re-read on SIGHUP). E
 is optional; an unknown key, or a value of the wrong type or range, stops start-up with a
 message naming the key and the fix; an integer whose key names no upper bound is at most
 2**40 (1,099,511,627,776). `edged config --check FILE` checks a file the same
-way without starting. A commented example with every key at its default is
+way without starting (the file alone: the model repository and its models are checked at
+start). A commented example with every key at its default is
 `systemd/edged.toml`; `edged config --explain [KEY]` prints this reference in a terminal."""
 
 
