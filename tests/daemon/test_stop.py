@@ -271,17 +271,19 @@ while True:
 """
 
 
+@pytest.mark.parametrize("flooded", ["realtime", "standard"])
 def test_a_stop_under_a_flood_that_never_lets_up_closes_and_answers_the_other_clients(
-    context: zmq.Context, short_tmp: Path
+    context: zmq.Context, short_tmp: Path, flooded: str
 ) -> None:
-    """The closing realtime loop read its socket until empty, which a flood never is, and the
-    other loops gave way to it meanwhile: a request sent to them in the stop had no reply,
-    the loops 'did not close', and their sockets were destroyed under them (tracebacks)."""
+    """A closing loop read each socket until empty, which a flood never is: flooded, the
+    realtime loop's last turn never ended and the other loops gave way to it; the standard
+    loop never reached its second socket, the shared one. A request sent in the stop had no
+    reply, the loops 'did not close', and their sockets were destroyed under them."""
     running = start_daemon("[server]\nstop_grace_ms = 3000\ndrain_timeout_ms = 1000\n")
     script = short_tmp / "flood.py"
     script.write_text(FLOOD)
-    realtime = running.ipc.replace("d.sock", "d-realtime.sock")
-    floods = [subprocess.Popen([sys.executable, str(script), realtime]) for _ in range(2)]
+    target = running.ipc.replace("d.sock", f"d-{flooded}.sock")
+    floods = [subprocess.Popen([sys.executable, str(script), target]) for _ in range(2)]
     try:
         time.sleep(1.5)
         os.kill(running.pid, signal.SIGTERM)

@@ -153,8 +153,9 @@ class Loop:
             if top:
                 turns.sleep()
             until_ns = time.monotonic_ns() + LAST_TURN_NS
-            for index, sock in enumerate(socks):
-                while _waiting(sock) and time.monotonic_ns() < until_ns:
+            # In turns, a burst each: one flooded socket must not keep the others unread.
+            while (waiting := [i for i, sock in enumerate(socks) if _waiting(sock)]) and time.monotonic_ns() < until_ns:
+                for index in waiting:
                     self._receive(index, RECEIVE_BURST)
             self._run_soon()
             self._hand_over()
