@@ -232,3 +232,53 @@ def test_a_closing_loop_answers_what_reached_its_sockets_and_sends_what_was_hand
     finally:
         client.close(linger=0)
         sockets.close()
+
+
+def test_a_closing_loop_reads_its_other_socket_while_one_is_flooded(short_tmp: Path, context: zmq.Context) -> None:
+    """Its last turn read each socket until empty, or its second ran out: a class socket fed
+    faster than the loop reads kept the shared socket beside it unread, and a request that
+    reached it in the stop had no reply. Now the sockets are read in turns."""
+    endpoint = f"ipc://{short_tmp}/d.sock"
+    sockets = Sockets((endpoint,), 1 << 20, ("only",), "only", class_sockets=True)
+    own, shared = sockets.by_class["only"]  # its own socket first, read first
+    probe = bounded(context.socket(zmq.DEALER))
+    probe.connect(shared.endpoint)
+    read: list[bytes] = []
+    loop: Loop
+
+    def handle(_route: Route, frames: list[Any], _received_ns: int, _more: bool) -> None:
+        read.append(bytes(frames[0]))
+        if loop._closing and b"sent" not in read:
+            probe.send(b"probe")  # a client sends to the shared socket as the loop closes
+            read.append(b"sent")
+            time.sleep(0.02)  # there by now
+        time.sleep(0.0001)  # slower than the flood comes
+
+    loop = Loop("only", [own, shared], handle)
+    loop.start()
+    flooding = threading.Event()
+    flooding.set()
+
+    def flood() -> None:
+        sock = context.socket(zmq.DEALER)
+        sock.linger, sock.sndhwm = 0, 0
+        sock.connect(own.endpoint)
+        while flooding.is_set():
+            try:
+                sock.send(b"flood", zmq.NOBLOCK)
+            except zmq.Again:
+                time.sleep(0.0001)
+        sock.close()
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(0.5)
+        loop.close()
+        assert loop.join(10)
+    finally:
+        flooding.clear()
+        flooder.join()
+        probe.close(linger=0)
+        sockets.close()
+    assert b"sent" in read and b"probe" in read, "the probe reached the shared socket and was never read"
