@@ -54,8 +54,9 @@ class Crew:
         self._service = service
         self._precedence = precedence
         self._threads: list[threading.Thread] = []
-        self._recovery: tuple[str, Worker] | None = None  # why the lane is not ok, and the worker it waits for
-        self._retry_at_ns = 0  # when to try again a replacement that failed to load
+        self._recovery = ""  # why the lane is not ok while `_replacements` are not all serving
+        self._replacements: list[Worker] = []  # started for workers given up on
+        self._retry_at_ns = 0  # when to try again the replacements that failed to load
 
     def start(self) -> None:
         """Start the workers; returns once each has loaded and warmed every model."""
@@ -84,10 +85,11 @@ class Crew:
     @property
     def health(self) -> str:
         """ "ok", or why not: shown by the health op."""
-        if self._recovery is None or self._recovery[1].loaded.is_set():
+        if all(worker.loaded.is_set() for worker in self._replacements):
             return "ok"
-        why, worker = self._recovery
-        return why if worker.error is None else f"{why}; its new worker failed to load ({worker.error}), retrying"
+        if failed := [worker.error for worker in self._replacements if worker.error is not None]:
+            return f"{self._recovery}; {len(failed)} new worker(s) failed to load ({failed[0]}), retrying"
+        return self._recovery
 
     def reject_queued(self, message: str) -> int:
         """Answer every job still queued UNAVAILABLE, without running it; a STOP stays queued."""
@@ -147,8 +149,9 @@ class Crew:
             return
         log.error("class %s: recovering: %s; starting a new worker", self.klass.name, why)
         # Recovering before the replies say so: a client told so may ask health at once.
-        for _ in range(stuck.workers_lost):
-            self._recovery = (f"recovering: {why}", self._start_worker(None))
+        self._recovery = f"recovering: {why}"
+        waiting = [worker for worker in self._replacements if not worker.loaded.is_set()]
+        self._replacements = waiting + [self._start_worker(None) for _ in range(stuck.workers_lost)]
         self._retry_at_ns = now_ns + RETRY_LOAD_NS
         self._answers.failures(stuck.jobs, now_ns, f"the backend call {late}; the lane is restarting its worker")
 
@@ -160,7 +163,7 @@ class Crew:
         return min(due, now_ns + ANSWER_EVERY_NS) if self._failed_replacement() else due
 
     def _failed_replacement(self) -> bool:
-        return self._recovery is not None and self._recovery[1].error is not None
+        return any(worker.error is not None for worker in self._replacements)
 
     def _check_replacement(self, now_ns: int) -> None:
         if not self._failed_replacement():
@@ -168,8 +171,9 @@ class Crew:
         if not self.alive:
             self.reject_queued(f"the class {self.klass.name!r} has no worker now: {self.health}")
         if now_ns >= self._retry_at_ns:
-            assert self._recovery is not None
-            self._recovery = (self._recovery[0], self._start_worker(None))
+            self._replacements = [
+                self._start_worker(None) if worker.error is not None else worker for worker in self._replacements
+            ]
             self._retry_at_ns = now_ns + RETRY_LOAD_NS
 
     def answer_open_calls(self, message: str) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -192,6 +193,16 @@ def test_a_yielding_lanes_re_timing_waits_while_a_higher_class_has_work(models):
     bulk.crew.stop(5.0)
 
 
+def steer_until(lane: Lane, done: Callable[[], bool], what: str) -> None:
+    """The steering thread's housekeeping of `lane`, as it comes due, until `done`."""
+    end = time.monotonic() + 15
+    while not done() and time.monotonic() < end:
+        now = time.monotonic_ns()
+        lane.crew.check_stuck(now)
+        time.sleep(max(min(lane.crew.next_check_ns(now) - now, 10**8), 0) / 1e9)
+    assert done(), what
+
+
 def test_a_lane_whose_new_worker_fails_to_load_answers_unavailable_and_tries_again(models):
     """The hung call still holds what a new worker needs (a GPU's memory): the load fails. The
     lane, left with no worker, answers what it is given UNAVAILABLE (before: admitted and never
@@ -206,27 +217,45 @@ def test_a_lane_whose_new_worker_fails_to_load_answers_unavailable_and_tries_aga
     time.sleep(0.15)
     backend.failing_loads = True
 
-    def steer_until(done, what: str) -> None:  # the steering thread's housekeeping, as it comes due
-        end = time.monotonic() + 10
-        while not done() and time.monotonic() < end:
-            now = time.monotonic_ns()
-            lane.crew.check_stuck(now)
-            time.sleep(max(min(lane.crew.next_check_ns(now) - now, 10**8), 0) / 1e9)
-        assert done(), what
-
     try:
-        steer_until(lambda: not REPLIES.queue.empty(), "A answered")
+        steer_until(lane, lambda: not REPLIES.queue.empty(), "A answered")
         assert statuses(1) == {"A": Status.INTERNAL}
-        steer_until(lambda: "failed to load" in lane.crew.health, "health to say so")
+        steer_until(lane, lambda: "failed to load" in lane.crew.health, "health to say so")
         lane.enqueue(job(light, led_by(0.5), "C"))
-        steer_until(lambda: not REPLIES.queue.empty(), "C answered")
+        steer_until(lane, lambda: not REPLIES.queue.empty(), "C answered")
         assert statuses(1) == {"C": Status.UNAVAILABLE}
         assert lane.backlog.depth == 0
         backend.failing_loads = False
         gate.set()
-        steer_until(lambda: lane.crew.health == "ok", "a later try to load")
+        steer_until(lane, lambda: lane.crew.health == "ok", "a later try to load")
         lane.enqueue(job(light, led_by(0.5), "D"))
         assert statuses(1) == {"D": Status.OK}
     finally:
         gate.set()
+        lane.crew.stop(5.0)
+
+
+def test_two_workers_given_up_on_at_once_come_back_as_two(models):
+    """Both replacements fail to load, then loads work again: the lane tracked one replacement,
+    so one came back, health said "ok", and the lane served on half its workers for good."""
+    backend = KeyedGates()
+    light = models["mlp-light"]
+    lane = started(ClassConfig("t", order=0, workers=2, inline_max_us=0, stuck_after_ms=100), [light], backend)
+    backend.armed = True
+    gates = [backend.gate(1.0), backend.gate(2.0)]
+    lane.enqueue(job(light, led_by(1.0), "A"))
+    lane.enqueue(job(light, led_by(2.0), "B"))
+    assert backend.entered[1.0].wait(5) and backend.entered[2.0].wait(5)
+    time.sleep(0.15)
+    backend.failing_loads = True
+    try:
+        steer_until(lane, lambda: "failed to load" in lane.crew.health, "health to say so")
+        assert statuses(2) == {"A": Status.INTERNAL, "B": Status.INTERNAL}
+        backend.failing_loads = False
+        steer_until(lane, lambda: lane.crew.health == "ok", "the lane to recover")
+        serving = [thread for thread in lane.crew._workers() if thread.is_alive()]
+        assert len(serving) == 2, f"{len(serving)} of 2 workers serve"
+    finally:
+        for gate in gates:
+            gate.set()
         lane.crew.stop(5.0)
