@@ -185,10 +185,11 @@ class Crew:
         self._take_over(stuck)
         return self._answers.failures(stuck.jobs, now_ns, message)
 
-    def take_back_held(self) -> None:
-        """Queue again what every worker holds, for reject_queued (a stop, before any call is
-        answered: an answer may end a wait, and a worker would run what it held)."""
-        for item in self.calls.release_held():
+    def close_calls(self) -> None:
+        """A stop whose grace ran out: no backend call begins from now on (a worker answers
+        what it takes UNAVAILABLE), and what the workers hold is queued again for
+        reject_queued. Before any call is answered: an answer may end a wait."""
+        for item in self.calls.close():
             self.jobs.put(item)
 
     def _take_over(self, stuck: Overdue) -> None:

@@ -45,14 +45,19 @@ class OpenCalls:
         self._held: dict[int, Any] = {}  # a queue item each thread took but has not begun a call for
         # Worker threads given up on: the objects, not their idents, which a new thread may reuse.
         self._abandoned: set[threading.Thread] = set()
+        self._closed = False  # a stop took what the threads hold: no call begins after it
 
-    def begin(self, jobs: list[Job], now_ns: int, retiming_ns: int = 0) -> None:
-        """This thread enters a backend call for `jobs`, or, with none, a re-timing charged `retiming_ns`."""
+    def begin(self, jobs: list[Job], now_ns: int, retiming_ns: int = 0) -> bool:
+        """This thread enters a backend call for `jobs`, or, with none, a re-timing charged
+        `retiming_ns`; False once a stop closed the calls: the call must not start."""
         me = threading.current_thread()
         charge_ns = sum(job.cost_ns for job in jobs) if jobs else retiming_ns
         with self._lock:
+            if self._closed:
+                return False
             # A thread given up on is replaced once: a later call of its own counts as found overdue already.
             self._open[threading.get_ident()] = _Call(me, now_ns, jobs, charge_ns, me in self._abandoned)
+        return True
 
     def end(self) -> None:
         with self._lock:
@@ -70,9 +75,11 @@ class OpenCalls:
         with self._lock:
             return self._held.pop(threading.get_ident(), None)
 
-    def release_held(self) -> list[Any]:
-        """Everything every thread holds, taken from them (a stop)."""
+    def close(self) -> list[Any]:
+        """A stop: no call begins from now on, and everything every thread holds is taken from
+        them, at one moment (what a worker takes afterwards reaches `begin`, and is refused)."""
         with self._lock:
+            self._closed = True
             held, self._held = list(self._held.values()), {}
         return held
 

@@ -28,6 +28,7 @@ from edged.serve.lanes.priced import StepLate
 from edged.serve.lanes.steps import StepFailed, Stepper, width
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.pricing import ServiceTimes, price_clock
+from edged.wire.codec import Status
 
 log = logging.getLogger("edged.lanes")
 
@@ -36,8 +37,11 @@ WARMUP_RUNS = 5
 STOP = object()  # queued to end one worker once what is ahead of it is done
 
 
+SHUTTING_DOWN = "the daemon is shutting down"
+
+
 class Withdrawn(Exception):
-    """A stop took the job a worker held while it waited its turn, and answered it."""
+    """A stop closed the lane's calls: the job is not to run (OpenCalls.close)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +146,13 @@ class Worker:
         here, or, where the watchdog gave up on this thread meanwhile, it left with the watchdog."""
 
         def watch() -> None:
-            self.calls.begin([], time.monotonic_ns(), job.cost_ns)
+            if not self.calls.begin([], time.monotonic_ns(), job.cost_ns):
+                raise Withdrawn
 
         try:
             self._time_again(job.model, watch)
+        except Withdrawn:
+            pass
         except Exception:  # a transient backend error: the price stands
             log.exception("class %s: re-timing %s failed", self.klass.name, job.model.name)
         finally:
@@ -192,13 +199,16 @@ class Worker:
         if live[0].model.pipeline is not None:
             self._run_pipeline(live[0], taken_ns)
             return
+        if not self.calls.begin(live, time.monotonic_ns()):
+            for job in live:
+                self.answers.unrun(job, Status.UNAVAILABLE, SHUTTING_DOWN)
+            return
         inputs, names = stack(live)
         rows = sum(job.rows for job in live)
         self.answers.stats.call(rows)
         runner = self.runners[live[0].model.name]
         clock = price_clock(runner)
         start, priced_from = time.perf_counter_ns(), clock()
-        self.calls.begin(live, time.monotonic_ns())
         try:
             results = unstack(live, names, runner.run(inputs, names))
         except Exception as exc:
@@ -240,7 +250,8 @@ class Worker:
                 at_least_ns = now_ns - origin_ns + priced.tails[step.name]
                 self.service.observe_run(pipeline.name, at_least_ns, job.rows, job.elements)
                 raise StepLate(late)
-            self.calls.begin([job], now_ns)
+            if not self.calls.begin([job], now_ns):
+                raise Withdrawn
 
         self.answers.stats.call(job.rows)
         start = time.perf_counter_ns()
@@ -249,7 +260,8 @@ class Worker:
         except StepLate as exc:
             self.answers.expired(job, str(exc), ran=(taken_ns, time.perf_counter_ns() - start))
             return
-        except Withdrawn:
+        except Withdrawn:  # answered already where a stop took it while it waited its turn
+            self.answers.unrun(job, Status.UNAVAILABLE, SHUTTING_DOWN)
             return
         except StepFailed as exc:
             self.answers.result(job, taken_ns, 0, error=str(exc))

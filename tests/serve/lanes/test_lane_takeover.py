@@ -259,3 +259,23 @@ def test_two_workers_given_up_on_at_once_come_back_as_two(models):
         for gate in gates:
             gate.set()
         lane.crew.stop(5.0)
+
+
+def test_once_a_stop_closed_the_calls_what_a_worker_takes_is_answered_unavailable_never_run(models):
+    """The stop answers the calls under way and what is queued; a worker that takes a job
+    after that moment (woken by those very answers, or between two of the stop's reads)
+    ran it, its reply lost as the loops closed. No call begins once the calls are closed."""
+    backend = KeyedGates()
+    light = models["mlp-light"]
+    lane = started(ClassConfig("t", order=0, inline_max_us=0), [light], backend)
+    backend.armed = True
+    gate = backend.gate(9.0)
+    lane.crew.close_calls()
+    lane.enqueue(job(light, led_by(9.0), "late"))
+    try:
+        assert statuses(1) == {"late": Status.UNAVAILABLE}
+        assert not backend.entered[9.0].is_set(), "the call ran"
+        assert lane.backlog.depth == 0
+    finally:
+        gate.set()
+        lane.crew.stop(5.0)
