@@ -389,9 +389,11 @@ def test_a_bulk_pipeline_waiting_its_turn_between_steps_is_not_taken_for_hung(
         with Client(running.ipc, timeout_ms=30_000) as client:
             return client.infer("slow", {"x": x}, klass=klass, deadline_ms=20_000)["scores"]
 
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as pool, Client(running.ipc) as control:
+        before = control.stats()["classes"]["bulk"]["backend_calls"]
         waiting = pool.submit(infer, first, "bulk")
-        time.sleep(0.1)
+        # Bulk's run under way (counted as it starts), so that bulk waits between its steps, not before the first.
+        wait_for(lambda: control.stats()["classes"]["bulk"]["backend_calls"] > before, 10, "bulk's run to start")
         ahead = pool.submit(infer, long, "realtime")
         assert ahead.result().shape == (1, 10)
         assert waiting.result().shape == (1, 10)
