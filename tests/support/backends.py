@@ -57,20 +57,23 @@ class CountingRunner:
         return outputs
 
     def close(self) -> None:
+        self._owner.open_runners -= 1
         self._runner.close()
 
 
 class KeyedGates:
     """The real ONNX Runtime backend, whose calls, once `armed`, are held where the first
     element of their first input is a key of `gates` (`entered[key]` set on arrival), and
-    each last `delay_s` longer; while `failing_loads`, a load fails."""
+    each last `delay_s` longer; a load of a model in `failing` fails, and `open_runners`
+    counts those loaded and not yet closed."""
 
     def __init__(self) -> None:
         self.real = OnnxRuntimeCpu()
         self.armed = False
         self.delay_s = 0.0
         self.loads = 0
-        self.failing_loads = False
+        self.failing: set[str] = set()
+        self.open_runners = 0
         self.gates: dict[float, threading.Event] = {}
         self.entered: dict[float, threading.Event] = {}
 
@@ -81,8 +84,9 @@ class KeyedGates:
 
     def load(self, model: ModelEntry, lane: ClassConfig) -> KeyedRunner:
         self.loads += 1
-        if self.failing_loads:
+        if model.name in self.failing:
             raise RuntimeError("out of device memory (a test's)")
+        self.open_runners += 1
         return KeyedRunner(self, self.real.load(model, lane))
 
 
@@ -102,4 +106,5 @@ class KeyedRunner:
         return self._runner.run(inputs, output_names)
 
     def close(self) -> None:
+        self._owner.open_runners -= 1
         self._runner.close()

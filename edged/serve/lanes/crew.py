@@ -54,6 +54,7 @@ class Crew:
         self._service = service
         self._precedence = precedence
         self._threads: list[threading.Thread] = []
+        self._started = 0  # threads started: each one's number in its name
         self._recovery = ""  # why the lane is not ok while `_replacements` are not all serving
         self._replacements: list[Worker] = []  # started for workers given up on
         self._retry_at_ns = 0  # when to try again the replacements that failed to load
@@ -205,10 +206,12 @@ class Crew:
 
     def _start_worker(self, ready: threading.Barrier | None) -> Worker:
         worker = self._new_worker()
-        name = f"lane-{self.klass.name}-{len(self._threads)}"
+        name = f"lane-{self.klass.name}-{self._started}"
+        self._started += 1
         thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        # Threads that ended (a failed load, a worker given up on that returned) need no STOP, nor a join.
+        self._threads = [*(thread for thread in self._threads if thread.is_alive()), thread]
         return worker
 
     def _work(self, worker: Worker, ready: threading.Barrier | None) -> None:
@@ -216,6 +219,7 @@ class Crew:
         try:
             worker.load()
         except BaseException as exc:
+            worker.close()  # a retry every RETRY_LOAD_NS would pile up what each failed try had loaded
             worker.error = exc  # reported by start(), on the caller's thread
             if ready is None:
                 log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)

@@ -129,6 +129,10 @@ class Worker:
                 self.answers.failures(batch, time.monotonic_ns(), f"the daemon failed on this request: {exc}")
             # Drop the jobs before blocking: their frames or mapped shared memory go now, not at the next job.
             job = batch = held = None
+        self.close()
+
+    def close(self) -> None:
+        """Close what `load` opened (all of it, or what it had when it failed)."""
         for runner in self.runners.values():
             runner.close()
         if self.stepper is not None:

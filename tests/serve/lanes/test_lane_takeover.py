@@ -215,7 +215,7 @@ def test_a_lane_whose_new_worker_fails_to_load_answers_unavailable_and_tries_aga
     lane.enqueue(job(light, led_by(3.0), "A"))
     assert backend.entered[3.0].wait(5)
     time.sleep(0.15)
-    backend.failing_loads = True
+    backend.failing = {"mlp-light"}
 
     try:
         steer_until(lane, lambda: not REPLIES.queue.empty(), "A answered")
@@ -225,7 +225,7 @@ def test_a_lane_whose_new_worker_fails_to_load_answers_unavailable_and_tries_aga
         steer_until(lane, lambda: not REPLIES.queue.empty(), "C answered")
         assert statuses(1) == {"C": Status.UNAVAILABLE}
         assert lane.backlog.depth == 0
-        backend.failing_loads = False
+        backend.failing = set()
         gate.set()
         steer_until(lane, lambda: lane.crew.health == "ok", "a later try to load")
         lane.enqueue(job(light, led_by(0.5), "D"))
@@ -247,11 +247,11 @@ def test_two_workers_given_up_on_at_once_come_back_as_two(models):
     lane.enqueue(job(light, led_by(2.0), "B"))
     assert backend.entered[1.0].wait(5) and backend.entered[2.0].wait(5)
     time.sleep(0.15)
-    backend.failing_loads = True
+    backend.failing = {"mlp-light"}
     try:
         steer_until(lane, lambda: "failed to load" in lane.crew.health, "health to say so")
         assert statuses(2) == {"A": Status.INTERNAL, "B": Status.INTERNAL}
-        backend.failing_loads = False
+        backend.failing = set()
         steer_until(lane, lambda: lane.crew.health == "ok", "the lane to recover")
         serving = [thread for thread in lane.crew._workers() if thread.is_alive()]
         assert len(serving) == 2, f"{len(serving)} of 2 workers serve"
@@ -276,6 +276,29 @@ def test_once_a_stop_closed_the_calls_what_a_worker_takes_is_answered_unavailabl
         assert statuses(1) == {"late": Status.UNAVAILABLE}
         assert not backend.entered[9.0].is_set(), "the call ran"
         assert lane.backlog.depth == 0
+    finally:
+        gate.set()
+        lane.crew.stop(5.0)
+
+
+def test_a_new_worker_that_fails_to_load_one_model_closes_those_it_loaded(models):
+    """Tried again every 2 s, each failed try left open the models it had loaded before the
+    one that failed (on a GPU, device memory each time)."""
+    backend = KeyedGates()
+    light, heavy = models["mlp-light"], models["cnn-heavy"]
+    lane = started(ClassConfig("t", order=0, inline_max_us=0, stuck_after_ms=100), [light, heavy], backend)
+    held_by_the_first = backend.open_runners  # its worker's, which hangs and keeps them
+    backend.armed = True
+    gate = backend.gate(5.0)
+    lane.enqueue(job(light, led_by(5.0), "A"))
+    assert backend.entered[5.0].wait(5)
+    time.sleep(0.15)
+    backend.failing = {"cnn-heavy"}  # loaded after mlp-light
+    loads = backend.loads
+    try:
+        steer_until(lane, lambda: backend.loads >= loads + 6, "three tries of a new worker")
+        steer_until(lane, lambda: "failed to load" in lane.crew.health, "the third to fail")
+        assert backend.open_runners == held_by_the_first
     finally:
         gate.set()
         lane.crew.stop(5.0)
