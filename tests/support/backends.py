@@ -57,7 +57,6 @@ class CountingRunner:
         return outputs
 
     def close(self) -> None:
-        self._owner.open_runners -= 1
         self._runner.close()
 
 
