@@ -85,10 +85,12 @@ class Answers:
         """Work that answers nobody (a re-timing) is done: off the backlog."""
         self._backlog.finish(cost_ns)
 
-    def unrun(self, job: Job, status: Status, message: str) -> None:
-        """A job that was not run (expired, or refused at shutdown)."""
-        if self._claim(job):
-            self._send_unrun(job, status, message)
+    def unrun(self, job: Job, status: Status, message: str) -> bool:
+        """A job that was not run (expired, or refused at shutdown); False if already answered."""
+        if not self._claim(job):
+            return False
+        self._send_unrun(job, status, message)
+        return True
 
     def failures(self, jobs: list[Job], now_ns: int, message: str) -> int:
         """INTERNAL for the jobs, not yet answered, of a call that never returned; how many."""

@@ -103,8 +103,7 @@ class Crew:
             if job is STOP:
                 stops += 1
             elif isinstance(job, Job):
-                self._answers.unrun(job, Status.UNAVAILABLE, message)
-                count += 1
+                count += self._answers.unrun(job, Status.UNAVAILABLE, message)
             elif isinstance(job, Remeasure):  # a re-timing nobody waits for: dropped, off the backlog
                 self._answers.done_unanswered(job.cost_ns)
         for _ in range(stops):
