@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from edged.models.onnx_import import check_free, input_specs, parse_data, parse_shapes, read_source, write_folder
     from edged.models.repository import RepositoryError, entries_of
     from edged.models.warmup import ModelFailure
-    from edged.serve.lanes.worker import load_and_warm
+    from edged.serve.lanes.warming import load_and_warm
     from edged.serve.pricing import ServiceTimes
 
     repository = args.repository or default_repository()

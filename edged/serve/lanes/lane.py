@@ -26,7 +26,8 @@ from edged.serve.lanes.crew import Crew
 from edged.serve.lanes.inline_cap import InlineCap
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.priced import Priced
-from edged.serve.lanes.worker import Remeasure, load_and_warm
+from edged.serve.lanes.warming import load_and_warm
+from edged.serve.lanes.worker import Remeasure
 from edged.serve.pending import PendingBytes
 from edged.serve.pricing import ServiceTimes, price_clock
 from edged.serve.stats import ClassStats

@@ -20,19 +20,17 @@ from edged.backends import Backend, Reserving, Runner
 from edged.config.classes import ClassConfig
 from edged.models.pipeline import Step
 from edged.models.repository import ModelEntry
-from edged.models.warmup import load_failure, tiled, warmup_failure
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job, fill, stack, unstack
 from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.priced import StepLate
 from edged.serve.lanes.steps import StepFailed, Stepper, width
+from edged.serve.lanes.warming import WARMUP_RUNS, load_and_warm, time_calls
 from edged.serve.lanes.watchdog import OpenCalls
 from edged.serve.pricing import ServiceTimes, price_clock
 from edged.wire.codec import Status
 
 log = logging.getLogger("edged.lanes")
-
-WARMUP_RUNS = 5
 
 STOP = object()  # queued to end one worker once what is ahead of it is done
 
@@ -167,7 +165,7 @@ class Worker:
     def _time_again(self, model: ModelEntry, watch: Callable[[], None]) -> None:
         inputs = model.samples[0].inputs()
         if model.pipeline is None:
-            elapsed = _time_calls(self.runners[model.name], model, inputs, WARMUP_RUNS - 1, watch)
+            elapsed = time_calls(self.runners[model.name], model, inputs, WARMUP_RUNS - 1, watch)
             self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
             return
         assert self.stepper is not None
@@ -276,37 +274,3 @@ class Worker:
         compute_ns = time.perf_counter_ns() - start
         self.service.observe_run(pipeline.name, time.monotonic_ns() - origin_ns, job.rows, job.elements)
         self.answers.result(job, taken_ns, compute_ns, outputs={name: outputs[name] for name in job.output_names})
-
-
-def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, service: ServiceTimes) -> Runner:
-    """Load and warm `model`, seeding `service` with the median of WARMUP_RUNS - 1 timed calls
-    per sample and batch size; a failure says which model, on what, and the fix."""
-    try:
-        runner = backend.load(model, klass)
-    except Exception as exc:
-        raise load_failure(model.name, model.variant.path, exc) from exc
-    for sample in model.samples:
-        for inputs, rows in tiled(sample, model.signature, klass.max_batch):
-            try:
-                runner.run(inputs, model.signature.output_names)
-                elapsed = _time_calls(runner, model, inputs, WARMUP_RUNS - 1)
-            except Exception as exc:
-                runner.close()
-                given = bool(model.warmup)
-                raise warmup_failure(model.name, model.signature, sample, model.manifest, given, exc) from exc
-            service.observe(model.name, elapsed, rows, model.signature.elements(inputs))
-    return runner
-
-
-def _time_calls(
-    runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int, before: Callable[[], None] = lambda: None
-) -> int:
-    """Median of `runs` calls by the price clock, `before` called before each: one call would
-    carry any hiccup into the price."""
-    clock, times = price_clock(runner), []
-    for _ in range(runs):
-        before()
-        start = clock()
-        runner.run(inputs, model.signature.output_names)
-        times.append(clock() - start)
-    return sorted(times)[len(times) // 2]

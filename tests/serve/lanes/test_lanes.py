@@ -27,7 +27,7 @@ from edged.serve.admission import Shed
 from edged.serve.lanes import lane as lane_module
 from edged.serve.lanes.batching import Job, fill
 from edged.serve.lanes.lane import Lane
-from edged.serve.lanes.worker import WARMUP_RUNS
+from edged.serve.lanes.warming import WARMUP_RUNS
 from edged.serve.pending import PendingBytes
 from edged.wire.codec import Status, decode_reply, encode_request
 
