@@ -7,6 +7,7 @@ thread failed, stopping the daemon.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from socketserver import ThreadingMixIn
@@ -15,17 +16,33 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 MAX_CONNECTIONS = 8  # served at once; one more is closed at once (a scraper asks once per interval)
 IDLE_TIMEOUT_S = 5.0  # a connection silent this long mid-request is closed
+# A connection's whole life: one that sends a byte every few seconds, never silent for
+# IDLE_TIMEOUT_S, would otherwise hold its slot, and eight such every slot, for good.
+CONNECTION_DEADLINE_S = 10.0
 
 
 class _Handler(WSGIRequestHandler):
     timeout = IDLE_TIMEOUT_S  # StreamRequestHandler sets it on the connection
+
+    def handle(self) -> None:
+        cut = threading.Timer(CONNECTION_DEADLINE_S, self._cut)
+        cut.start()
+        try:
+            super().handle()
+        finally:
+            cut.cancel()
+
+    def _cut(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not logged: one a few seconds would fill the daemon's log."""
 
 
 class ScrapeServer(ThreadingMixIn, WSGIServer):
-    """A WSGI server of at most MAX_CONNECTIONS threads, each connection bounded by IDLE_TIMEOUT_S."""
+    """A WSGI server of at most MAX_CONNECTIONS threads, each connection bounded by
+    IDLE_TIMEOUT_S between reads and CONNECTION_DEADLINE_S in all."""
 
     daemon_threads = True
     request_queue_size = 64  # socketserver's 5 made a burst of connects wait a second each 6th
