@@ -78,38 +78,6 @@ class Config:
         return replace(self, endpoints=tuple(endpoints))
 
 
-def fixed_at_start(running: Config, reread: Config) -> list[str]:
-    """The keys a reload would change that the running daemon applies only at start (its
-    sockets, loops, limits and logging are made then); a reload is refused with them."""
-    first, again = running.classes[0], reread.classes[0]
-    pairs = {
-        "the classes (their names and order)": (
-            [(c.name, c.order) for c in running.classes],
-            [(c.name, c.order) for c in reread.classes],
-        ),
-        "classes.*.tcp_port": (_ports(running), _ports(reread)),
-        f"classes.{first.name}.cpu_affinity (the first class's, the process's)": (
-            first.cpu_affinity,
-            again.cpu_affinity,
-        ),
-        "server.default_class": (running.default_class, reread.default_class),
-        "server.class_sockets": (running.class_sockets, reread.class_sockets),
-        "server.max_message_bytes": (running.max_message_bytes, reread.max_message_bytes),
-        "server.ipc_mode": (running.ipc_mode, reread.ipc_mode),
-        "server.ipc_group": (running.ipc_group, reread.ipc_group),
-        "server.log_level": (running.log_level, reread.log_level),
-        "[limits]": (running.limits, reread.limits),
-        "[security]": (running.security, reread.security),
-        "[metrics]": (running.metrics, reread.metrics),
-        "[shm]": (running.shm, reread.shm),
-    }
-    return [key for key, (now, then) in pairs.items() if now != then]
-
-
-def _ports(config: Config) -> dict[str, int]:
-    return {c.name: c.tcp_port for c in config.classes if c.tcp_port is not None}
-
-
 def default_endpoint() -> str:
     """An ipc socket in the runtime directory: systemd's, the user's, or /tmp."""
     systemd_dir, user_dir = os.environ.get("RUNTIME_DIRECTORY"), os.environ.get("XDG_RUNTIME_DIR")

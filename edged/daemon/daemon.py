@@ -21,11 +21,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from edged.config import Config, ConfigError
-from edged.config.file import fixed_at_start
+from edged.config import Config
+from edged.config.reload import reloaded
 from edged.daemon.lifecycle import Lifecycle, State
 from edged.daemon.loading import Loaded, load
 from edged.daemon.loops import Loops
@@ -185,12 +184,8 @@ class Daemon:
         self._loading.start()
 
     def _reread(self) -> Config:
-        """The configuration file again, its endpoints the running ones (bound once, perhaps
-        given on the command line); ConfigError where it changes what only a start applies."""
-        config = replace(self._reread_config(), endpoints=self.config.endpoints)
-        if changed := fixed_at_start(self.config, config):
-            raise ConfigError(f"{', '.join(changed)} changed: applied only at start, so restart the daemon for that")
-        return config
+        """The configuration file again, as a reload may take it (edged.config.reload)."""
+        return reloaded(self.config, self._reread_config())
 
     def _take_loaded(self, result: Loaded | Exception) -> None:
         """Hand what the loader built to the loops, or report why it could not be built."""
