@@ -11,7 +11,7 @@ import zmq
 import zmq.asyncio
 
 from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
-from edged.client.call import Call, SendFn
+from edged.client.call import Call, SendFn, only
 from edged.client.keys import ClientKeys
 from edged.client.members import Resolve
 from edged.client.shm import SharedRegion
@@ -125,10 +125,9 @@ class AsyncClient(Api):
                 settled.set_result(None)
 
     def _only_copy_on(self, index: int) -> int | None:
-        """The id of the one copy any call awaits from daemon `index` (Call.copy_on), or None."""
+        """The id of the one copy any call awaits from daemon `index` (Call.copies_on), or None."""
         calls = {id(call): call for call, _, _ in self._pending.values()}.values()  # a call per copy, once
-        waiting = [request_id for call in calls for request_id, copy in call.copies.items() if copy.endpoint == index]
-        return waiting[0] if len(waiting) == 1 else None
+        return only([request_id for call in calls for request_id in call.copies_on(index)])
 
     async def close(self) -> None:
         for receiver in (self._receivers or {}).values():

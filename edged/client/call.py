@@ -82,12 +82,11 @@ class Call:
         if self._want is not None:
             self._send(now, send)
 
-    def copy_on(self, endpoint: int) -> int | None:
-        """The id of the one copy awaited from `endpoint`, or None (none, or several). A reply
-        whose id the daemon could not read (a header over its limit) carries none: where one
-        copy alone waits there, it is that copy's."""
-        ids = [request_id for request_id, copy in self.copies.items() if copy.endpoint == endpoint]
-        return ids[0] if len(ids) == 1 else None
+    def copies_on(self, endpoint: int) -> list[int]:
+        """The ids of the copies awaited from `endpoint`. A reply whose id the daemon could not
+        read (a header over its limit) carries none: where one copy alone waits there, it is
+        that copy's."""
+        return [request_id for request_id, copy in self.copies.items() if copy.endpoint == endpoint]
 
     def on_reply(self, request_id: int | None, reply: Reply, now: float, send: SendFn) -> bool:
         """Take a reply; False if it belongs to no copy still awaited (the caller counts it late)."""
@@ -182,3 +181,8 @@ class Call:
         self.done = True
         self.reply = reply
         self._want = None
+
+
+def only(ids: list[int]) -> int | None:
+    """The one id of `ids`, or None where there are none or several (it cannot be told whose)."""
+    return ids[0] if len(ids) == 1 else None

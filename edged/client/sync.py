@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 
 from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
-from edged.client.call import Call, SendFn
+from edged.client.call import Call, SendFn, only
 from edged.client.fleet import EndpointCounters
 from edged.client.keys import ClientKeys
 from edged.client.members import Resolve
@@ -118,7 +118,7 @@ class Client(Api):
             if call is None or send is None:
                 counters.late += 1
                 continue
-            request_id = reply.id if reply.id is not None else call.copy_on(self._daemon_of[sock])
+            request_id = reply.id if reply.id is not None else only(call.copies_on(self._daemon_of[sock]))
             if not call.on_reply(request_id, reply, now_ms(), send):
                 counters.late += 1
 
