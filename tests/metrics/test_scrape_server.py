@@ -42,7 +42,7 @@ def test_clients_that_dribble_bytes_lose_their_slots_at_the_deadline(monkeypatch
     try:
         for dribbler in dribblers:
             dribbler.start()
-        time.sleep(1.0)  # past the deadline: their slots are free again
+        time.sleep(2.5)  # five times the deadline: their slots are free again
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
             assert response.read() == b"hello\n"
     finally:

@@ -377,13 +377,13 @@ def test_a_bulk_pipeline_waiting_its_turn_between_steps_is_not_taken_for_hung(
     repository: Path,
     own_daemon,  # type: ignore[no-untyped-def]
 ) -> None:
-    """Bulk's pipeline ends its first step (0.3 s) while realtime runs one of 1.5 s: it waits
+    """Bulk's pipeline ends its first step (0.2 s) while realtime runs one of 1.5 s: it waits
     its turn before the next, and that wait is no backend call. Timed as one, it passed bulk's
     1 s limit: INTERNAL, and the worker replaced."""
     classes = "[classes.realtime]\nstuck_after_ms = 10000\n[classes.standard]\n[classes.bulk]\nstuck_after_ms = 1000\n"
     running = own_daemon(f'[server]\nmodel_repository = "{repository}"\n{classes}')
     first, long = np.zeros((1, 64), dtype=np.float32), np.zeros((1, 64), dtype=np.float32)
-    first[0, 0], long[0, 0] = 0.3, 1.5
+    first[0, 0], long[0, 0] = 0.2, 1.5
 
     def infer(x: np.ndarray, klass: str) -> np.ndarray:
         with Client(running.ipc, timeout_ms=30_000) as client:
