@@ -54,6 +54,9 @@ class Loop:
         self._outgoing: dict[Loop, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
         self._soon: deque[tuple[Callable[..., Any], tuple[Any, ...], int]] = deque()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # Held while work is handed over, and by the loop as it closes and `join` as it closes the
+        # eventfd: work is either run, or counted lost, and no write reaches a descriptor reused.
+        self._handing = threading.Lock()
         self._serving = threading.Thread(target=self._run, name=f"serve-{name}", daemon=True)
         self._ident: int | None = None
         self._closing = False  # written by this loop's thread alone (in _finish)
@@ -76,13 +79,14 @@ class Loop:
             self._take([(callback, args)])
 
     def _take(self, work: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
-        if self.closed.is_set():
-            self.lost += len(work)
-            log.error("loop %s: work came after its sockets closed, and was dropped", self.name)
-            return
-        now_ns = time.monotonic_ns()
-        self._soon.extend((callback, args, now_ns) for callback, args in work)
-        os.eventfd_write(self._wake, 1)
+        with self._handing:
+            if self.closed.is_set():
+                self.lost += len(work)
+                log.error("loop %s: work came after its sockets closed, and was dropped", self.name)
+                return
+            now_ns = time.monotonic_ns()
+            self._soon.extend((callback, args, now_ns) for callback, args in work)
+            os.eventfd_write(self._wake, 1)
 
     def _hand_over(self) -> None:
         while self._outgoing:
@@ -107,13 +111,13 @@ class Loop:
         self.call_soon(self._finish)
 
     def join(self, timeout_s: float) -> bool:
-        """Whether the loop closed within `timeout_s`. The eventfd is closed here, not by the
-        loop: a thread that found the loop open may still write it."""
+        """Whether the loop closed within `timeout_s`; then its eventfd is closed too."""
         if not self.closed.wait(timeout_s):
             return False
-        if self._wake >= 0:
-            os.close(self._wake)
-            self._wake = -1
+        with self._handing:
+            if self._wake >= 0:
+                os.close(self._wake)
+                self._wake = -1
         return True
 
     @property
@@ -164,7 +168,11 @@ class Loop:
                 turns.sleep()
             for sock in socks:
                 sock.close(linger=CLOSE_LINGER_MS)
-            self.closed.set()
+            with self._handing:
+                self.closed.set()
+                if self._soon:  # handed over after the last turn ran what it had
+                    self.lost += len(self._soon)
+                    log.error("loop %s: work came as its sockets closed, and was dropped", self.name)
 
     def _run_soon(self) -> None:
         soon = self._soon

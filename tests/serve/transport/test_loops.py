@@ -6,6 +6,7 @@ sockets first."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -282,3 +283,58 @@ def test_a_closing_loop_reads_its_other_socket_while_one_is_flooded(short_tmp: P
         probe.close(linger=0)
         sockets.close()
     assert b"sent" in read and b"probe" in read, "the probe reached the shared socket and was never read"
+
+
+def test_work_handed_over_as_the_loop_closes_is_counted_and_never_written_to_a_reused_descriptor() -> None:
+    """A thread that found the loop open, then was paused before its wake-up, while the loop
+    closed and was joined: its write went to whatever file reused the eventfd's number (or
+    raised EBADF), and its work was neither run nor counted lost."""
+    loop = Loop("only", [], lambda *_: None)
+    checked, resume, failures = threading.Event(), threading.Event(), []
+    real = loop.closed
+
+    class PausedAfterTheCheck:
+        """The loop's `closed`, pausing the handing thread just after it looked."""
+
+        def is_set(self) -> bool:
+            found = real.is_set()
+            if threading.current_thread().name == "hander":
+                checked.set()
+                resume.wait(5)
+            return found
+
+        def set(self) -> None:
+            real.set()
+
+        def wait(self, timeout: float | None = None) -> bool:
+            return real.wait(timeout)
+
+    loop.closed = PausedAfterTheCheck()  # type: ignore[assignment]
+    loop.start()
+
+    def hand_over() -> None:
+        try:
+            loop.call_soon(print, "never run")
+        except Exception as exc:
+            failures.append(repr(exc))
+
+    hander = threading.Thread(target=hand_over, name="hander")
+    hander.start()
+    assert checked.wait(5)
+    loop._closing = True  # closed as `close` would, without handing the loop work
+    os.eventfd_write(loop._wake, 1)
+    joined: list[bool] = []
+    joiner = threading.Thread(target=lambda: joined.append(loop.join(5)))
+    joiner.start()
+    time.sleep(0.2)  # long enough for the loop to close, and `join` to close the eventfd, if they may
+    stranger = os.eventfd(0, os.EFD_NONBLOCK)  # takes the number a closed eventfd left free
+    try:
+        resume.set()
+        hander.join(5)
+        joiner.join(5)
+        assert not failures and joined == [True] and real.is_set()
+        with pytest.raises(BlockingIOError):
+            os.eventfd_read(stranger)
+        assert loop.lost == 1
+    finally:
+        os.close(stranger)
