@@ -191,16 +191,17 @@ class Daemon:
         """Hand what the loader built to the loops, or report why it could not be built."""
         state = self.lifecycle.state
         if isinstance(result, Exception):
-            if state in (State.STARTING, State.STOPPING):
+            if state is State.RELOADING:
+                log.error("reload refused, still serving the previous configuration: %s", result)
+                self.notifier.notify(READY="1", STATUS=f"reload refused: {result}")
+                self.lifecycle.move(State.SERVING)
+            elif state is State.DRAINING:  # systemd heard STOPPING=1: no READY=1 after it
+                log.error("the reload failed while the daemon stopped: %s", result)
+            else:
                 log.error("start-up failed: %s", result)
                 self.exit_code = 1
                 if state is State.STARTING:
                     self.lifecycle.move(State.STOPPING)
-                return
-            log.error("reload refused, still serving the previous configuration: %s", result)
-            self.notifier.notify(READY="1", STATUS=f"reload refused: {result}")
-            if state is State.RELOADING:
-                self.lifecycle.move(State.SERVING)
             return
         if self.lifecycle.stopping:  # built, but never opened
             for lane in result.lanes.values():

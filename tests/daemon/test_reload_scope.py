@@ -5,11 +5,14 @@ added class, a new default class or new limits were logged as reloaded and never
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 
 import numpy as np
 import pytest
-from support import start_daemon, wait_for
+from support import short_dir, start_daemon, wait_for
+from support.notify import NotifyListener
 
 from edged.client import Client
 
@@ -55,3 +58,32 @@ def test_a_reload_changing_a_class_setting_is_applied() -> None:
         assert running.stop() == 0
     finally:
         running.close()
+
+
+def test_a_reload_that_fails_during_a_drain_tells_systemd_nothing_more() -> None:
+    """SIGTERM while a reload loads, then the reload fails: the daemon sent READY=1 after
+    STOPPING=1, telling systemd a stopping service was ready again, and logged that it was
+    "still serving". The reload's configuration is read from a pipe, held until the drain began."""
+    folder = short_dir()
+    listener = NotifyListener(folder / "notify.sock")
+    running = start_daemon(CLASSES, env={"NOTIFY_SOCKET": str(listener.path)})
+    try:
+        wait_for(lambda: listener.times("READY"), 30, "READY=1")
+        config = running.folder / "edged.toml"
+        config.unlink()
+        os.mkfifo(config)
+        running.process.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: re-reading" in running.log(), 30, "the reload to begin")
+        running.process.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: listener.times("STOPPING"), 30, "STOPPING=1")
+        with open(config, "w") as pipe:  # opened once the loader reads: the reload goes on, and fails
+            pipe.write("not toml [")
+        assert running.process.process.wait(30) == 0
+        stopping = listener.times("STOPPING")[0]
+        assert [t for t in listener.times("READY") if t > stopping] == [], listener.messages
+        assert "still serving" not in running.log()
+        assert "the reload failed while the daemon stopped" in running.log()
+    finally:
+        running.close()
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
