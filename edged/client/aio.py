@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -44,6 +44,7 @@ class AsyncClient(Api):
         self._class_ports = None if class_ports is None else dict(class_ports)
         self._regions, self._made = [], []
         self._fd_channel = None
+        self._letting_go: set[asyncio.Future[None]] = set()  # cancelled registrations' undoing (_registering)
         self._pending: dict[int, tuple[Call, SendFn, asyncio.Future[None]]] = {}  # by request id
         # Each socket's reading task, from the first call on (the loop runs only then), on that call's loop.
         self._receivers: dict[zmq.asyncio.Socket, asyncio.Task[None]] | None = None
@@ -98,6 +99,34 @@ class AsyncClient(Api):
                 self._pending.pop(request_id, None)
             call.abandon()  # a cancelled call's copies count in flight no more
         return self._outcome(call, parse)
+
+    def _register(self, region: Any, fields: dict[str, Any] | None, owned: bool = False) -> Any:
+        return self._registering(super()._register(region, fields, owned), owned)
+
+    async def _registering(self, registration: Awaitable[Any], owned: bool) -> Any:
+        """`registration`, carried on if the caller is cancelled (`asyncio.wait_for`, say): a region
+        the daemon registers meanwhile is then let go, not held against this peer's limit till close."""
+        exchange = asyncio.ensure_future(registration)
+        try:
+            return await asyncio.shield(exchange)
+        except asyncio.CancelledError:
+            undo = asyncio.ensure_future(self._let_go(exchange, owned))
+            self._letting_go.add(undo)
+            undo.add_done_callback(self._letting_go.discard)
+            raise
+
+    async def _let_go(self, exchange: asyncio.Future[Any], owned: bool) -> None:
+        try:
+            region = await exchange
+        except Exception:
+            return  # refused, or no reply: nothing registered here (an owned region was closed on the way)
+        try:
+            await self.unregister(region)
+        except Exception:  # the daemon lets it go itself once this client closes, or after shm.idle_s
+            pass
+        finally:
+            if owned:  # made for the call alone, which never returned it
+                region.close()
 
     async def _call_fd(self, region: SharedRegion, owned: bool, parse: Callable[[Reply], Any]) -> Any:
         # On a thread: the exchange blocks, if only for the daemon's answer, and the loop must not.

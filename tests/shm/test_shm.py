@@ -5,6 +5,7 @@ a region stays mapped while a request reads it, and is unmapped once forgotten."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -29,7 +30,7 @@ from support import (
 )
 from support.models import save_model
 
-from edged.client import Client, InvalidArgument
+from edged.client import AsyncClient, Client, InvalidArgument
 from edged.wire.codec import encode_request
 from edged.wire.messages import ShmRef
 from edged.wire.shm import ShmTensor
@@ -269,3 +270,34 @@ def test_a_big_endian_array_in_a_region_goes_converted_and_is_refused_as_an_outp
         finally:
             del x, scores
             region.close()
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["memfd", "posix-name"])
+def test_an_async_registration_cancelled_leaves_nothing_registered(named: bool) -> None:
+    """An AsyncClient's shared_region cancelled while the daemon registered it (asyncio.wait_for
+    timing out, say): the daemon kept the region, counted against the peer's limit, until the
+    client closed or shm.idle_s passed. Now the client lets it go once the exchange ends."""
+    shm = "enabled = true\ntrust_posix_names = true\nidle_s = 10\nmax_regions_per_peer = 3\n"
+    running = start_daemon(f"[shm]\n{shm}")
+
+    async def cancel_then_register() -> None:
+        async with AsyncClient(running.ipc) as client:
+            for _ in range(4):  # more than the peer may hold
+                registering = asyncio.ensure_future(client.shared_region(4096, named=named))
+                await asyncio.sleep(0)  # the exchange has begun
+                registering.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await registering
+            end = time.monotonic() + 2  # a fifth of shm.idle_s: not the sweep's doing
+            while (await client.stats())["shm"]["regions"] and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+            assert (await client.stats())["shm"] == {"regions": 0, "bytes": 0}
+            region = await client.shared_region(4096, named=named)  # the peer's limit is whole again
+            assert (await client.stats())["shm"]["regions"] == 1
+            await client.unregister(region)
+            region.close()
+
+    try:
+        asyncio.run(cancel_then_register())
+    finally:
+        running.close()
