@@ -11,6 +11,7 @@ the daemon: so names are mapped only with `shm.trust_posix_names` (docs/operatio
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import mmap
@@ -130,26 +131,31 @@ def map_posix(root: Path, name: str, nbytes: int, refuse: Callable[[Status, str]
 
 def map_sealed(fd: int, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> mmap.mmap:
     """`nbytes` of the memfd `fd`, mapped read-write, once its seals say it cannot shrink."""
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise refuse(Status.INVALID_ARGUMENT, "not a memfd: send the descriptor memfd_create returned")
-    # Every memfd of ordinary pages lives on the kernel's one internal tmpfs. A huge-page
-    # memfd does not: a hole punched in it is refilled from the huge-page pool at the
-    # daemon's next access, and an empty pool is a SIGBUS, seals or not.
-    if info.st_dev != _memfd_device():
-        raise refuse(
-            Status.INVALID_ARGUMENT,
-            "not a memfd of ordinary pages (a file on a file system, a POSIX object, or a huge-page memfd, "
-            "MFD_HUGETLB, whose pool can run dry under the daemon): create it with memfd_create(MFD_ALLOW_SEALING)",
-        )
+    # Seals first: the kernel answers them for its own memory alone, where fstat on a FUSE
+    # file waits on the client's server, which could stall the intake thread and the regions' lock.
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    except OSError as exc:  # a descriptor opened with O_PATH: fstat answers, nothing else does
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise refuse(
+                Status.INVALID_ARGUMENT,
+                "not a memfd (a file on a file system, a socket, a pipe): send the descriptor memfd_create returned",
+            ) from None
+        # A descriptor opened with O_PATH: nothing reads through it.
         raise refuse(
             Status.INVALID_ARGUMENT,
             f"the daemon cannot read its seals ({exc.strerror}): send the descriptor memfd_create returned, "
             "open for reading and writing",
         ) from None
+    # Every memfd of ordinary pages lives on the kernel's one internal tmpfs. A POSIX object
+    # does not, nor a huge-page memfd: a hole punched in it is refilled from the huge-page
+    # pool at the daemon's next access, and an empty pool is a SIGBUS, seals or not.
+    if os.fstat(fd).st_dev != _memfd_device():
+        raise refuse(
+            Status.INVALID_ARGUMENT,
+            "not a memfd of ordinary pages (a POSIX object, or a huge-page memfd, MFD_HUGETLB, whose pool can run "
+            "dry under the daemon): create it with memfd_create(MFD_ALLOW_SEALING)",
+        )
     if not seals & fcntl.F_SEAL_SHRINK:
         raise refuse(
             Status.INVALID_ARGUMENT,

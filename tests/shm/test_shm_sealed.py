@@ -39,7 +39,8 @@ from support import (
 )
 
 from edged.client import Client
-from edged.wire.codec import ShmRef, encode_request
+from edged.shm.maps import map_sealed
+from edged.wire.codec import ProtocolError, ShmRef, Status, encode_request
 from edged.wire.endpoints import shm_socket_path
 from edged.wire.shm import ShmTensor
 
@@ -204,9 +205,9 @@ def test_what_is_not_a_sealed_memfd_is_refused_with_a_sentence(daemon: RunningDa
                 cases["huge pages"] = register_fd(conn, [huge], 2 << 20)
         expected = {
             "unsealed": "memfd 'edged-test': not sealed against shrinking: add F_SEAL_SHRINK",
-            "not a memfd": "not a memfd of ordinary pages (a file on a file system, a POSIX object, or a huge-page",
-            "not a file": "not a memfd: send the descriptor memfd_create returned",
-            "posix object": "not a memfd of ordinary pages",
+            "not a memfd": "not a memfd (a file on a file system, a socket, a pipe): send the descriptor memfd_create",
+            "not a file": "not a memfd (a file on a file system, a socket, a pipe)",
+            "posix object": "not a memfd of ordinary pages (a POSIX object, or a huge-page memfd",
             "huge pages": "huge-page memfd, MFD_HUGETLB, whose pool can run dry under the daemon",
             "too short": "it is 4096 bytes, fewer than the 8192 registered",
             "read-only": "the daemon cannot map it for reading and writing",
@@ -301,3 +302,25 @@ def test_a_bug_in_a_memfd_registration_costs_that_request_alone() -> None:
         conn.close()
         os.close(memfd)
         running.close()
+
+
+def test_a_descriptor_that_is_not_a_memfd_is_refused_before_its_file_system_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fstat on a file of a FUSE mount waits on the mount's server: a client serving one that
+    stalled held the intake thread and the regions' lock for as long as it liked (a probe as
+    root with a FUSE server of its own: every shared-memory request, stats and health went
+    unanswered). A FUSE server cannot be mounted here without root, so the test asks what
+    would reach one: nothing, before the seals, which the kernel answers for its own memory."""
+
+    def asked(fd: int) -> os.stat_result:
+        raise AssertionError(f"fstat({fd}) asked the file's file system before the memfd test")
+
+    def refuse(status: Status, message: str) -> ProtocolError:
+        return ProtocolError(status, message, 1)
+
+    with tempfile.TemporaryFile() as on_disk, monkeypatch.context() as patched:
+        os.ftruncate(on_disk.fileno(), 4096)
+        patched.setattr(os, "fstat", asked)
+        with pytest.raises(ProtocolError, match="not a memfd"):
+            map_sealed(on_disk.fileno(), 4096, refuse)
