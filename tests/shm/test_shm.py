@@ -32,6 +32,7 @@ from support.models import save_model
 
 from edged.client import AsyncClient, Client, InvalidArgument
 from edged.wire.codec import encode_request
+from edged.wire.endpoints import class_endpoint
 from edged.wire.messages import ShmRef
 from edged.wire.shm import ShmTensor
 
@@ -301,3 +302,29 @@ def test_an_async_registration_cancelled_leaves_nothing_registered(named: bool) 
         asyncio.run(cancel_then_register())
     finally:
         running.close()
+
+
+def test_a_routing_id_reused_on_another_socket_has_a_budget_of_its_own(daemon: RunningDaemon) -> None:
+    """A ROUTER refuses a duplicate routing id on its own socket only: a client on a class's
+    socket that set another client's id on the shared one used up that client's
+    shm.max_regions_per_peer (and its pending bytes). A peer is its socket and its id."""
+    name = f"edged-shared-id-{os.getpid()}"
+    made = shared_memory.SharedMemory(name=name, create=True, size=4096)
+    context = zmq.Context()
+    try:
+        victim, other = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+        for sock, endpoint in ((victim, daemon.ipc), (other, class_endpoint(daemon.ipc, "standard"))):
+            sock.setsockopt(zmq.ROUTING_ID, b"camera-7")
+            sock.connect(endpoint)
+        taken = [register(other, name, 4096, request_id) for request_id in range(3)]
+        assert [status for status, _ in taken] == ["OK"] * 3
+        status, handle = register(victim, name, 4096)
+        assert status == "OK", handle
+        for sock, handles in ((other, [handle for _, handle in taken]), (victim, [handle])):
+            for registered in handles:
+                reply = exchange(sock, encode_request(5, "shm_unregister", region=ShmRef(registered, 0, 0)))
+                assert reply.status == "OK", reply.header
+    finally:
+        context.destroy(linger=0)
+        made.close()
+        made.unlink()

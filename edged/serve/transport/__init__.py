@@ -23,8 +23,9 @@ def reply(route: Route, frames: list[Buffer]) -> None:
 
 
 def peer(route: Route) -> bytes:
-    """Who sent the request: the same bytes for every request of one connection."""
-    return route[2][0].bytes
+    """Who sent the request: the same bytes for every request of one connection, and no other's
+    (its socket's endpoint and its routing id, which a client may choose)."""
+    return route[0].bound[route[1]].peer_prefix + route[2][0].bytes
 
 
 def local(route: Route) -> bool:

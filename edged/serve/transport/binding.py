@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,11 @@ class Bound:
     klass: str | None  # the class it takes alone; None: any (a shared endpoint)
     endpoint: str
     unroutable: int = 0
+    # Before a routing id in a peer's key (edged.serve.transport.peer): a ROUTER keeps ids unique on itself alone.
+    peer_prefix: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.peer_prefix = f"{self.endpoint}\0".encode()
 
     @property
     def local(self) -> bool:
