@@ -17,9 +17,13 @@ class ClassConfig:
     """One priority class and the lane reserved for it."""
 
     name: str
-    # Where the class is listed (stats, health) and its lane started, 0 first. Not a
-    # scheduling rank: every class has a lane of its own, and nice, cpu_affinity and
-    # stream_priority are what divide the machine between them.
+    # Where the class is listed (stats, health) and its lane started, 0 first. Also its
+    # rank, a lower order being a higher class: precedence goes by it (a class that yields
+    # waits for the work of lower orders; a derived max_call_ms is a share of the first
+    # class's deadline), the first class's loop is the top one, which may run a cheap job
+    # inline with requests behind it (edged.serve.dispatch), and the first class gets cores
+    # of its own where resolve_cores splits them. Beyond that every class has a lane of its
+    # own, and nice, cpu_affinity and stream_priority divide the machine.
     order: int
     queue_capacity: int = 64
     deadline_ms: float = 100.0  # default budget of a request that names none

@@ -161,7 +161,9 @@ LIMITS = Section(
             low=1,
         ),
     ),
-    intro="Checked while decoding, before anything is allocated for a request; past them: INVALID_ARGUMENT.",
+    intro="The size limits (max_header_bytes, max_tensors, max_tensor_elements) are checked while decoding, "
+    "before anything is allocated for a request; past them: INVALID_ARGUMENT. The two max_pending_bytes keys "
+    "are checked when a request is admitted in its class; past them it is shed OVERLOADED.",
 )
 
 SECURITY = Section(
@@ -217,7 +219,7 @@ METRICS = Section(
     ),
     notes="A scrape reads the stats op's figures on its own thread (nothing is added to the request path): "
     "`edged_requests_total{class,outcome}` (outcome: `completed`, `failed`, `expired`, `shed_queue_full`, "
-    "`shed_deadline`), `edged_requests_received_total`, `edged_requests_admitted_total`, "
+    "`shed_deadline`, `shed_bytes`), `edged_requests_received_total`, `edged_requests_admitted_total`, "
     "`edged_backend_calls_total`, `edged_backend_rows_total` and `edged_queue_depth` by class, "
     "`edged_latency_seconds{class,stage,quantile}` and `edged_latency_max_seconds{class,stage}` (percentiles "
     "since start-up, stages `queue`, `compute`, `total`), `edged_invalid_requests_total`, "
@@ -249,6 +251,13 @@ SHM = Section(
         ),
         Key("max_region_mb", "integer", "The largest region it maps, in MiB.", low=1),
         Key("max_regions_per_peer", "integer", "Regions one connection may hold registered.", low=1),
+        Key(
+            "max_regions",
+            "integer",
+            "Regions the daemon holds registered in all, whoever registered them (each holds a descriptor and a "
+            "mapping); past it a registration is refused UNAVAILABLE.",
+            low=1,
+        ),
         Key("max_mb_per_peer", "integer", "MiB of one connection's regions together.", low=1),
         Key(
             "idle_s",

@@ -19,6 +19,8 @@ class ShmConfig:
     prefix: str = "edged-"  # the only regions the daemon opens: names that start with it
     max_region_mb: int = 256  # the largest region it maps
     max_regions_per_peer: int = 8
+    # In all: each region holds a descriptor and a mapping, and clients may open many connections.
+    max_regions: int = 512
     max_mb_per_peer: int = 1024  # over all of one client's regions
     idle_s: int = 300  # a region unused this long is unmapped (a client that vanished)
     # Map POSIX objects by name: a client can shrink one under the daemon (a SIGBUS), so only for trusted clients.
@@ -42,6 +44,6 @@ def read_shm(table: dict[str, Any]) -> ShmConfig:
     expect(isinstance(prefix, str) and bool(NAME.fullmatch(prefix)), "shm.prefix", prefix, SHM["prefix"].valid)
     numbers = {
         key: read_int(table, SHM[key], getattr(defaults, key), "shm.")
-        for key in ("max_region_mb", "max_regions_per_peer", "max_mb_per_peer", "idle_s")
+        for key in ("max_region_mb", "max_regions_per_peer", "max_regions", "max_mb_per_peer", "idle_s")
     }
     return ShmConfig(enabled=enabled, prefix=prefix, trust_posix_names=trust, **numbers)

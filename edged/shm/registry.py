@@ -187,13 +187,20 @@ class Regions:
             )
 
     def _check_limits(self, peer: Owner, nbytes: int, refuse: Callable[[Status, str], ProtocolError]) -> None:
-        """shm.max_region_mb, and the peer's regions (every kind together) against its limits (`_lock` held)."""
+        """shm.max_region_mb, and the daemon's regions and the peer's (every kind together) against their limits
+        (`_lock` held)."""
         config = self.config
         if nbytes > config.max_region_bytes:
             raise refuse(
                 Status.INVALID_ARGUMENT,
                 f"{nbytes} bytes is over the largest region this daemon maps (shm.max_region_mb = "
                 f"{config.max_region_mb})",
+            )
+        if len(self._regions) >= config.max_regions:
+            raise refuse(
+                Status.UNAVAILABLE,
+                f"the daemon has {len(self._regions)} regions registered, the most it maps (shm.max_regions): "
+                "retry once its clients have unregistered some",
             )
         held = [region for region in self._regions.values() if region.owner == peer]
         if len(held) >= config.max_regions_per_peer:

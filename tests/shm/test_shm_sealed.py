@@ -324,3 +324,36 @@ def test_a_descriptor_that_is_not_a_memfd_is_refused_before_its_file_system_is_a
         patched.setattr(os, "fstat", asked)
         with pytest.raises(ProtocolError, match="not a memfd"):
             map_sealed(on_disk.fileno(), 4096, refuse)
+
+
+def test_the_daemon_holds_at_most_shm_max_regions_whoever_registers_them() -> None:
+    """Each region holds a descriptor and a mapping in the daemon, and the limits were per
+    connection alone: a client opening connection after connection took the daemon to its
+    descriptor limit (a review's probe: 884 regions from one memfd, then every other
+    client's registration and new ZeroMQ connections failed). Past shm.max_regions in all,
+    a registration is refused with a sentence, and a connection's close makes room."""
+    running = start_daemon("[shm]\nenabled = true\nmax_regions = 3\nmax_regions_per_peer = 2\n")
+    region = os.memfd_create("edged-test", os.MFD_ALLOW_SEALING)
+    conns = []
+    try:
+        os.ftruncate(region, 4096)
+        fcntl.fcntl(region, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        for _ in range(2):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.settimeout(10)
+            conn.connect(shm_socket_path(running.ipc) or "")
+            conns.append(conn)
+        first, second = conns
+        assert [register_fd(first, [region], 4096, n)["status"] for n in range(2)] == ["OK", "OK"]
+        assert register_fd(second, [region], 4096, 3)["status"] == "OK"
+        refused = register_fd(second, [region], 4096, 4)
+        assert refused["status"] == "UNAVAILABLE", refused
+        assert "3 regions registered, the most it maps (shm.max_regions)" in refused["error"], refused
+        first.close()
+        wait_for(lambda: register_fd(second, [region], 4096, 5)["status"] == "OK", 10, "room once a connection closed")
+        assert memfd_maps(running, "edged-test") == 2
+    finally:
+        for conn in conns:
+            conn.close()
+        os.close(region)
+        running.close()
