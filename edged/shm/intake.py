@@ -21,6 +21,7 @@ import logging
 import os
 import selectors
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -36,8 +37,10 @@ log = logging.getLogger("edged.shm")
 MAX_REQUEST_BYTES = 4096  # a registration's header is some tens of bytes
 LIMITS = Limits(max_header_bytes=MAX_REQUEST_BYTES)
 # Connections held at once: each is a descriptor of the daemon's. Past it, a new one is
-# closed at once (per connection, the regions are bounded by shm.max_regions_per_peer).
+# closed at once (the regions are bounded by shm.max_regions_per_peer and shm.max_regions).
 MAX_CONNECTIONS = 256
+# ... and by one user (the peer's uid): one cannot take every slot from the others.
+MAX_CONNECTIONS_PER_USER = MAX_CONNECTIONS // 2
 ACCEPT_RETRY_S = 0.1  # after a failed accept (out of descriptors): the listener stays readable
 
 
@@ -78,6 +81,7 @@ class FdIntake:
         for listener in self._listeners:
             selector.register(listener, selectors.EVENT_READ)  # data None: a listener
         connections: dict[socket.socket, int] = {}  # by connection: the owner of its regions
+        users: dict[socket.socket, int] = {}  # by connection: the peer's uid
         try:
             while True:
                 for key, _ in selector.select():
@@ -85,7 +89,7 @@ class FdIntake:
                         return
                     sock = cast(socket.socket, key.fileobj)
                     if key.data is None:
-                        if (conn := _accept(sock, len(connections))) is not None:
+                        if (conn := _accept(sock, users)) is not None:
                             connections[conn] = next(owners)
                             selector.register(conn, selectors.EVENT_READ, connections[conn])
                         continue
@@ -96,6 +100,7 @@ class FdIntake:
                         going_on = False
                     if not going_on:
                         selector.unregister(sock)
+                        users.pop(sock)
                         self._drop(sock, connections.pop(sock))
         finally:
             for conn, owner in connections.items():
@@ -166,8 +171,9 @@ class FdIntake:
             path.unlink(missing_ok=True)
 
 
-def _accept(listener: socket.socket, held: int) -> socket.socket | None:
-    """The next connection, unless `held` is at MAX_CONNECTIONS (then it is closed at once)."""
+def _accept(listener: socket.socket, users: dict[socket.socket, int]) -> socket.socket | None:
+    """The next connection, added to `users` (those held, with their peers' uids), unless
+    MAX_CONNECTIONS are held, or MAX_CONNECTIONS_PER_USER of its user's: then it is closed at once."""
     try:
         conn, _ = listener.accept()
     except BlockingIOError:
@@ -176,10 +182,12 @@ def _accept(listener: socket.socket, held: int) -> socket.socket | None:
         log.warning("cannot accept a memfd connection: %s", exc)
         time.sleep(ACCEPT_RETRY_S)
         return None
-    if held >= MAX_CONNECTIONS:
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    if len(users) >= MAX_CONNECTIONS or sum(user == uid for user in users.values()) >= MAX_CONNECTIONS_PER_USER:
         conn.close()
         return None
     conn.setblocking(False)
+    users[conn] = uid
     return conn
 
 

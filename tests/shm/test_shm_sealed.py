@@ -39,6 +39,7 @@ from support import (
 )
 
 from edged.client import Client
+from edged.shm.intake import MAX_CONNECTIONS, MAX_CONNECTIONS_PER_USER
 from edged.shm.maps import map_sealed
 from edged.wire.codec import ProtocolError, ShmRef, Status, encode_request
 from edged.wire.endpoints import shm_socket_path
@@ -354,6 +355,66 @@ def test_the_daemon_holds_at_most_shm_max_regions_whoever_registers_them() -> No
         assert memfd_maps(running, "edged-test") == 2
     finally:
         for conn in conns:
+            conn.close()
+        os.close(region)
+        running.close()
+
+
+def closed(conn: socket.socket) -> bool:
+    """Whether the daemon closed `conn` (nothing else comes on a connection that sent nothing)."""
+    try:
+        return conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+
+
+def register_as(uid: int, path: str, region: int) -> dict[str, Any]:
+    """One memfd registration from a child process running as `uid`: its reply, or why none came."""
+    request = msgpack.packb({"v": 1, "id": 1, "op": "shm_register", "name": "edged-test", "bytes": 4096})
+    readable, writable = os.pipe()
+    child = os.fork()
+    if child == 0:  # only system calls here, then _exit: the parent's threads are not in the child
+        try:
+            os.setuid(uid)
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.settimeout(5)
+            conn.connect(path)
+            socket.send_fds(conn, [request], [region])
+            os.write(writable, conn.recv(4096) or msgpack.packb({"status": "closed at once"}))
+        except OSError as exc:
+            os.write(writable, msgpack.packb({"status": f"failed: {exc}"}))
+        os._exit(0)
+    os.close(writable)
+    try:
+        os.waitpid(child, 0)
+        return msgpack.unpackb(os.read(readable, 4096))
+    finally:
+        os.close(readable)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second user's connection needs root to switch to it")
+def test_one_user_cannot_take_every_memfd_connection_from_another() -> None:
+    """The intake held 256 connections in all: one local client holding them all (idle, no
+    region needed) had every other client's connection closed as soon as it was accepted,
+    a review's probe. One user now holds half of them at most."""
+    running = start_daemon("[server]\nipc_mode = 0o666\n[shm]\nenabled = true\n")
+    os.chmod(running.folder, 0o711)  # the other user reaches the socket
+    path = shm_socket_path(running.ipc) or ""
+    region = os.memfd_create("edged-test", os.MFD_ALLOW_SEALING)
+    held: list[socket.socket] = []
+    try:
+        os.ftruncate(region, 4096)
+        fcntl.fcntl(region, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        for _ in range(MAX_CONNECTIONS):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.connect(path)  # blocks while the backlog is full: accepted in order, before the other user's
+            held.append(conn)
+        reply = register_as(65534, path, region)
+        assert reply["status"] == "OK", reply
+        # Accepted in order, so each of this user's has been by now: those past the cap were closed.
+        assert sum(map(closed, held)) == MAX_CONNECTIONS - MAX_CONNECTIONS_PER_USER
+    finally:
+        for conn in held:
             conn.close()
         os.close(region)
         running.close()
