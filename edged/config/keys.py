@@ -81,9 +81,9 @@ SERVER = Section(
             "string",
             'A model that fails to load or warm up: "stop" fails start-up with a sentence naming the model, the '
             'shapes tried and the manifest key to set; "skip" serves the other models and lists the failed one, '
-            "with its reason, in `edged models` and `edged health`. The default stops: a daemon that starts "
-            "without a model its clients expect fails them later, one NOT_FOUND at a time, where a failed "
-            "start-up is seen at once.",
+            "with its reason, in `edged models` and `edged health`, answering its requests UNAVAILABLE with that "
+            "reason. The default stops: a daemon that starts without a model its clients expect fails them later, "
+            "one UNAVAILABLE at a time, where a failed start-up is seen at once.",
             wanted='"stop" (a model that fails to load or warm up stops start-up) or "skip" (serve the others)',
         ),
         Key(

@@ -184,6 +184,12 @@ class Dispatcher:
     def _model(self, request: Request) -> ModelEntry:
         model = self._models.get(request.model or "")
         if model is None:
+            if self.loaded is not None and (why := self.loaded.failed.get(request.model or "")) is not None:
+                raise ProtocolError(
+                    Status.UNAVAILABLE,
+                    f"model {request.model!r} is not loaded ({why}); retry once a reload has loaded it, or elsewhere",
+                    request.id,
+                )
             served = sorted(self._models)
             raise ProtocolError(
                 Status.NOT_FOUND, f"unknown model {request.model!r}: this daemon serves {served}", request.id

@@ -18,7 +18,7 @@ import pytest
 from support import ENGINES, RunningDaemon, run_edged, short_dir
 from support.stream_models import detector, padder, reshaper, run_in_process, set_warmup, streamer, tiny_image
 
-from edged.client import AsyncClient, Client
+from edged.client import AsyncClient, Client, Unavailable
 from edged.models.repository import RepositoryError, entries_of
 from edged.models.warmup import WarmupSample, one_size_warning, tiled
 from edged.wire.codec import TensorSpec
@@ -211,6 +211,9 @@ def test_skip_serves_the_other_models_and_shows_the_failed_one(repository: Path,
         health = client.health()
         assert [m["name"] for m in client.models()] == ["mlp-light"]
         failed = client._request("models", lambda r: r.header["failed"])
+        # Not loaded, so UNAVAILABLE as the protocol has it (not NOT_FOUND, an unknown model): its reason given.
+        with pytest.raises(Unavailable, match=r"model 'padder' is not loaded \(model 'padder' failed to warm up"):
+            client.infer("padder", {"x": np.zeros((1, 8), dtype=np.float32)})
     assert health["state"] == "serving"
     reason = health["failed_models"]["padder"]
     assert reason.startswith("model 'padder' failed to warm up on x [1, 1] (")
