@@ -100,6 +100,14 @@ inputs = { x = "wait.x" }
 scores = "light.scores"
 """
 
+# `wait`, then `guard`: a step that fails after another took its time.
+WAITED = SLOW.replace(
+    'name = "light"\nmodel = "mlp-light"\ninputs = { x = "wait.x" }',
+    """name = "guard"
+python = "steps:guard"
+inputs = { x = "wait.x" }
+outputs = { x = { dtype = "float32", shape = [-1, 64] }, thread = { dtype = "uint8", shape = [-1] } }""",
+).replace('scores = "light.scores"', 'x = "guard.x"')
 
 PAIR = """
 [inputs]
@@ -137,6 +145,7 @@ def repository() -> Path:
     shutil.copytree(DEMO, root / "demo-ensemble")
     pipeline(root, "guarded", GUARDED)
     pipeline(root, "slow", SLOW)
+    pipeline(root, "waited", WAITED)
     pipeline(root, "pair", PAIR)
     return root
 
@@ -215,6 +224,18 @@ def test_a_failing_python_step_ends_its_own_request_alone_naming_the_step(
     np.testing.assert_allclose(answered["scores"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(again["scores"], expected, rtol=1e-5, atol=1e-6)
     assert served.alive()
+
+
+def test_a_failed_steps_reply_counts_the_steps_that_ran_as_compute(served: RunningDaemon) -> None:
+    """The INTERNAL reply of a pipeline whose step failed gave compute 0 whatever ran before it:
+    its total then held time that was neither queue nor compute."""
+    x = np.zeros((1, 64), dtype=np.float32)
+    x[0, 0], x[0, 1] = 0.2, np.nan  # `wait` sleeps 200 ms, then `guard` refuses the NaN
+    with Client(served.ipc) as client:
+        with pytest.raises(Internal) as failed:
+            client.infer("waited", {"x": x}, deadline_ms=60_000)
+    timing = failed.value.reply.header["timing_us"]
+    assert timing["compute"] >= 200_000 and timing["queue"] + timing["compute"] <= timing["total"], timing
 
 
 @pytest.mark.parametrize("klass", ["realtime", "standard", "bulk"])

@@ -266,7 +266,7 @@ class Worker:
             self.answers.unrun(job, Status.UNAVAILABLE, SHUTTING_DOWN)
             return
         except StepFailed as exc:
-            self.answers.result(job, taken_ns, 0, error=str(exc))
+            self.answers.result(job, taken_ns, time.perf_counter_ns() - start, error=str(exc))
             log.warning("pipeline %s: %s", pipeline.name, exc)
             return
         finally:
