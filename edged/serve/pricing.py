@@ -26,6 +26,9 @@ RUNS_KEPT = 200
 # The most one run counts, relative to its price: else a pipeline warmed up cheap on zeros, whose first real
 # run is slow, is bounded at thousands of times its price and shed for ever, never running to replace that run.
 MAX_OVER_PRICE = 5.0
+# ... and a run counts this long at most: a bound set by slow runs sheds the requests that would replace them,
+# and only re-timings (one a second at most, Lane._remeasure) come while it does.
+RUN_KEPT_NS = 60_000_000_000
 
 # Sizes remembered per size-priced model, least recently seen dropped first: a few image or chunk sizes in
 # rotation, few enough to republish per call.
@@ -56,7 +59,8 @@ class ServiceTimes:
         self._extra_row_ns: dict[str, Average] = {}
         self._measured: dict[str, dict[int, Average]] = {}  # by model: elements -> call ns; workers only
         self._sizes: dict[str, SizeCosts] = {}  # by model: what admission reads, replaced whole
-        self._runs: dict[str, deque[float]] = {}  # by pipeline: its last runs, relative to their price; workers only
+        # By pipeline: its last runs (when, cost relative to the price); workers only.
+        self._runs: dict[str, deque[tuple[int, float]]] = {}
         self._bound: dict[str, float] = {}  # by pipeline: the second-dearest of those (bound_ns)
         self._lock = threading.Lock()
 
@@ -79,14 +83,17 @@ class ServiceTimes:
                 self._sizes[model] = SizeCosts.of({size: average.value for size, average in table.items()})
 
     def observe_run(self, model: str, call_ns: int, rows: int, elements: int = 0) -> None:
-        """`observe`, plus the run's cost relative to its price, for `bound_ns`; for a pipeline's served runs
-        (not its warm-up's, whose first is cold and which no hand-off precedes)."""
+        """`observe`, plus the run's cost relative to its price, for `bound_ns`; for a pipeline's served runs and
+        re-timings (not its warm-up's, whose first is cold)."""
         expected = self.charge_ns(model, rows, elements)
         if expected > 0:
+            now_ns = time.monotonic_ns()
             with self._lock:
                 runs = self._runs.setdefault(model, deque(maxlen=RUNS_KEPT))
-                runs.append(min(call_ns / expected, MAX_OVER_PRICE))
-                self._bound[model] = heapq.nlargest(2, runs)[-1]
+                runs.append((now_ns, min(call_ns / expected, MAX_OVER_PRICE)))
+                while now_ns - runs[0][0] > RUN_KEPT_NS:
+                    runs.popleft()
+                self._bound[model] = heapq.nlargest(2, (over for _, over in runs))[-1]
         self.observe(model, call_ns, rows, elements)
 
     def estimate_ns(self, model: str, rows: int = 1) -> int:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from edged.config.classes import ClassConfig
-from edged.serve import admission
+from edged.serve import admission, pricing
 from edged.serve.admission import PACE_FLOOR, TRUST_MIN_NS, TRUST_RATIO, Backlog, Outlook, Shed, admit
 from edged.serve.answers import Answers
 from edged.serve.lanes.batching import Job
@@ -458,6 +459,50 @@ def test_one_stalled_run_does_not_price_a_pipeline_out_of_every_deadline() -> No
         service.observe_run("p", 1 * MS, 1)
     service.observe_run("p", 100 * MS, 1)
     assert service.bound_ns("p", 1) < 10 * service.charge_ns("p", 1)
+
+
+def test_a_bound_no_admitted_run_refreshes_does_not_stand_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two slow runs among a few set the bound at MAX_OVER_PRICE; every request with a shorter
+    deadline was shed after that, none admitted to replace them, for ever (a review's probe:
+    0 of 820 admitted over a minute, the price itself long recovered). A run counts for
+    RUN_KEPT_NS at most, and re-timings, which come while every request is shed, count."""
+    monkeypatch.setattr(pricing, "RUN_KEPT_NS", 50 * MS)
+    service = ServiceTimes()
+    for over in (1, 1, 1, 1, 1, 40, 40):
+        service.observe_run("p", over * MS, 1)
+    assert service.prices()["p"]["bound_over_price"] == pricing.MAX_OVER_PRICE
+    time.sleep(0.1)  # twice RUN_KEPT_NS
+    for _ in range(2):  # re-timings, a second apart where it serves
+        service.observe_run("p", 1 * MS, 1)
+    assert service.prices()["p"]["bound_over_price"] < 1.5, service.prices()
+
+
+def test_a_pipelines_re_timing_counts_toward_its_bound() -> None:
+    """Warm-up's runs do not (the first is cold); a re-timing's do: they alone come while
+    the bound sheds every request."""
+    from support import ENGINES, REPO_ROOT
+
+    from edged.backends.onnxruntime_cpu import OnnxRuntimeCpu
+    from edged.models.pipeline_manifest import discover_pipelines
+    from edged.models.repository import discover
+    from edged.serve.lanes.steps import Stepper
+    from edged.serve.lanes.warming import load_and_warm
+
+    models = discover(ENGINES, "onnxruntime")
+    manifest = REPO_ROOT / "docs" / "examples" / "demo-ensemble" / "pipeline.toml"
+    (entry,) = discover_pipelines([manifest], models, print)
+    service, backend = ServiceTimes(), OnnxRuntimeCpu()
+    runners = {model.name: load_and_warm(backend, model, lane(), service) for model in models}
+    stepper = Stepper(runners, service, 1)
+    try:
+        stepper.timed(entry, entry.samples[0].inputs())
+        assert "bound_over_price" not in service.prices()[entry.name]
+        stepper.timed(entry, entry.samples[0].inputs(), bounding=True)
+        assert "bound_over_price" in service.prices()[entry.name]
+    finally:
+        stepper.close()
+        for runner in runners.values():
+            runner.close()
 
 
 def test_a_lane_starts_work_after_idle_at_its_share_of_a_core() -> None:
