@@ -38,7 +38,9 @@ from edged.wire.tensors import DTYPES
 _PLAIN = {DTYPES[name]: name for name in ("float32", "float16", "int8", "uint8", "int32", "int64", "bool")}
 
 
-class _Header(msgspec.Struct):
+# A key it does not declare fails the decode, leaving the request to the checked path:
+# msgspec would skip that key's value unread, and serve what msgpack cannot decode.
+class _Header(msgspec.Struct, forbid_unknown_fields=True):
     v: int
     id: Any = None
     op: str = "infer"

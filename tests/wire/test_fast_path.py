@@ -77,6 +77,25 @@ def test_ids_deadlines_and_classes_are_read_alike(request_id: Any, deadline: Any
     agrees([msgpack.packb(header), b"\0" * 256])
 
 
+# A key the header does not define, and after it what msgpack.packb never writes: a str of
+# invalid UTF-8, a map keyed by an array, a timestamp of 2 bytes (a review's differential fuzz).
+POISONED = [b"\xa2zz\xa2\xff\xfe", b"\xa2\xff\xfe\x00", b"\xa2zz\x81\x91\x00\x01", b"\xa2zz\xd5\xff\x00\x00"]
+
+
+def test_what_the_fast_decode_skips_unread_under_an_unknown_key_is_still_refused() -> None:
+    """msgspec skips the value of a key the struct does not declare without checking it: the
+    fast path served an infer (and a health) whose header the checked path refuses as not
+    valid msgpack, so that the same header was served or refused by what else it held."""
+    infer, health = dict(VALID_INFER), {"v": 1, "id": 1, "op": "health"}
+    for base, payloads in ((infer, [b"\0" * 256]), (health, [])):
+        packed = msgpack.packb(base)
+        assert packed[0] == 0x80 + len(base)  # a fixmap: one more entry is one more to its count
+        for poison in POISONED:
+            frames = [bytes([packed[0] + 1]) + packed[1:] + poison, *payloads]
+            assert checked(frames) is None
+            assert agrees(frames) is None, poison
+
+
 def test_the_common_request_takes_the_fast_path() -> None:
     """Not only agreement: a plain request from the client library is decoded there."""
     x = np.arange(64, dtype=np.float32).reshape(1, 64)
