@@ -68,7 +68,7 @@ class Sink:
 
     def __init__(self) -> None:
         self.replies = 0
-        self.bound = [SimpleNamespace(klass="bulk", local=True)]
+        self.bound = [SimpleNamespace(klass="bulk", local=True, peer_prefix=b"ingest\0")]
         self.handoff_ns = 0.0  # nothing runs inline: bulk waits to fill batches anyway
 
     def send(self, route: Any, frames: Any) -> None:

@@ -15,6 +15,7 @@ from edged.wire.codec import Buffer
 class _Socket:
     local: bool = True
     klass: str | None = None
+    peer_prefix: bytes = b"in-process\0"
 
 
 @dataclass(frozen=True)
