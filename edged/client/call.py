@@ -102,7 +102,9 @@ class Call:
             else:
                 counters.unavailable += 1
                 pause = UNAVAILABLE_PAUSE_MS
-            self.fleet.set_aside(copy.endpoint, now + pause, reply)
+            # A model not loaded there sets that daemon aside for the model alone, not for every call.
+            alone = self.model if reply.header.get("scope") == "model" else None
+            self.fleet.set_aside(copy.endpoint, now + pause, reply, alone)
             self.refusal = reply
             if self._sent < 2 and self.fleet.several:
                 self._want = "retry"
@@ -141,7 +143,7 @@ class Call:
                 self._cannot_send()
                 return
         refused: set[int] = set()
-        while (index := self.fleet.pick(now, self._tried | refused)) is not None:
+        while (index := self.fleet.pick(now, self._tried | refused, self.model)) is not None:
             request_id = send(index, left)
             if request_id is None:
                 refused.add(index)  # not connected: try the next one
@@ -162,9 +164,9 @@ class Call:
         # One not connected may connect, one set aside comes back, or (a fleet named by
         # DNS, none known yet) one joins: look again then.
         none_known = not self.fleet.members()
-        again = now + SEND_POLL_MS if refused or none_known else self.fleet.soonest_back(self._tried)
+        again = now + SEND_POLL_MS if refused or none_known else self.fleet.soonest_back(self._tried, self.model)
         if again >= self.end:
-            self.refusal = self.refusal or self.fleet.refusal(now)
+            self.refusal = self.refusal or self.fleet.refusal(now, self.model)
             self._cannot_send()
             return
         self._send_again_at = again

@@ -106,6 +106,8 @@ class Fleet:
         self.state: list[SlotState] = []
         self._aside_until: list[float] = []
         self._refusals: list[Reply | None] = []  # why each was set aside
+        # Set aside for one model alone (not loaded there: UNAVAILABLE with scope "model"), by (daemon, model).
+        self._model_aside: dict[tuple[int, str], tuple[float, Reply]] = {}
         self._in_flight: list[int] = []  # copies of calls not yet settled
         self._rtt: list[float] = []  # time-weighted EWMA of round trips, ms
         self._rtt_at: list[float] = []
@@ -173,15 +175,16 @@ class Fleet:
         index = self.state.index("free")
         self.endpoints[index], self.counters[index], self.state[index] = endpoint, EndpointCounters(), "live"
         self._aside_until[index], self._refusals[index] = 0.0, None
+        self._model_aside = {key: aside for key, aside in self._model_aside.items() if key[0] != index}
         self._rtt[index], self._rtt_at[index] = 0.0, -math.inf
         return index
 
-    def pick(self, now: float, exclude: set[int]) -> int | None:
-        """The next daemon, neither excluded nor set aside, among the cheapest: round
-        robin over those whose cost is close to the lowest."""
+    def pick(self, now: float, exclude: set[int], model: str | None = None) -> int | None:
+        """The next daemon, neither excluded nor set aside (for `model`), among the cheapest:
+        round robin over those whose cost is close to the lowest."""
         count = len(self.endpoints)
         costs = [
-            math.inf if i in exclude or self._aside_until[i] > now or self.state[i] != "live" else self._cost(i, now)
+            math.inf if i in exclude or self._back_at(i, model) > now or self.state[i] != "live" else self._cost(i, now)
             for i in range(count)
         ]
         best = min(costs, default=math.inf)
@@ -217,28 +220,45 @@ class Fleet:
         self._rtt[index] = self._rtt[index] * weight + rtt_ms * (1 - weight)
         self._rtt_at[index] = now
 
-    def soonest_back(self, exclude: set[int]) -> float:
-        """When the first daemon not excluded comes back from being set aside (inf: none)."""
+    def soonest_back(self, exclude: set[int], model: str | None = None) -> float:
+        """When the first daemon not excluded comes back from being set aside, for `model` (inf: none)."""
         return min(
-            (t for i, t in enumerate(self._aside_until) if i not in exclude and self.state[i] == "live"),
+            (self._back_at(i, model) for i in range(len(self.state)) if i not in exclude and self.state[i] == "live"),
             default=math.inf,
         )
+
+    def _back_at(self, index: int, model: str | None) -> float:
+        """When daemon `index` takes calls of `model` again (a time past: now)."""
+        aside = self._model_aside.get((index, model)) if model is not None else None
+        return max(self._aside_until[index], aside[0]) if aside is not None else self._aside_until[index]
 
     def tried_all(self, tried: set[int]) -> bool:
         """Whether a call that tried `tried` has had a copy on every member (none: not yet)."""
         live = [i for i, state in enumerate(self.state) if state == "live"]
         return bool(live) and all(i in tried for i in live)
 
-    def set_aside(self, index: int, until: float, refusal: Reply) -> None:
-        if self.several:
+    def set_aside(self, index: int, until: float, refusal: Reply, model: str | None = None) -> None:
+        """Take no calls to daemon `index` until `until`: of `model` alone, where given."""
+        if not self.several:
+            return
+        if model is not None:
+            earlier = self._model_aside.get((index, model), (0.0, refusal))[0]
+            self._model_aside[(index, model)] = (max(earlier, until), refusal)
+        else:
             self._aside_until[index] = max(self._aside_until[index], until)
             self._refusals[index] = refusal
 
-    def refusal(self, now: float) -> Reply | None:
-        """The refusal of the set-aside daemon that comes back first: the answer of a call
-        that no daemon may take before it ends."""
-        aside = [i for i, until in enumerate(self._aside_until) if until > now and self.state[i] == "live"]
-        return self._refusals[min(aside, key=self._aside_until.__getitem__)] if aside else None
+    def refusal(self, now: float, model: str | None = None) -> Reply | None:
+        """The refusal of the daemon set aside (for `model`) that comes back first: the answer
+        of a call that no daemon may take before it ends."""
+        aside = [i for i in range(len(self.state)) if self._back_at(i, model) > now and self.state[i] == "live"]
+        if not aside:
+            return None
+        first = min(aside, key=lambda i: self._back_at(i, model))
+        for_model = self._model_aside.get((first, model)) if model is not None else None
+        if for_model is not None and for_model[0] > self._aside_until[first]:
+            return for_model[1]
+        return self._refusals[first]
 
     def hedge_delay_ms(self, model: str | None) -> float | None:
         if not (self.hedge and self.several and model):

@@ -108,7 +108,7 @@ class Dispatcher:
 
     def _refuse(self, route: Route, exc: ProtocolError) -> None:
         self.invalid += 1
-        reply(route, encode_reply(exc.request_id, exc.status, error=exc.message))
+        reply(route, encode_reply(exc.request_id, exc.status, error=exc.message, **exc.fields))
 
     def _failed(self, route: Route, request_id: RequestId, exc: Exception) -> None:
         log.exception("failed to handle a request")
@@ -189,6 +189,7 @@ class Dispatcher:
                     Status.UNAVAILABLE,
                     f"model {request.model!r} is not loaded ({why}); retry once a reload has loaded it, or elsewhere",
                     request.id,
+                    {"scope": "model"},  # not the daemon: a fleet client sets it aside for this model alone
                 )
             served = sorted(self._models)
             raise ProtocolError(

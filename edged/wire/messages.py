@@ -35,11 +35,14 @@ class Status(StrEnum):
 class ProtocolError(Exception):
     """A request that cannot be served as sent; becomes a reply with `status`."""
 
-    def __init__(self, status: Status, message: str, request_id: RequestId = None) -> None:
+    def __init__(
+        self, status: Status, message: str, request_id: RequestId = None, fields: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.request_id = request_id
+        self.fields = fields or {}  # the reply's other keys (docs/protocol.md), beside status and error
 
 
 class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
