@@ -11,7 +11,7 @@ import zmq
 import zmq.asyncio
 
 from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
-from edged.client.call import Call, SendFn, only
+from edged.client.call import Call, SendFn
 from edged.client.keys import ClientKeys
 from edged.client.members import Resolve
 from edged.client.shm import SharedRegion
@@ -142,7 +142,7 @@ class AsyncClient(Api):
                 continue  # not a reply of this protocol: nothing to match it to
             if self._learn(reply):
                 continue
-            request_id = reply.id if reply.id is not None else self._only_copy_on(index)
+            request_id = self._fleet.owner(reply.id, index, now_ms(), lambda: self._copies_on(index))
             pending = self._pending.get(request_id)
             if pending is None:
                 counters.late += 1
@@ -153,10 +153,10 @@ class AsyncClient(Api):
             if call.done and not settled.done():
                 settled.set_result(None)
 
-    def _only_copy_on(self, index: int) -> int | None:
-        """The id of the one copy any call awaits from daemon `index` (Call.copies_on), or None."""
+    def _copies_on(self, index: int) -> list[int]:
+        """The ids of the copies the calls await from daemon `index` (Call.copies_on)."""
         calls = {id(call): call for call, _, _ in self._pending.values()}.values()  # a call per copy, once
-        return only([request_id for call in calls for request_id in call.copies_on(index)])
+        return [request_id for call in calls for request_id in call.copies_on(index)]
 
     async def close(self) -> None:
         for receiver in (self._receivers or {}).values():

@@ -12,6 +12,8 @@ from edged.wire.codec import Reply, Status
 
 UNAVAILABLE_PAUSE_MS = 1000.0  # a starting or draining daemon: seconds, not milliseconds
 SEND_POLL_MS = 5.0  # how often a call retries a send no daemon could take (none connected)
+# A settled call's copy not yet answered is remembered this long at most (its call's timeout, if shorter).
+UNANSWERED_KEPT_MS = 60_000.0
 
 # send(endpoint index, deadline_ms or None) -> the request id sent, or None if that
 # daemon's socket took nothing (ZMQ_IMMEDIATE: not connected).
@@ -180,11 +182,8 @@ class Call:
     def _settle(self, reply: Reply | None) -> None:
         for copy in self.copies.values():  # the losers, and copies never answered
             self.fleet.ended(copy.endpoint)
+        until = self.started + min(self.timeout_ms, UNANSWERED_KEPT_MS)
+        self.fleet.leave_unanswered({request_id: copy.endpoint for request_id, copy in self.copies.items()}, until)
         self.done = True
         self.reply = reply
         self._want = None
-
-
-def only(ids: list[int]) -> int | None:
-    """The one id of `ids`, or None where there are none or several (it cannot be told whose)."""
-    return ids[0] if len(ids) == 1 else None

@@ -108,6 +108,9 @@ class Fleet:
         self._refusals: list[Reply | None] = []  # why each was set aside
         # Set aside for one model alone (not loaded there: UNAVAILABLE with scope "model"), by (daemon, model).
         self._model_aside: dict[tuple[int, str], tuple[float, Reply]] = {}
+        # By daemon: copies of settled calls not yet answered (a hedge's loser, a copy given up on), by
+        # request id, with until when they are remembered. A reply with no id from there may be theirs.
+        self._unanswered: dict[int, dict[int, float]] = {}
         self._in_flight: list[int] = []  # copies of calls not yet settled
         self._rtt: list[float] = []  # time-weighted EWMA of round trips, ms
         self._rtt_at: list[float] = []
@@ -176,6 +179,7 @@ class Fleet:
         self.endpoints[index], self.counters[index], self.state[index] = endpoint, EndpointCounters(), "live"
         self._aside_until[index], self._refusals[index] = 0.0, None
         self._model_aside = {key: aside for key, aside in self._model_aside.items() if key[0] != index}
+        self._unanswered.pop(index, None)
         self._rtt[index], self._rtt_at[index] = 0.0, -math.inf
         return index
 
@@ -259,6 +263,30 @@ class Fleet:
         if for_model is not None and for_model[0] > self._aside_until[first]:
             return for_model[1]
         return self._refusals[first]
+
+    def leave_unanswered(self, copies: dict[int, int], until: float) -> None:
+        """A settled call's copies not yet answered (request id: daemon), remembered until `until`."""
+        for request_id, index in copies.items():
+            self._unanswered.setdefault(index, {})[request_id] = until
+
+    def owner(self, request_id: int | None, index: int, now: float, awaited: Callable[[], list[int]]) -> int | None:
+        """The copy a reply from daemon `index` answers: its id's. With none (the daemon could not
+        read it), the one copy `awaited` there; but while a settled call's copy there is unanswered,
+        none: that copy's reply it may be, and a call must never take another's. Taken for the
+        oldest such copy's, it ends that copy's wait."""
+        left = self._unanswered.get(index)
+        if request_id is not None:
+            if left:
+                left.pop(request_id, None)
+            return request_id
+        if left:
+            for stale in [copy for copy, until in left.items() if until <= now]:
+                del left[stale]
+            if left:
+                del left[next(iter(left))]
+                return None
+        ids = awaited()
+        return ids[0] if len(ids) == 1 else None
 
     def hedge_delay_ms(self, model: str | None) -> float | None:
         if not (self.hedge and self.several and model):

@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 
 from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
-from edged.client.call import Call, SendFn, only
+from edged.client.call import Call, SendFn
 from edged.client.fleet import EndpointCounters
 from edged.client.keys import ClientKeys
 from edged.client.members import Resolve
@@ -103,7 +103,9 @@ class Client(Api):
 
     def _read(self, sock: zmq.Socket, call: Call | None, send: SendFn | None) -> None:
         """Every reply waiting on `sock`; one that is not the call's is late, and dropped."""
-        counters = self._fleet.counters[self._daemon_of[sock]]
+        index = self._daemon_of[sock]
+        counters = self._fleet.counters[index]
+        awaited = (lambda: call.copies_on(index)) if call is not None else list
         while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -115,11 +117,8 @@ class Client(Api):
                 continue  # not a reply of this protocol: nothing to match it to
             if self._learn(reply):
                 continue
-            if call is None or send is None:
-                counters.late += 1
-                continue
-            request_id = reply.id if reply.id is not None else only(call.copies_on(self._daemon_of[sock]))
-            if not call.on_reply(request_id, reply, now_ms(), send):
+            request_id = self._fleet.owner(reply.id, index, now_ms(), awaited)
+            if call is None or send is None or not call.on_reply(request_id, reply, now_ms(), send):
                 counters.late += 1
 
     def counters(self) -> dict[str, EndpointCounters]:

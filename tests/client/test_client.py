@@ -276,3 +276,28 @@ def test_a_refusal_whose_id_the_daemon_could_not_read_reaches_the_one_call_waiti
 
     asyncio.run(main())
     assert time.monotonic() - started < 10  # two timeouts would be 40 s
+
+
+def test_a_reply_without_an_id_is_never_taken_by_a_later_call(own_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A hedged call refused unread by both daemons (its header over their limit): the first
+    nil-id reply settled it, and the second, from the other daemon, was taken by the next
+    call with its one copy there, a valid request answered INVALID_ARGUMENT (a review's
+    probe: 37 of 100). A nil-id reply goes to no call while a settled call's copy may be its."""
+    config = "[limits]\nmax_header_bytes = 200\n"
+    daemons = [own_daemon(config), own_daemon(config)]
+    x = random_input("mlp-light", 1, 0)
+    with Client([d.ipc for d in daemons], hedge=True, hedge_after_ms=0, timeout_ms=10_000) as client:
+        for _ in range(30):
+            with pytest.raises(InvalidArgument, match="over the limit of 200"):
+                client.infer("mlp-light", x, outputs=["scores"] * 40)  # a header of some 400 bytes
+            assert client.infer("mlp-light", x)["scores"].shape == (1, 10)
+
+    async def main() -> None:
+        endpoints = [d.ipc for d in daemons]
+        async with AsyncClient(endpoints, hedge=True, hedge_after_ms=0, timeout_ms=10_000) as client:
+            for _ in range(30):
+                with pytest.raises(InvalidArgument, match="over the limit of 200"):
+                    await client.infer("mlp-light", x, outputs=["scores"] * 40)
+                assert (await client.infer("mlp-light", x))["scores"].shape == (1, 10)
+
+    asyncio.run(main())
