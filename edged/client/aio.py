@@ -92,6 +92,8 @@ class AsyncClient(Api):
                 wait_ms = call.wake_at() - now_ms()
                 if wait_ms > 0:
                     await asyncio.wait([settled], timeout=wait_ms / 1000)
+                if call.done:  # a reply, or the client closed meanwhile
+                    break
                 self._follow()
                 call.advance(now_ms(), send)
         finally:
@@ -159,6 +161,11 @@ class AsyncClient(Api):
         return [request_id for call in calls for request_id in call.copies_on(index)]
 
     async def close(self) -> None:
+        """Close the sockets; a call still waiting raises RuntimeError at once."""
+        for call, _, settled in self._pending.values():
+            call.abandon()
+            if not settled.done():
+                settled.set_result(None)
         for receiver in (self._receivers or {}).values():
             receiver.cancel()
         self._close_sockets()

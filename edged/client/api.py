@@ -22,6 +22,7 @@ from edged.client.sockets import Sockets
 from edged.wire.codec import Buffer, Reply, ShmRef, Status, encode_request
 
 DEFAULT_TIMEOUT_MS = 5000.0
+CLOSED = "this client is closed: its sockets are gone; make a new one"
 DEFAULT_RESOLVE_EVERY_S = DEFAULT_PERIOD_S
 
 
@@ -63,7 +64,9 @@ class Api(Sockets):
 
     def _new_call(self, op: str, fields: dict[str, Any], timeout_ms: float) -> Call:
         if self.closed:
-            raise RuntimeError("this client is closed: its sockets are gone; make a new one")
+            raise RuntimeError(CLOSED)
+        if math.isnan(timeout_ms):  # every comparison with it is False: the call would wait for ever
+            raise ValueError("timeout_ms is NaN: give milliseconds (inf waits for ever, 0 or less not at all)")
         model = fields.get("model") if op == "infer" else None
         return Call(self._fleet, model, fields.get("deadline_ms"), timeout_ms, now_ms())
 
@@ -76,6 +79,8 @@ class Api(Sockets):
         return request_id, encode_request(request_id, op, **fields)
 
     def _outcome(self, call: Call, parse: Callable[[Reply], Any]) -> Any:
+        if call.reply is None and self.closed:  # closed while it waited (AsyncClient.close)
+            raise RuntimeError(CLOSED)
         if call.reply is None:
             raise NoReply(f"no reply within {call.timeout_ms:.0f} ms{self._why_none()}")
         return parse(call.reply)

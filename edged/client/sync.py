@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ class Client(Api):
         self._regions, self._made = [], []
         self._fd_channel = None
         self._poller = zmq.Poller()
+        self._calling = threading.RLock()  # held through a call (re-entered where a call asks health)
         self._start(endpoints, hedge, hedge_after_ms, resolve_every_s, resolve)
 
     def _watch(self, sock: zmq.Socket, index: int) -> None:
@@ -76,6 +78,18 @@ class Client(Api):
         return True
 
     def _call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
+        # Its sockets and calls are one thread's at a time: two threads reading them took each other's replies.
+        if not self._calling.acquire(blocking=False):
+            raise RuntimeError(
+                "this Client is in a call on another thread: a Client makes one call at a time; "
+                "give each thread its own Client, or use AsyncClient for calls in flight together"
+            )
+        try:
+            return self._one_call(op, fields, timeout_ms, parse)
+        finally:
+            self._calling.release()
+
+    def _one_call(self, op: str, fields: dict[str, Any], timeout_ms: float, parse: Callable[[Reply], Any]) -> Any:
         call = self._new_call(op, fields, timeout_ms)
 
         def send(index: int, deadline_ms: float | None) -> int | None:
