@@ -82,7 +82,9 @@ class Api(Sockets):
         if call.reply is None and self.closed:  # closed while it waited (AsyncClient.close)
             raise RuntimeError(CLOSED)
         if call.reply is None:
-            raise NoReply(f"no reply within {call.timeout_ms:.0f} ms{self._why_none()}")
+            refused = call.refusal
+            before = f"; {refused.status.value} from a daemon before: {refused.error}" if refused is not None else ""
+            raise NoReply(f"no reply within {call.timeout_ms:.0f} ms{self._why_none()}{before}")
         return parse(call.reply)
 
     @property

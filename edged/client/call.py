@@ -70,7 +70,8 @@ class Call:
             for copy in self.copies.values():
                 if not copy.given_up:
                     self.fleet.counters[copy.endpoint].timed_out += 1
-            self._settle(self.refusal)
+            # A copy still awaited makes it a timeout: an earlier refusal would pass a hung daemon off as a busy one.
+            self._settle(None if self.copies else self.refusal)
             return
         if self._want is None and self._sent == 1:
             if now >= self._give_up_at and self._first_waiting():

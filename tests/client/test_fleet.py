@@ -34,7 +34,7 @@ from support import (
 )
 
 from edged.cli.commands import main
-from edged.client import AsyncClient, Client, Overloaded
+from edged.client import AsyncClient, Client, NoReply, Overloaded
 from edged.client.fleet import EndpointCounters
 from edged.wire.codec import encode_request
 
@@ -203,6 +203,24 @@ def test_overloaded_is_retried_elsewhere_and_that_daemon_skipped_until_retry_aft
         client.infer("mlp-light", mlp_input())  # within its retry_after_ms: not tried
         assert since(client, full.ipc, before) == (1, 0, 1, 0, 0, 0, 0, 0)
         assert since(client, daemon.ipc, before)[:2] == (2, 2)
+
+
+def test_a_call_still_awaited_at_its_end_is_no_reply_not_an_earlier_refusal(
+    context: zmq.Context, own_daemon: StartDaemon, short_tmp: Path
+) -> None:
+    """One daemon answers OVERLOADED, the other never: the call ended with that refusal and its
+    retry hint, passing a hung daemon off as a busy one (a review's probe). NoReply, naming it."""
+    full = victim(own_daemon, "queue_capacity = 1\n")
+    silent = context.socket(zmq.ROUTER)
+    silent.linger = 0
+    silent.bind(f"ipc://{short_tmp}/silent.sock")
+    try:
+        occupy(context, full)  # its one place is taken for about a second
+        with Client([full.ipc, f"ipc://{short_tmp}/silent.sock"], timeout_ms=800) as client:
+            with pytest.raises(NoReply, match="OVERLOADED from a daemon before"):
+                client.infer("mlp-light", mlp_input())
+    finally:
+        silent.close()
 
 
 def test_a_daemon_without_one_model_is_set_aside_for_that_model_alone(
