@@ -49,7 +49,8 @@ CLASS = Section(
         Key(
             "batch_wait_us",
             "integer",
-            "How long a worker may wait for more requests to fill a batch; 0: only what is already queued.",
+            "How long a worker may wait for more requests to fill a batch; 0: only what is already queued. Less "
+            "than deadline_ms, and never more than half of what the requests in hand have left beyond their price.",
             low=0,
         ),
         Key(

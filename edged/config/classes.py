@@ -219,6 +219,14 @@ def parse_classes(table: Any) -> tuple[ClassConfig, ...]:
             CLASS["deadline_ms"].valid,
         )
         values["deadline_ms"] = float(deadline)
+        wait_us = values.get("batch_wait_us", base.batch_wait_us)
+        expect(
+            wait_us < deadline * 1000,
+            prefix + "batch_wait_us",
+            wait_us,
+            f"fewer microseconds than the class's deadline_ms ({deadline} ms, {deadline * 1000:.0f} us): "
+            "a worker waits to fill a batch within its requests' budget",
+        )
         affinity = settings.get("cpu_affinity", list(base.cpu_affinity))
         usable = usable_cores()
         expect(

@@ -163,6 +163,11 @@ INVALID = {
     "workers zero": (klass("realtime", "workers = 0"), "classes.realtime.workers"),
     "max batch zero": (klass("realtime", "max_batch = 0"), "classes.realtime.max_batch"),
     "batch wait negative": (klass("realtime", "batch_wait_us = -1"), "classes.realtime.batch_wait_us"),
+    # A worker waits that long with a job in hand: past the class's deadline, its lane hung (2**40 us).
+    "batch wait past the deadline": (
+        klass("bulk", "deadline_ms = 100.0\nbatch_wait_us = 100000"),
+        "classes.bulk.batch_wait_us",
+    ),
     "threads negative": (klass("realtime", "threads = -1"), "classes.realtime.threads"),
     "arena cap negative": (klass("realtime", "arena_cap_mb = -1"), "classes.realtime.arena_cap_mb"),
     # Renamed: it caps an arena that grows lazily and reserves nothing.

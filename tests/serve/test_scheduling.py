@@ -21,6 +21,7 @@ from support import (
     random_input,
     receive,
     short_dir,
+    start_daemon,
     wait_for,
 )
 from support.models import PATIENT_WATCHDOGS, SLEEPER_WIDTH, TABLE, lookup_graph, save_model, save_sleeper, sleep_for
@@ -209,3 +210,20 @@ def test_a_failing_request_in_a_batch_fails_alone(context: zmq.Context, models_d
     # Run alone, the lookups make 60 rows; more means failed batches were retried one by one.
     lookup_rows = figures["backend_rows"] - 1
     assert lookup_rows > rounds * per_round, f"no batch held a bad request: {figures['backend_calls']} calls"
+
+
+def test_a_batch_wait_ends_in_time_for_the_requests_it_holds() -> None:
+    """A worker waited batch_wait_us to fill a batch whatever the jobs in hand had left: a
+    request with a shorter deadline than the wait expired in it, and a wait of 2**40 us hung
+    the lane (a review's probe). The wait leaves each held request its run."""
+    bulk = "[classes.bulk]\ndeadline_ms = 60000.0\nbatch_wait_us = 2000000\n"
+    running = start_daemon('[server]\ndefault_class = "bulk"\n' + bulk)
+    try:
+        with Client(running.ipc) as client:
+            started = time.monotonic()
+            scores = client.infer("mlp-light", {"x": np.ones((1, 64), np.float32)}, klass="bulk", deadline_ms=300)
+            took_s = time.monotonic() - started
+        assert scores["scores"].shape == (1, 10)
+        assert took_s < 1.5, took_s  # not the 2 s wait: a fifth of it at most beyond the deadline
+    finally:
+        running.close()

@@ -89,14 +89,18 @@ def unstack(jobs: list[Job], names: tuple[str, ...], outputs: list[np.ndarray]) 
 
 def fill(batch: list[Job], jobs: queue.SimpleQueue[Any], max_batch: int, wait_us: int, max_rows: int) -> Any:
     """Add compatible queued jobs to `batch`, up to `max_batch` jobs and `max_rows` rows; with
-    `wait_us`, once more after waiting that long for others to come. Returns the item that
-    did not fit, if any."""
+    `wait_us`, once more after waiting that long for others to come, or less: half the slack
+    of the job in hand with the least (the other half covers waking, and the run's spread).
+    Returns the item that did not fit, if any."""
     held = _take_queued(batch, jobs, max_batch, max_rows)
     if held is None and wait_us and len(batch) < max_batch:
-        # A sleep, not SimpleQueue.get(timeout=...): in CPython 3.11 that blocks until the next
-        # put when its deadline passes inside the call, and a lane that looks stopped gets none.
-        time.sleep(wait_us / 1e6)
-        held = _take_queued(batch, jobs, max_batch, max_rows)
+        slack_ns = min(job.deadline_ns - job.cost_ns for job in batch) - time.monotonic_ns()
+        wait_ns = min(wait_us * 1000, slack_ns // 2)
+        if wait_ns > 0:
+            # A sleep, not SimpleQueue.get(timeout=...): in CPython 3.11 that blocks until the next
+            # put when its deadline passes inside the call, and a lane that looks stopped gets none.
+            time.sleep(wait_ns / 1e9)
+            held = _take_queued(batch, jobs, max_batch, max_rows)
     return held
 
 
