@@ -38,6 +38,9 @@ def stream(text: str) -> Stream:
         parsed = Stream.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if not parsed.rate > 0 or parsed.rows < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: its RATE must be above 0 and its ROWS 1 or more")
+    deadline = parsed.deadline_ms
+    if not 0 < parsed.rate < float("inf") or parsed.rows < 1 or not (deadline is None or 0 < deadline < float("inf")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: its RATE must be a number above 0, its DEADLINE_MS too where given, and its ROWS 1 or more"
+        )
     return parsed

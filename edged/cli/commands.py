@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         # A client command's bad endpoint (ZeroMQ refuses it) or missing file: one line, not a traceback.
         import zmq
 
-        if args.command != "serve" and isinstance(exc, (zmq.ZMQError, OSError)):
+        # ValueError: what the client refuses to send (an input of a dtype the wire has no name for, say).
+        if args.command != "serve" and isinstance(exc, (zmq.ZMQError, OSError, ValueError)):
             print(f"edged: {exc}", file=sys.stderr)
             return 1
         raise

@@ -18,6 +18,9 @@ from edged.client.members import Resolve
 from edged.client.shm import SharedRegion
 from edged.wire.codec import Reply, decode_reply
 
+# The longest single wait handed to zmq_poll (its timeout is a C long of ms): a longer one is waited in turns.
+POLL_MOST_MS = 3_600_000
+
 
 class Client(Api):
     """A blocking client: one call at a time, over one DEALER per daemon.
@@ -103,8 +106,10 @@ class Client(Api):
         call.advance(now_ms(), send)
         while not call.done:
             wait_ms = call.wake_at() - now_ms()
-            # An endless wait (timeout_ms = inf) polls without a limit: math.ceil takes no infinity.
-            ready = self._poller.poll(math.ceil(wait_ms) if wait_ms < math.inf else None) if wait_ms > 0 else []
+            if wait_ms <= 0:
+                ready = []
+            else:  # an endless wait (timeout_ms = inf) without a limit; a long one in turns zmq_poll can take
+                ready = self._poller.poll(None if wait_ms == math.inf else min(math.ceil(wait_ms), POLL_MOST_MS))
             for sock, _ in ready:
                 self._read(sock, call, send)
             self._follow()

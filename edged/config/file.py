@@ -19,7 +19,7 @@ from edged.config.keys import LIMITS, METRICS, SECURITY, SERVER
 from edged.config.settings import ConfigError, expect, no_unknown, read_bool, read_int, subtable
 from edged.config.shm import ShmConfig, read_shm
 from edged.wire.codec import Limits
-from edged.wire.endpoints import is_tcp
+from edged.wire.endpoints import is_tcp, shm_socket_path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # edged/, beside the repository in a checkout
 
@@ -126,7 +126,8 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     if repository is None:
         repo_path = default_repository()
     else:
-        expect(isinstance(repository, str), "server.model_repository", repository, SERVER["model_repository"].valid)
+        ok = isinstance(repository, str) and "\0" not in repository  # a NUL no path can hold
+        expect(ok, "server.model_repository", repository, SERVER["model_repository"].valid)
         repo_path = (base_dir / repository).resolve()
     log_level = server.get("log_level", "info")
     expect(log_level in ("debug", "info", "warning", "error"), "server.log_level", log_level, SERVER["log_level"].valid)
@@ -207,7 +208,7 @@ def _ipc_mode(value: Any) -> int:
 
 
 def _ipc_group(value: Any) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**32 - 2):
         return value
     expect(isinstance(value, str), "server.ipc_group", value, SERVER["ipc_group"].valid)
     try:
@@ -258,7 +259,7 @@ def _check_endpoints(endpoints: Any, key: str) -> None:
     expect(isinstance(endpoints, list) and endpoints, key, endpoints, SERVER["endpoints"].valid)
     for endpoint in endpoints:
         expect(
-            isinstance(endpoint, str) and endpoint.startswith(("ipc://", "tcp://")),
+            isinstance(endpoint, str) and endpoint.startswith(("ipc://", "tcp://")) and "\0" not in endpoint,
             key,
             endpoint,
             'an "ipc://PATH" or "tcp://HOST:PORT" URL',
@@ -269,7 +270,9 @@ def _check_endpoints(endpoints: Any, key: str) -> None:
             raise ConfigError(f"{key}: {endpoint!r} names no port from 1 to 65535: give one, as tcp://127.0.0.1:5555")
         if endpoint.startswith("ipc://") and not PurePosixPath(endpoint[len("ipc://") :]).name:
             raise ConfigError(f"{key}: {endpoint!r} names no socket file: give one, as ipc:///run/edged/edged.sock")
-        if endpoint.startswith("ipc://") and len(endpoint) - len("ipc://") > 107:
+        # Counted in bytes, with the memfd socket beside it (NAME.shm.sock), the longer.
+        if endpoint.startswith("ipc://") and len((shm_socket_path(endpoint) or "").encode()) > 107:
             raise ConfigError(
-                f"{key}: ipc path {endpoint!r} is longer than the 107 bytes a unix socket allows; use a shorter path"
+                f"{key}: ipc path {endpoint!r} is too long: with the memfd socket beside it "
+                f"({shm_socket_path(endpoint)}) it passes the 107 bytes a unix socket allows; use a shorter path"
             )

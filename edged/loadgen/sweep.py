@@ -250,6 +250,8 @@ def run_sweep(
 
     with Client(endpoint) as client:
         model_inputs = {model["name"]: model["inputs"] for model in client.models()}
+    if unknown := sorted({stream.model for stream in streams} - set(model_inputs)):
+        raise ValueError(f"--mix names {unknown}, which the daemon does not serve: it serves {sorted(model_inputs)}")
     steps = []
     for factor in factors:
         scaled = [stream.scaled(factor) for stream in streams]

@@ -184,7 +184,10 @@ def models_of(daemon: RunningDaemon) -> list[dict[str, object]]:
         (("health", "--timeout-ms", "-5"), 2, "is not a number above 0"),
         (("bench", "--mix", "bogus"), 2, "CLASS:MODEL:RATE"),
         (("bench", "--mix", "realtime:mlp-light:abc"), 2, "could not convert"),
-        (("bench", "--mix", "realtime:mlp-light:-5"), 2, "RATE must be above 0"),
+        (("bench", "--mix", "realtime:mlp-light:-5"), 2, "RATE must be a number above 0"),
+        # An infinite rate never moved the next send on: the run never ended, its memory growing.
+        (("bench", "--mix", "realtime:mlp-light:inf"), 2, "RATE must be a number above 0"),
+        (("bench", "--mix", "realtime:mlp-light:10:nan"), 2, "its DEADLINE_MS too"),
         (("bench", "--sweep", "x"), 2, "is not a number"),
         (("bench", "--duration", "0"), 2, "is not a number above 0"),
         (("build", "quantize", "mlp-light", "--precision", "int8", "--samples", "0"), 2, "is not 1 or more"),
@@ -201,6 +204,20 @@ def test_a_bad_argument_gets_one_line_and_a_non_zero_exit_not_a_traceback(
     result = edged(*args, env=env)
     assert result.returncode == code, result.stderr
     assert phrase in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_what_the_client_refuses_to_send_or_wait_for_gets_one_line(daemon: RunningDaemon, tmp_path: Path) -> None:
+    """Tracebacks before: an input of a dtype the wire has no name for (float64) raised
+    ValueError, a timeout past what zmq_poll takes an OverflowError, and a --mix model the
+    daemon does not serve a KeyError."""
+    np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float64))
+    wide = edged("infer", "mlp-light", "--endpoint", daemon.ipc, "--input", f"x={tmp_path / 'x.npy'}")
+    assert wide.returncode == 1 and "float64" in wide.stderr and "Traceback" not in wide.stderr, wide.stderr
+    patient = edged("infer", "mlp-light", "--endpoint", daemon.ipc, "--timeout-ms", "1e300")
+    assert patient.returncode == 0, patient.stderr
+    unknown = edged("bench", "--endpoint", daemon.ipc, "--mix", "realtime:nosuch:10", "--duration", "1")
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr, unknown.stderr
+    assert "--mix names ['nosuch'], which the daemon does not serve" in unknown.stderr, unknown.stderr
 
 
 def test_an_input_file_that_is_not_there_gets_one_line(daemon: RunningDaemon) -> None:

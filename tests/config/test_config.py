@@ -136,6 +136,18 @@ INVALID = {
     "endpoint scheme": ('[server]\nendpoints = ["http://127.0.0.1:80"]', "server.endpoints"),
     "endpoint not a string": ("[server]\nendpoints = [5]", "server.endpoints"),
     "ipc path too long": (f'[server]\nendpoints = ["ipc:///tmp/{"a" * 110}"]', "server.endpoints"),
+    # 107 bytes, but its memfd socket beside it (a.shm.sock) is longer: it failed to bind at start.
+    "ipc path too long with its memfd socket": (
+        f'[server]\nendpoints = ["ipc:///tmp/{"a" * 97}.sock"]',
+        "server.endpoints",
+    ),
+    # 60 characters, 110 bytes.
+    "ipc path too long in bytes": (f'[server]\nendpoints = ["ipc:///tmp/{"é" * 50}.sock"]', "server.endpoints"),
+    # A NUL no path can hold: a traceback at start-up (embedded null byte), and in `config --check`.
+    "endpoint with a NUL": ('[server]\nendpoints = ["ipc:///tmp/a\\u0000b.sock"]', "server.endpoints"),
+    "repository with a NUL": ('[server]\nmodel_repository = "/tmp/\\u0000x"', "server.model_repository"),
+    # Past the largest gid: an OverflowError at start-up.
+    "ipc group past the largest gid": ("[server]\nipc_group = 18446744073709551621", "server.ipc_group"),
     "repository not a string": ("[server]\nmodel_repository = 5", "server.model_repository"),
     "default class unknown": ('[server]\ndefault_class = "gold"', "server.default_class"),
     "backend not a string": ("[server]\nbackend = 1", "server.backend"),

@@ -58,7 +58,14 @@ def server_keys(endpoints: tuple[str, ...], security: SecurityConfig) -> ServerK
             f"security.allowed_clients_dir = {str(security.allowed_clients_dir)!r} holds no client keys (*.key): "
             "copy in the NAME.key file of each client that `edged keygen` made"
         )
-    return ServerKeys(zmq.curve_public(secret), secret, security.allowed_clients_dir)
+    try:
+        public = zmq.curve_public(secret)
+    except ValueError as exc:  # z85 text of the wrong length: a file edited by hand, or cut short
+        raise ConfigError(
+            f"security.server_secret_key_file = {str(key_file)!r} holds no valid secret key ({exc}): "
+            "make the keys again with `edged keygen`"
+        ) from None
+    return ServerKeys(public, secret, security.allowed_clients_dir)
 
 
 def start_authenticator(context: zmq.Context, allowed_clients_dir: Path) -> ThreadAuthenticator:

@@ -174,6 +174,23 @@ def test_client_commands_take_curve_keys(curve_daemon: RunningDaemon, keys: Keys
 # --- plain tcp beyond loopback -----------------------------------------------
 
 
+def test_a_secret_key_of_the_wrong_length_is_refused_naming_the_key(keys: Keys) -> None:
+    """Two characters inserted in the z85 text: a traceback at start (ValueError from
+    zmq.curve_public), where a configuration error names the key and the fix."""
+    folder = short_dir()
+    secret = folder / "server.key_secret"
+    secret.write_text(keys.server_secret.read_text().replace('secret-key = "', 'secret-key = "ab'))
+    secret.chmod(0o600)
+    config = folder / "edged.toml"
+    config.write_text(security_toml(keys).replace(str(keys.server_secret), str(secret)))
+    try:
+        result = run_edged("serve", "--config", str(config), "--endpoint", f"tcp://127.0.0.1:{free_tcp_port()}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "security.server_secret_key_file" in result.stderr and "edged keygen" in result.stderr, result.stderr
+
+
 def test_plain_tcp_beyond_loopback_is_refused_at_start() -> None:
     result = run_edged("serve", "--endpoint", f"tcp://0.0.0.0:{free_tcp_port()}")
     assert result.returncode == 2
