@@ -36,6 +36,7 @@ CLASS = Section(
             "Worker threads of the lane, each with its own model runners (on the CPU every runner of a model "
             "calls one shared session; with threads other than 1, one per lane).",
             low=1,
+            high=256,  # a thread each: thousands would stop start-up with a message naming no key
         ),
         Key(
             "max_batch",
@@ -45,6 +46,7 @@ CLASS = Section(
             "allocated at start-up for this many rows, so a request with more is refused INVALID_ARGUMENT; on "
             "the CPU it runs alone in its call.",
             low=1,
+            high=65_536,  # GPU buffers are sized by it: 2**40 rows failed start-up allocating terabytes
         ),
         Key(
             "batch_wait_us",
@@ -86,6 +88,7 @@ CLASS = Section(
             "integer",
             "ONNX Runtime intra-op threads per session; 0: ONNX Runtime's own default.",
             low=0,
+            high=1024,  # past an int's range ONNX Runtime refused the session with no key named
         ),
         Key(
             "threads_spin",

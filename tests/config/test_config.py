@@ -174,6 +174,10 @@ INVALID = {
     "queue capacity zero": (klass("realtime", "queue_capacity = 0"), "classes.realtime.queue_capacity"),
     "workers zero": (klass("realtime", "workers = 0"), "classes.realtime.workers"),
     "max batch zero": (klass("realtime", "max_batch = 0"), "classes.realtime.max_batch"),
+    # Accepted, they failed start-up with a message naming no key (a review's fuzz).
+    "max batch of terabytes": (klass("realtime", "max_batch = 1099511627776"), "classes.realtime.max_batch"),
+    "workers by the hundred thousand": (klass("realtime", "workers = 100000"), "classes.realtime.workers"),
+    "threads past an int": (klass("realtime", "threads = 3000000000"), "classes.realtime.threads"),
     "batch wait negative": (klass("realtime", "batch_wait_us = -1"), "classes.realtime.batch_wait_us"),
     # A worker waits that long with a job in hand: past the class's deadline, its lane hung (2**40 us).
     "batch wait past the deadline": (
