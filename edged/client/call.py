@@ -184,7 +184,8 @@ class Call:
         for copy in self.copies.values():  # the losers, and copies never answered
             self.fleet.ended(copy.endpoint)
         until = self.started + min(self.timeout_ms, UNANSWERED_KEPT_MS)
-        self.fleet.leave_unanswered({request_id: copy.endpoint for request_id, copy in self.copies.items()}, until)
+        unanswered = {request_id: copy.endpoint for request_id, copy in self.copies.items()}
+        self.fleet.leave_unanswered(unanswered, until, self.started)
         self.done = True
         self.reply = reply
         self._want = None

@@ -264,10 +264,15 @@ class Fleet:
             return for_model[1]
         return self._refusals[first]
 
-    def leave_unanswered(self, copies: dict[int, int], until: float) -> None:
-        """A settled call's copies not yet answered (request id: daemon), remembered until `until`."""
+    def leave_unanswered(self, copies: dict[int, int], until: float, now: float) -> None:
+        """A settled call's copies not yet answered (request id: daemon), remembered until `until`;
+        those remembered past their time are forgotten (a daemon that never answers keeps none)."""
+        for index in {*copies.values()}:
+            left = self._unanswered.setdefault(index, {})
+            for stale in [copy for copy, kept in left.items() if kept <= now]:
+                del left[stale]
         for request_id, index in copies.items():
-            self._unanswered.setdefault(index, {})[request_id] = until
+            self._unanswered[index][request_id] = until
 
     def owner(self, request_id: int | None, index: int, now: float, awaited: Callable[[], list[int]]) -> int | None:
         """The copy a reply from daemon `index` answers: its id's. With none (the daemon could not

@@ -112,3 +112,13 @@ def test_a_followed_name_with_no_address_yet_waits_for_one_rather_than_failing_a
     fleet.follow(["a"])
     call.advance(5.0, send)
     assert sent == [(0, None)]
+
+
+def test_copies_left_unanswered_are_forgotten_once_past_their_time() -> None:
+    """A daemon that never answers: each call settled without its copy's reply left it
+    remembered (so that a reply without an id goes to no later call), and for good."""
+    fleet = Fleet(["ipc:///tmp/a.sock"])
+    for request_id in range(1000):
+        fleet.leave_unanswered({request_id: 0}, until=float(request_id) + 10, now=float(request_id))
+    assert len(fleet._unanswered[0]) <= 11
+    assert fleet.owner(None, 0, now=2000.0, awaited=lambda: [7]) == 7  # none left by then: the one awaited
