@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from edged.loadgen.sweep import Stream
 
@@ -15,6 +16,15 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not 1 or more")
     return value
+
+
+def file_stem(text: str) -> str:
+    """A file name of its own (keygen --name): no path, nothing hidden."""
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a file name: use letters, digits, '.', '_' and '-', not starting with '.'"
+        )
+    return text
 
 
 def positive_float(text: str) -> float:

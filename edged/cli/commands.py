@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from edged.cli.arguments import positive_float, positive_floats, stream
+from edged.cli.arguments import file_stem, positive_float, positive_floats, positive_int, stream
 from edged.config import ConfigError, load_config
 
 
@@ -64,14 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", help="start a daemon on the demo models and show it answering")
-    demo.add_argument("--requests", type=int, default=500, help="requests per model (default 500)")
+    demo.add_argument("--requests", type=positive_int, default=500, help="requests per model (default 500)")
     demo.set_defaults(run=_demo)
 
     keygen = commands.add_parser(
         "keygen", help="write a CURVE key pair: DIR/NAME.key (public) and DIR/NAME.key_secret (secret, mode 0600)"
     )
     keygen.add_argument("dir", type=Path, help="folder to write the two files into (created if missing)")
-    keygen.add_argument("--name", default="edged", help="file name stem (default: edged)")
+    keygen.add_argument("--name", default="edged", type=file_stem, help="file name stem (default: edged)")
     keygen.set_defaults(run=_keygen)
 
     config = commands.add_parser("config", help="check a config file without starting, or explain every key")

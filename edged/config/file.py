@@ -101,7 +101,7 @@ def load_config(path: Path | None = None) -> Config:
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            raw = tomllib.loads(Path(path).read_text())
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # a byte-order mark, as editors write
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist: give an existing file to --config") from None
         except IsADirectoryError:
@@ -196,7 +196,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
 
 def _ipc_mode(value: Any) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777
-    expect(ok, "server.ipc_mode", value, SERVER["ipc_mode"].valid)
+    expect(ok, "server.ipc_mode", oct(value) if isinstance(value, int) else value, SERVER["ipc_mode"].valid)
     if not value & 0o200:
         # Its own user cannot connect: neither `edged` commands run as that user nor, after a
         # crash, the next start's check of the socket left behind (it refuses to start).

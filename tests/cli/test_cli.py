@@ -189,6 +189,10 @@ def models_of(daemon: RunningDaemon) -> list[dict[str, object]]:
         (("bench", "--mix", "realtime:mlp-light:inf"), 2, "RATE must be a number above 0"),
         (("bench", "--mix", "realtime:mlp-light:10:nan"), 2, "its DEADLINE_MS too"),
         (("bench", "--sweep", "x"), 2, "is not a number"),
+        # It wrote the key pair outside DIR, or as hidden files (.key), where the fuzz of its name led.
+        (("keygen", "keys", "--name", "../../x"), 2, "is not a file name"),
+        (("keygen", "keys", "--name", ""), 2, "is not a file name"),
+        (("demo", "--requests", "0"), 2, "is not 1 or more"),
         (("bench", "--duration", "0"), 2, "is not a number above 0"),
         (("build", "quantize", "mlp-light", "--precision", "int8", "--samples", "0"), 2, "is not 1 or more"),
         (("build", "quantize", "mlp-light", "--precision", "int8", "--held-out", "-5"), 2, "is not 1 or more"),

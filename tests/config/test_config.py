@@ -272,6 +272,19 @@ def test_load_config_names_a_missing_file(tmp_path: Path) -> None:
         load_config(tmp_path / "absent.toml")
 
 
+def test_load_config_takes_a_file_that_starts_with_a_byte_order_mark(tmp_path: Path) -> None:
+    """As some editors write UTF-8: refused before as not valid TOML at line 1, column 1."""
+    path = tmp_path / "edged.toml"
+    path.write_bytes('\ufeff[server]\nlog_level = "debug"\n'.encode())
+    assert load_config(path).log_level == "debug"
+
+
+def test_an_ipc_mode_refused_is_shown_in_octal() -> None:
+    """As it is written: 0o1777 was shown as 1023."""
+    with pytest.raises(ConfigError, match=r"server\.ipc_mode = '0o1777' is not valid"):
+        parse("[server]\nipc_mode = 0o1777")
+
+
 def test_load_config_names_invalid_toml(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[server\n")
