@@ -12,7 +12,8 @@ from edged.wire.codec import Reply, Status
 
 UNAVAILABLE_PAUSE_MS = 1000.0  # a starting or draining daemon: seconds, not milliseconds
 SEND_POLL_MS = 5.0  # how often a call retries a send no daemon could take (none connected)
-# A settled call's copy not yet answered is remembered this long at most (its call's timeout, if shorter).
+# A settled call's copy not yet answered is remembered this long after the settle at most (its call's
+# timeout, if shorter).
 UNANSWERED_KEPT_MS = 60_000.0
 
 # send(endpoint index, deadline_ms or None) -> the request id sent, or None if that
@@ -46,6 +47,7 @@ class Call:
     _sent: int = 0
     _want: str | None = "first"  # a copy waiting to be sent: "first", "retry" or "hedge"
     _send_again_at: float = math.inf
+    _now: float = 0.0  # the clock as last given (advance, on_reply): when a settle happens
 
     def __post_init__(self) -> None:
         budget = self.deadline_ms if self.deadline_ms is not None else self.timeout_ms
@@ -64,6 +66,7 @@ class Call:
 
     def advance(self, now: float, send: SendFn) -> None:
         """Act on the clock: send what waits, give up on a silent copy, hedge, or end."""
+        self._now = now
         if self.done:
             return
         if now >= self.end:
@@ -93,6 +96,7 @@ class Call:
 
     def on_reply(self, request_id: int | None, reply: Reply, now: float, send: SendFn) -> bool:
         """Take a reply; False if it belongs to no copy still awaited (the caller counts it late)."""
+        self._now = now
         copy = self.copies.pop(request_id, None)
         if copy is None or self.done:
             return False
@@ -183,9 +187,10 @@ class Call:
     def _settle(self, reply: Reply | None) -> None:
         for copy in self.copies.values():  # the losers, and copies never answered
             self.fleet.ended(copy.endpoint)
-        until = self.started + min(self.timeout_ms, UNANSWERED_KEPT_MS)
+        # From the settle on: a copy a timeout left unanswered may be answered just after it.
+        now = max(self._now, self.started)
         unanswered = {request_id: copy.endpoint for request_id, copy in self.copies.items()}
-        self.fleet.leave_unanswered(unanswered, until, self.started)
+        self.fleet.leave_unanswered(unanswered, now + min(self.timeout_ms, UNANSWERED_KEPT_MS), now)
         self.done = True
         self.reply = reply
         self._want = None

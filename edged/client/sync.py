@@ -141,8 +141,13 @@ class Client(Api):
                 counters.late += 1
 
     def counters(self) -> dict[str, EndpointCounters]:
-        for sock in self._daemon_of:
-            self._read(sock, None, None)  # late replies already here count now, not at the next call
+        # Late replies already here count now, not at the next call; not while a call on another thread reads.
+        if self._calling.acquire(blocking=False):
+            try:
+                for sock in self._daemon_of:
+                    self._read(sock, None, None)
+            finally:
+                self._calling.release()
         return super().counters()
 
     def close(self) -> None:

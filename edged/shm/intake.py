@@ -182,7 +182,8 @@ def _accept(listener: socket.socket, users: dict[socket.socket, int]) -> socket.
         log.warning("cannot accept a memfd connection: %s", exc)
         time.sleep(ACCEPT_RETRY_S)
         return None
-    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    # struct ucred: pid, uid, gid.
+    _, uid, _ = struct.unpack("iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
     if len(users) >= MAX_CONNECTIONS or sum(user == uid for user in users.values()) >= MAX_CONNECTIONS_PER_USER:
         conn.close()
         return None

@@ -122,3 +122,18 @@ def test_copies_left_unanswered_are_forgotten_once_past_their_time() -> None:
         fleet.leave_unanswered({request_id: 0}, until=float(request_id) + 10, now=float(request_id))
     assert len(fleet._unanswered[0]) <= 11
     assert fleet.owner(None, 0, now=2000.0, awaited=lambda: [7]) == 7  # none left by then: the one awaited
+
+
+def test_a_reply_without_an_id_after_a_timeout_is_not_the_next_calls() -> None:
+    """A call that timed out left its copy remembered until its own end, which had passed:
+    the copy's refusal, come late without an id, was taken by the next call on that daemon."""
+    fleet = Fleet(["a"])
+    _, send = recorder()
+    timed_out = Call(fleet, "m", None, 100, started=0.0)
+    timed_out.advance(0.0, send)
+    timed_out.advance(100.0, send)
+    assert timed_out.done and timed_out.reply is None
+    following = Call(fleet, "m", None, 100, started=101.0)
+    following.advance(101.0, send)
+    # The late refusal of the first copy, its id unread: none of the following call's.
+    assert fleet.owner(None, 0, 102.0, awaited=lambda: list(following.copies)) is None
