@@ -19,7 +19,7 @@ from edged.config.keys import LIMITS, METRICS, SECURITY, SERVER
 from edged.config.settings import ConfigError, expect, no_unknown, read_bool, read_int, subtable
 from edged.config.shm import ShmConfig, read_shm
 from edged.wire.codec import Limits
-from edged.wire.endpoints import is_tcp, shm_socket_path
+from edged.wire.endpoints import class_endpoint, is_tcp, shm_socket_path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # edged/, beside the repository in a checkout
 
@@ -75,6 +75,9 @@ class Config:
 
     def with_endpoints(self, endpoints: list[str]) -> Config:
         _check_endpoints(endpoints, "--endpoint")
+        own = tuple(c.name for c in self.classes) if self.class_sockets else ()
+        for endpoint in endpoints:
+            _check_socket_paths(endpoint, own, "--endpoint")
         return replace(self, endpoints=tuple(endpoints))
 
 
@@ -163,6 +166,8 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     default_class = server.get("default_class", "standard")
     names = [c.name for c in classes]
     expect(default_class in names, "server.default_class", default_class, f"one of the classes: {names}")
+    for endpoint in endpoints:  # each class's own socket beside each ipc endpoint
+        _check_socket_paths(endpoint, tuple(names) if class_sockets else (), "server.endpoints")
     for c in classes:
         if c.tcp_port is not None and not class_sockets:
             raise ConfigError(
@@ -270,9 +275,18 @@ def _check_endpoints(endpoints: Any, key: str) -> None:
             raise ConfigError(f"{key}: {endpoint!r} names no port from 1 to 65535: give one, as tcp://127.0.0.1:5555")
         if endpoint.startswith("ipc://") and not PurePosixPath(endpoint[len("ipc://") :]).name:
             raise ConfigError(f"{key}: {endpoint!r} names no socket file: give one, as ipc:///run/edged/edged.sock")
-        # Counted in bytes, with the memfd socket beside it (NAME.shm.sock), the longer.
-        if endpoint.startswith("ipc://") and len((shm_socket_path(endpoint) or "").encode()) > 107:
-            raise ConfigError(
-                f"{key}: ipc path {endpoint!r} is too long: with the memfd socket beside it "
-                f"({shm_socket_path(endpoint)}) it passes the 107 bytes a unix socket allows; use a shorter path"
-            )
+        _check_socket_paths(endpoint, (), key)
+
+
+def _check_socket_paths(endpoint: str, classes: tuple[str, ...], key: str) -> None:
+    """An ipc endpoint's socket files, its own, the memfd socket (NAME.shm.sock) and each of
+    `classes`' (NAME-CLASS.sock), in bytes, within the 107 a unix socket's path may hold."""
+    if not endpoint.startswith("ipc://"):
+        return
+    paths = [endpoint, f"ipc://{shm_socket_path(endpoint)}", *(class_endpoint(endpoint, c) or "" for c in classes)]
+    longest = max(paths, key=lambda path: len(path.encode()))
+    if len(longest.encode()) - len("ipc://") > 107:
+        raise ConfigError(
+            f"{key}: ipc path {endpoint!r} is too long: {longest[len('ipc://') :]!r}, a socket file beside it, "
+            "passes the 107 bytes a unix socket allows; use a shorter path"
+        )

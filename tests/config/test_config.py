@@ -141,6 +141,13 @@ INVALID = {
         f'[server]\nendpoints = ["ipc:///tmp/{"a" * 97}.sock"]',
         "server.endpoints",
     ),
+    # 107 bytes with its memfd socket, but NAME-standard.sock beside it, the default class's, is longer.
+    "ipc path too long with a class's socket": (
+        f'[server]\nendpoints = ["ipc:///tmp/{"a" * 89}.sock"]',
+        "server.endpoints",
+    ),
+    # A long suffix: the memfd socket's path is shorter than the endpoint's own (111 bytes).
+    "ipc path too long itself": (f'[server]\nendpoints = ["ipc:///tmp/s.{"a" * 104}"]', "server.endpoints"),
     # 60 characters, 110 bytes.
     "ipc path too long in bytes": (f'[server]\nendpoints = ["ipc:///tmp/{"é" * 50}.sock"]', "server.endpoints"),
     # A NUL no path can hold: a traceback at start-up (embedded null byte), and in `config --check`.
