@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import re
 
 from edged.loadgen.sweep import Stream
+from edged.wire.endpoints import FILE_NAME
 
 
 def positive_int(text: str) -> int:
@@ -20,7 +20,7 @@ def positive_int(text: str) -> int:
 
 def file_stem(text: str) -> str:
     """A file name of its own (keygen --name): no path, nothing hidden."""
-    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", text):
+    if not FILE_NAME.fullmatch(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a file name: use letters, digits, '.', '_' and '-', not starting with '.'"
         )

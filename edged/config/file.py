@@ -74,10 +74,7 @@ class Config:
         return next(c for c in self.classes if c.name == name)
 
     def with_endpoints(self, endpoints: list[str]) -> Config:
-        _check_endpoints(endpoints, "--endpoint")
-        own = tuple(c.name for c in self.classes) if self.class_sockets else ()
-        for endpoint in endpoints:
-            _check_socket_paths(endpoint, own, "--endpoint")
+        _check_endpoints(endpoints, "--endpoint", [c.name for c in self.classes] if self.class_sockets else [])
         return replace(self, endpoints=tuple(endpoints))
 
 
@@ -124,7 +121,6 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     server = subtable(raw, "server")
     no_unknown(server, SERVER.names, "server.")
     endpoints = server.get("endpoints", [default_endpoint()])
-    _check_endpoints(endpoints, "server.endpoints")
     repository = server.get("model_repository")
     if repository is None:
         repo_path = default_repository()
@@ -166,8 +162,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     default_class = server.get("default_class", "standard")
     names = [c.name for c in classes]
     expect(default_class in names, "server.default_class", default_class, f"one of the classes: {names}")
-    for endpoint in endpoints:  # each class's own socket beside each ipc endpoint
-        _check_socket_paths(endpoint, tuple(names) if class_sockets else (), "server.endpoints")
+    _check_endpoints(endpoints, "server.endpoints", names if class_sockets else [])
     for c in classes:
         if c.tcp_port is not None and not class_sockets:
             raise ConfigError(
@@ -260,7 +255,9 @@ def _limits(table: dict[str, Any]) -> Limits:
     return Limits(**{key.name: read_int(table, key, getattr(defaults, key.name), "limits.") for key in LIMITS.keys})
 
 
-def _check_endpoints(endpoints: Any, key: str) -> None:
+def _check_endpoints(endpoints: Any, key: str, classes: list[str]) -> None:
+    """Each endpoint a URL edged binds, with its socket files' paths short enough, the
+    sockets of `classes` beside an ipc one (NAME-CLASS.sock) included."""
     expect(isinstance(endpoints, list) and endpoints, key, endpoints, SERVER["endpoints"].valid)
     for endpoint in endpoints:
         expect(
@@ -275,10 +272,10 @@ def _check_endpoints(endpoints: Any, key: str) -> None:
             raise ConfigError(f"{key}: {endpoint!r} names no port from 1 to 65535: give one, as tcp://127.0.0.1:5555")
         if endpoint.startswith("ipc://") and not PurePosixPath(endpoint[len("ipc://") :]).name:
             raise ConfigError(f"{key}: {endpoint!r} names no socket file: give one, as ipc:///run/edged/edged.sock")
-        _check_socket_paths(endpoint, (), key)
+        _check_socket_paths(endpoint, classes, key)
 
 
-def _check_socket_paths(endpoint: str, classes: tuple[str, ...], key: str) -> None:
+def _check_socket_paths(endpoint: str, classes: list[str], key: str) -> None:
     """An ipc endpoint's socket files, its own, the memfd socket (NAME.shm.sock) and each of
     `classes`' (NAME-CLASS.sock), in bytes, within the 107 a unix socket's path may hold."""
     if not endpoint.startswith("ipc://"):

@@ -20,6 +20,7 @@ from onnx import helper
 from edged.models.repository import MANIFEST, RepositoryError, sha256_of
 from edged.models.warmup import FILLS
 from edged.wire.codec import TensorSpec
+from edged.wire.endpoints import FILE_NAME
 from edged.wire.tensors import DTYPES
 
 _WIRE_NAME = {np.dtype(dtype): name for name, dtype in DTYPES.items()}
@@ -116,7 +117,7 @@ def check_free(repository: Path, name: str, replace: bool) -> Path:
     """REPOSITORY/NAME, refused where it exists and `replace` was not given, or where NAME is
     no folder name of its own: '.', '..' or a path would put the model, and `replace`'s
     removal, on the repository itself or outside it."""
-    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name):
+    if not FILE_NAME.fullmatch(name):
         raise RepositoryError(
             f"--name {name!r} is not a model name: use letters, digits, '.', '_' and '-', "
             "not starting with '.' (it names a folder of the repository)"

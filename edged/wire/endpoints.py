@@ -16,6 +16,9 @@ from pathlib import Path, PurePosixPath
 LOOPBACK_NAMES = ("localhost", "lo")
 # A class's name, as the config allows it: a part of its own socket file's name (class_endpoint).
 CLASS_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# A name that is a file of its own in a folder given beside it: no path, nothing hidden
+# (a model's folder in the repository, a key pair's files).
+FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 class EndpointError(RuntimeError):

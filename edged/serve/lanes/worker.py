@@ -263,7 +263,7 @@ class Worker:
         except StepLate as exc:
             self.answers.expired(job, str(exc), ran=(taken_ns, time.perf_counter_ns() - start))
             return
-        except Withdrawn:  # answered already where a stop took it while it waited its turn
+        except Withdrawn:  # a stop closed the calls: UNAVAILABLE, unless the stop answered it already
             self.answers.unrun(job, Status.UNAVAILABLE, SHUTTING_DOWN)
             return
         except StepFailed as exc:
