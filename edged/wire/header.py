@@ -22,6 +22,11 @@ from edged.wire.messages import (
 from edged.wire.shm import read_ref
 from edged.wire.tensors import DTYPES
 
+# A header over the size limit is not read, but its id is looked for in this many bytes at its
+# start (where edged's clients put it), so that the refusal reaches its call: with a nil id, a
+# client with several calls out on one socket cannot tell whose it is.
+ID_PREFIX_BYTES = 128
+
 # What msgpack's wordless errors mean, in words for the client.
 _UNSAID = {
     msgpack.exceptions.StackError: "nested deeper than msgpack's unpacker allows",
@@ -35,6 +40,7 @@ def unpack_header(frame: Buffer, limits: Limits) -> dict[str, Any]:
         raise ProtocolError(
             Status.INVALID_ARGUMENT,
             f"header is {len(frame)} bytes, over the limit of {limits.max_header_bytes}",
+            _id_at_start(frame),
         )
     try:
         header = msgpack.unpackb(frame, raw=False, strict_map_key=False)
@@ -44,6 +50,20 @@ def unpack_header(frame: Buffer, limits: Limits) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise ProtocolError(Status.INVALID_ARGUMENT, f"header must be a msgpack map, got {type(header).__name__}")
     return header
+
+
+def _id_at_start(frame: Buffer) -> RequestId:
+    """The header's id if a valid one lies within its first ID_PREFIX_BYTES; else None."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(bytes(memoryview(frame)[:ID_PREFIX_BYTES]))
+    try:
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "id":
+                return request_id_of({"id": unpacker.unpack()})
+            unpacker.skip()
+    except Exception:  # cut short by the prefix's end, not a map, or an id that is not one: None
+        return None
+    return None
 
 
 def request_id_of(header: dict[str, Any]) -> RequestId:

@@ -115,6 +115,12 @@ BAD: dict[str, tuple[list[bytes], str, str, Any]] = {
         [msgpack.packb({"v": 1, "id": 15, "pad": "x" * 70_000})],
         "INVALID_ARGUMENT",
         "over the limit",
+        15,  # not read, but for its id near the start
+    ),
+    "header over the size limit, its id far in": (
+        [msgpack.packb({"pad": "x" * 70_000, "v": 1, "id": 15})],
+        "INVALID_ARGUMENT",
+        "over the limit",
         None,
     ),
     "header not utf-8": ([b"\x82\xa1v\x01\xa2id\xa2\xff\xfe"], "INVALID_ARGUMENT", "not valid msgpack", None),

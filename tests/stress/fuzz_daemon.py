@@ -204,7 +204,7 @@ def make_message(rng: random.Random, request_id: str) -> tuple[str, list[bytes],
         packed = msgpack.packb(header)
         return kind, [packed[: rng.randrange(1, len(packed))], *payloads], False
     header["pad"] = "x" * (HEADER_LIMIT + rng.randrange(1, 4096))
-    return kind, [msgpack.packb(header), *payloads], False
+    return kind, [msgpack.packb(header), *payloads], True  # its id, near the start, is read
 
 
 # --- the run -------------------------------------------------------------------

@@ -166,7 +166,7 @@ DECODE_ERRORS: dict[str, tuple[list[bytes], Status, str, Any]] = {
         [msgpack.packb({"v": 1, "id": 1, "pad": "a" * 70_000})],
         Status.INVALID_ARGUMENT,
         "over the limit",
-        None,
+        1,  # read from the header's first bytes
     ),
     "not msgpack": ([b"\xc1\xc1"], Status.INVALID_ARGUMENT, "not valid msgpack (byte 0xc1", None),
     "nested too deep": (
@@ -359,6 +359,25 @@ def test_limits_are_the_callers() -> None:
         decode_request(frames, Limits(max_tensor_elements=8))
     with pytest.raises(ProtocolError, match="over the limit of 4"):
         decode_request(frames, Limits(max_header_bytes=4))
+
+
+@pytest.mark.parametrize(
+    ("header", "request_id"),
+    [
+        ({"v": 1, "id": "a-call", "pad": "x" * 500}, "a-call"),  # as edged's clients write it
+        ({"pad": "x" * 200, "id": 7}, None),  # past the first 128 bytes: not looked for
+        ({"v": 1, "id": 1.5, "pad": "x" * 500}, None),  # not an id
+        ({"v": 1, "pad": "x" * 500}, None),
+    ],
+)
+def test_a_header_over_the_limit_is_refused_with_its_id_when_it_starts_the_header(
+    header: dict[str, Any], request_id: object
+) -> None:
+    """Refused with a nil id, a hedged call's two copies' refusals could not be told from another
+    call's (a client flake): the id is looked for at the start of a header not otherwise read."""
+    with pytest.raises(ProtocolError, match="over the limit of 100") as caught:
+        decode_request([msgpack.packb(header)], Limits(max_header_bytes=100))
+    assert caught.value.request_id == request_id
 
 
 def test_largest_allowed_tensor_passes_structure_check() -> None:
