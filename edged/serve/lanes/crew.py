@@ -66,22 +66,8 @@ class Crew:
         ready.wait()
         errors = [worker.error for worker in workers if worker.error is not None]
         if errors:
-            self.retire()
-            self.join(1.0)
+            self.stop(1.0)
             raise errors[0]
-
-    def _new_worker(self) -> Worker:
-        return Worker(
-            self.klass,
-            self._models,
-            self._backend,
-            self.jobs,
-            self.calls,
-            self._answers,
-            self._service,
-            self._precedence,
-            pipelines=self._pipelines,
-        )
 
     @property
     def health(self) -> str:
@@ -122,10 +108,6 @@ class Crew:
     def stop(self, timeout_s: float) -> None:
         """Retire, and wait up to `timeout_s` for the workers to end."""
         self.retire()
-        self.join(timeout_s)
-
-    def join(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for the workers to end."""
         end = time.monotonic() + timeout_s
         for thread in self._workers():
             thread.join(max(end - time.monotonic(), 0.0))
@@ -204,7 +186,17 @@ class Crew:
         return [thread for thread in self._threads if not self.calls.abandoned(thread)]
 
     def _start_worker(self, ready: threading.Barrier | None) -> Worker:
-        worker = self._new_worker()
+        worker = Worker(
+            self.klass,
+            self._models,
+            self._backend,
+            self.jobs,
+            self.calls,
+            self._answers,
+            self._service,
+            self._precedence,
+            pipelines=self._pipelines,
+        )
         name = f"lane-{self.klass.name}-{self._started}"
         self._started += 1
         thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
