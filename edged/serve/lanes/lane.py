@@ -179,8 +179,8 @@ class Lane:
             self.enqueue(job)
         return job
 
-    def enqueue(self, job: Job) -> None:
-        """Hand an admitted job to the lane's workers."""
+    def enqueue(self, job: Job | Remeasure) -> None:
+        """Hand an admitted job, or a re-timing, to the lane's workers."""
         self.backlog.add(job.cost_ns)
         self.crew.jobs.put(job)
 
@@ -235,6 +235,4 @@ class Lane:
         moment's contention would otherwise shed its requests for ever, none admitted to correct it."""
         if self.backlog.depth == 0 and now_ns - self._last_remeasure_ns > REMEASURE_EVERY_NS:
             self._last_remeasure_ns = now_ns
-            job = Remeasure.of(model, self.service)
-            self.backlog.add(job.cost_ns)
-            self.crew.jobs.put(job)
+            self.enqueue(Remeasure.of(model, self.service))

@@ -20,6 +20,7 @@ from edged.backends import DeviceTensor, KeepsOnDevice, Runner
 from edged.models.pipeline import Pipeline, PipelineError, Ref, Step
 from edged.models.repository import ModelEntry
 from edged.serve.lanes.batching import named
+from edged.serve.lanes.warming import WARMUP_RUNS
 from edged.serve.pricing import ServiceTimes, price_clock
 from edged.wire.tensors import DTYPES
 
@@ -138,11 +139,11 @@ class Stepper:
         observe = self._service.observe_run if bounding else self._service.observe
         observe(entry.name, time.perf_counter_ns() - start, 1, elements)
 
-    def warm(self, entry: ModelEntry, runs: int) -> None:
-        """Run the pipeline `runs` times per warm-up sample: every step warm and priced; PipelineError if one fails."""
+    def warm(self, entry: ModelEntry) -> None:
+        """WARMUP_RUNS runs of the pipeline a warm-up sample: each step warm and priced; PipelineError if one fails."""
         for sample in entry.samples:
             inputs = sample.inputs()
-            for _ in range(runs):
+            for _ in range(WARMUP_RUNS):
                 try:
                     self.timed(entry, inputs)
                 except StepFailed as exc:

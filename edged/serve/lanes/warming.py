@@ -26,7 +26,7 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
         for inputs, rows in tiled(sample, model.signature, klass.max_batch):
             try:
                 runner.run(inputs, model.signature.output_names)
-                elapsed = time_calls(runner, model, inputs, WARMUP_RUNS - 1)
+                elapsed = time_calls(runner, model, inputs)
             except Exception as exc:
                 runner.close()
                 given = bool(model.warmup)
@@ -36,12 +36,12 @@ def load_and_warm(backend: Backend, model: ModelEntry, klass: ClassConfig, servi
 
 
 def time_calls(
-    runner: Runner, model: ModelEntry, inputs: dict[str, Any], runs: int, before: Callable[[], None] = lambda: None
+    runner: Runner, model: ModelEntry, inputs: dict[str, Any], before: Callable[[], None] = lambda: None
 ) -> int:
-    """Median of `runs` calls by the price clock, `before` called before each: one call would
-    carry any hiccup into the price."""
+    """Median of WARMUP_RUNS - 1 calls by the price clock, `before` called before each: one call
+    would carry any hiccup into the price."""
     clock, times = price_clock(runner), []
-    for _ in range(runs):
+    for _ in range(WARMUP_RUNS - 1):
         before()
         start = clock()
         runner.run(inputs, model.signature.output_names)

@@ -12,7 +12,6 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +90,7 @@ class Worker:
             on_gpu = isinstance(self.backend, Reserving)
             self.stepper = Stepper(self.runners, self.service, 1 if on_gpu else width(pipelines))
             for entry in self.pipelines:
-                self.stepper.warm(entry, WARMUP_RUNS)
+                self.stepper.warm(entry)
         self.loaded.set()
 
     def serve(self) -> None:
@@ -151,29 +150,26 @@ class Worker:
             if not self.calls.begin([], time.monotonic_ns(), job.cost_ns):
                 raise Withdrawn
 
+        model = job.model
         try:
-            self._time_again(job.model, watch)
+            inputs = model.samples[0].inputs()
+            if model.pipeline is None:
+                elapsed = time_calls(self.runners[model.name], model, inputs, watch)
+                self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
+            else:
+                assert self.stepper is not None
+                # Counted toward its bound: while slow runs there shed every request, these alone replace them.
+                self.stepper.timed(model, inputs, lambda step, done: watch(), bounding=True)
         except Withdrawn:
             pass
+        except StepFailed as exc:
+            log.warning("pipeline %s: re-timing its warm-up sample failed: %s", model.name, exc)
         except Exception:  # a transient backend error: the price stands
-            log.exception("class %s: re-timing %s failed", self.klass.name, job.model.name)
+            log.exception("class %s: re-timing %s failed", self.klass.name, model.name)
         finally:
             self.calls.end()
         if not self.calls.abandoned(threading.current_thread()):
             self.answers.done_unanswered(job.cost_ns)
-
-    def _time_again(self, model: ModelEntry, watch: Callable[[], None]) -> None:
-        inputs = model.samples[0].inputs()
-        if model.pipeline is None:
-            elapsed = time_calls(self.runners[model.name], model, inputs, WARMUP_RUNS - 1, watch)
-            self.service.observe(model.name, elapsed, 1, model.signature.elements(inputs))
-            return
-        assert self.stepper is not None
-        try:
-            # Counted toward its bound: while slow runs there shed every request, these alone replace them.
-            self.stepper.timed(model, inputs, lambda step, done: watch(), bounding=True)
-        except StepFailed as exc:
-            log.warning("pipeline %s: re-timing its warm-up sample failed: %s", model.name, exc)
 
     def _row_cap(self, job: Job) -> int:
         """Most rows one call may carry and end within max_call_ms (at least one: a job is never
