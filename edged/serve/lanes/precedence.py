@@ -8,23 +8,11 @@ call while a higher lane has work queued or running, and sizes its calls to its 
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+
+from edged.serve.admission import Backlog
 
 # A yielding worker re-checks this often, bounding the cost of a wake-up lost in a race.
 WAIT_SLICE_S = 0.005
-
-
-class Depth(Protocol):
-    """What precedence reads of a lane's backlog."""
-
-    @property
-    def depth(self) -> int: ...
-
-    @property
-    def work_ns(self) -> int: ...
-
-    def yielding(self, waiting: bool) -> None:
-        """Its workers start or end waiting for higher classes (its pace leaves that time out)."""
 
 
 class Precedence:
@@ -32,11 +20,11 @@ class Precedence:
     builds it; after that their backlogs are only read here."""
 
     def __init__(self) -> None:
-        self._lanes: list[tuple[int, Depth]] = []
+        self._lanes: list[tuple[int, Backlog]] = []
         self._turn = threading.Condition()
         self._waiting = 0  # workers inside wait_turn; written under _turn
 
-    def join(self, order: int, backlog: Depth) -> None:
+    def join(self, order: int, backlog: Backlog) -> None:
         self._lanes.append((order, backlog))
 
     def busy_above(self, order: int) -> bool:
