@@ -212,13 +212,11 @@ class Crew:
         except BaseException as exc:
             worker.close()  # a retry every RETRY_LOAD_NS would pile up what each failed try had loaded
             worker.error = exc  # reported by start(), on the caller's thread
-            if ready is None:
-                log.error("class %s: the replacement worker failed to load: %s", self.klass.name, exc)
-            else:
-                ready.wait()
-            return
-        if ready is None:
-            log.info("class %s: a new worker serves", self.klass.name)
-        else:
+        if ready is not None:
             ready.wait()
-        worker.serve()
+        elif worker.error is not None:
+            log.error("class %s: the replacement worker failed to load: %s", self.klass.name, worker.error)
+        else:
+            log.info("class %s: a new worker serves", self.klass.name)
+        if worker.error is None:
+            worker.serve()
