@@ -102,9 +102,9 @@ class Loop:
     def send(self, route: Route, frames: list[Buffer]) -> None:
         """Send a reply: now on this loop's thread, else through `call_soon`."""
         if threading.get_ident() == self._ident:
-            self._send(route, frames)
+            self.bound[route[1]].send(route[2], frames)
         else:
-            self.call_soon(self._send, route, frames)
+            self.call_soon(self.bound[route[1]].send, route[2], frames)
 
     def close(self) -> None:
         """Read the sockets dry, answer, send what was handed over, then close; sets `closed`."""
@@ -124,9 +124,6 @@ class Loop:
     def unroutable(self) -> int:
         return sum(bound.unroutable for bound in self.bound)
 
-    def _send(self, route: Route, frames: list[Buffer]) -> None:
-        self.bound[route[1]].send(route[2], frames)
-
     def _run(self) -> None:
         self._ident = threading.get_ident()
         poller = zmq.Poller()
@@ -144,7 +141,7 @@ class Loop:
                     turns.sleep()
                 ready = dict(poller.poll())
                 if top:
-                    turns.wake()
+                    turns.top_awake = True
                 if self._wake in ready:
                     os.eventfd_read(self._wake)
                 self._run_soon()

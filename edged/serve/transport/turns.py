@@ -16,32 +16,26 @@ WAIT_SLICE_S = 0.001
 
 
 class Turns:
-    """Whether the highest class's loop is awake: written by that loop alone (`wake`,
-    `sleep`), read by the others (`top_awake`, `wait`)."""
+    """Whether the highest class's loop is awake: written by that loop alone (`top_awake`
+    as it wakes, `sleep`), read by the others (`top_awake`, `wait`). A plain attribute, not
+    a property: every other loop reads it before each message and callback."""
 
     def __init__(self) -> None:
-        self._top_awake = False
+        self.top_awake = False
         self._turn = threading.Condition()
         self._waiting = 0  # loops inside wait(); written under _turn
 
-    def wake(self) -> None:
-        self._top_awake = True
-
     def sleep(self) -> None:
-        self._top_awake = False
+        self.top_awake = False
         # Read without the lock: a sleep costs nothing when nobody waits.
         if self._waiting:
             with self._turn:
                 self._turn.notify_all()
 
-    @property
-    def top_awake(self) -> bool:
-        return self._top_awake
-
     def wait(self) -> None:
         """Block while the highest class's loop is awake."""
         with self._turn:
             self._waiting += 1
-            while self._top_awake:
+            while self.top_awake:
                 self._turn.wait(WAIT_SLICE_S)
             self._waiting -= 1
