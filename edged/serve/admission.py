@@ -68,8 +68,8 @@ class Backlog:
 
     Owned by a Lane. `Lane.offer` adds (the class's loop); whoever answers a job (the loop
     inline, a worker, the watchdog, the shutdown) takes it away; all under `_lock`. Readers
-    on any thread see whole values. `depth` and `work_ns` are written here alone; plain
-    attributes, not properties, because every arrival reads them.
+    on any thread see whole values. `depth`, `work_ns` and `pace` are written here alone;
+    plain attributes, not properties, because every arrival reads them.
     """
 
     def __init__(
@@ -85,7 +85,8 @@ class Backlog:
         self._on_empty = on_empty  # told each time the last job is answered
         self._ideal = float(workers)  # each worker getting through a priced ns in a ns
         self._share = share  # each worker's share of a core now (edged.serve.contention)
-        self._pace = self._ideal
+        # Priced ns of work the lane answers per ns while it has work (its workers' count, ideally).
+        self.pace = self._ideal
         self._measured = False  # whether the pace is a sample's, or the guess (unmeasured, or stale)
         self._watched = watched  # see PACE_STALE_NS
         self._spell_ns = 0  # when the current sample began
@@ -101,7 +102,7 @@ class Backlog:
             if not self.depth:
                 now_ns = time.monotonic_ns()
                 if now_ns - self._last_ns > PACE_STALE_NS:
-                    self._pace, self._measured = self.starting_pace, False
+                    self.pace, self._measured = self.starting_pace, False
                 self._new_spell(now_ns)
                 self._busy_since_ns = now_ns
             self.depth += 1
@@ -128,7 +129,7 @@ class Backlog:
                     # short, crowded spell made a top lane shed its next requests.
                     weight = 1.0 if self._watched and not self._measured else PACE_WEIGHT
                     sample = self._answered_ns / own_ns
-                    self._pace = max((1 - weight) * self._pace + weight * sample, self._ideal * PACE_FLOOR)
+                    self.pace = max((1 - weight) * self.pace + weight * sample, self._ideal * PACE_FLOOR)
                     self._measured = True
                 self._new_spell(now_ns)
         if emptied and self._on_empty is not None:
@@ -159,16 +160,16 @@ class Backlog:
         restarting meanwhile reads too high, which the average bounds."""
         done_ns, in_hand_ns = in_flight
         if not self.depth or not watched:
-            return Outlook(self._pace, done_ns=done_ns)
+            return Outlook(self.pace, done_ns=done_ns)
         trusted_ns = TRUST_MIN_NS + TRUST_RATIO * (now_ns - self._busy_since_ns)
         elapsed_ns = self._own_ns(now_ns)
         if elapsed_ns < LIVE_MIN_NS:
             # Too early to judge this spell: no work ahead is trusted.
-            return Outlook(self._pace, 0, done_ns)
+            return Outlook(self.pace, 0, done_ns)
         live = (self._answered_ns + in_hand_ns) / elapsed_ns
         # Calls credited as done are a guess until one comes back (a 3.5 ms call took 35 ms on a busy box).
         trusted_ns = trusted_ns if self._last_ns > self._busy_since_ns else 0
-        return Outlook(max(min(self._pace, live), self._ideal * PACE_FLOOR), trusted_ns, done_ns)
+        return Outlook(max(min(self.pace, live), self._ideal * PACE_FLOOR), trusted_ns, done_ns)
 
     @property
     def average_job_ns(self) -> float:
@@ -179,11 +180,6 @@ class Backlog:
     def starting_pace(self) -> float:
         """The pace after an idle spell: the workers' count times each one's share of a core now."""
         return self._ideal * (self._share() if self._share else 1.0)
-
-    @property
-    def pace(self) -> float:
-        """Priced ns of work the lane answers per ns while it has work (its workers' count, ideally)."""
-        return self._pace
 
 
 def admit(
