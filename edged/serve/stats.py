@@ -75,25 +75,22 @@ class ClassStats:
     def snapshot(self, queue_depth: int) -> dict[str, Any]:
         """The figures as the stats op shows them."""
         with self._lock:
-            return self._figures(queue_depth)
-
-    def _figures(self, queue_depth: int) -> dict[str, Any]:
-        return {
-            "received": self.received,
-            "admitted": self.admitted,
-            "shed": {"queue_full": self.shed_queue_full, "deadline": self.shed_deadline, "bytes": self.shed_bytes},
-            "expired": self.expired,
-            "completed": self.completed,
-            "late_completed": self.late_completed,
-            "failed": self.failed,
-            "backend_calls": self.backend_calls,
-            "backend_rows": self.backend_rows,
-            "late_dropped": self.late_dropped,
-            "inline": self.inline,
-            "queue_depth": queue_depth,
-            "latency_us": {
-                "queue": self.queue_us.summary(),
-                "compute": self.compute_us.summary(),
-                "total": self.total_us.summary(),
-            },
-        }
+            return {
+                "received": self.received,
+                "admitted": self.admitted,
+                "shed": {"queue_full": self.shed_queue_full, "deadline": self.shed_deadline, "bytes": self.shed_bytes},
+                "expired": self.expired,
+                "completed": self.completed,
+                "late_completed": self.late_completed,
+                "failed": self.failed,
+                "backend_calls": self.backend_calls,
+                "backend_rows": self.backend_rows,
+                "late_dropped": self.late_dropped,
+                "inline": self.inline,
+                "queue_depth": queue_depth,
+                "latency_us": {
+                    "queue": self.queue_us.summary(),
+                    "compute": self.compute_us.summary(),
+                    "total": self.total_us.summary(),
+                },
+            }
