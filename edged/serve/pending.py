@@ -44,7 +44,7 @@ class PendingBytes:
         return Shed("bytes", why, retry_hint_ms(backlog.average_job_ns))
 
     def give_back(self, peer: bytes, nbytes: int) -> None:
-        if not nbytes:  # a job built by hand, never taken (in-process lane tests)
+        if not nbytes:  # nothing was held, and `take` made no entry for it
             return
         with self._lock:
             left = self._by_peer.pop(peer) - nbytes

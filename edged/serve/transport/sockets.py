@@ -45,7 +45,6 @@ class Sockets:
         self._context = zmq.Context(io_threads=2 if class_sockets else 1)
         self._authenticator: ThreadAuthenticator | None = None
         self.by_class: dict[str, list[Bound]] = {name: [] for name in classes}
-        self.endpoints = endpoints
         self._files: list[tuple[Path, int]] = []  # the ipc socket files bound, by inode: removed at close
         try:
             if curve is not None:
