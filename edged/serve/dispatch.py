@@ -91,9 +91,9 @@ class Dispatcher:
             else:
                 reply(route, encode_reply(request.id, Status.OK, **figures(self.serving)))
         except ProtocolError as exc:
-            self._refuse(route, exc)
+            self._refuse(route, exc, received_ns)
         except Exception as exc:  # a bug here must cost one request, never the daemon
-            self._failed(route, request_id, exc)
+            self._failed(route, request_id, exc, received_ns)
 
     def admit(
         self, route: Route, request: Request, received_ns: int, more: bool, slots: dict[str, Slot] | None
@@ -102,17 +102,19 @@ class Dispatcher:
         try:
             self._admit(route, request, received_ns, more, slots)
         except ProtocolError as exc:
-            self._refuse(route, exc)
+            self._refuse(route, exc, received_ns)
         except Exception as exc:
-            self._failed(route, request.id, exc)
+            self._failed(route, request.id, exc, received_ns)
 
-    def _refuse(self, route: Route, exc: ProtocolError) -> None:
+    def _refuse(self, route: Route, exc: ProtocolError, received_ns: int) -> None:
         self.invalid += 1
-        reply(route, encode_reply(exc.request_id, exc.status, error=exc.message, **exc.fields))
+        timing = _refused_in(received_ns)
+        reply(route, encode_reply(exc.request_id, exc.status, error=exc.message, timing_us=timing, **exc.fields))
 
-    def _failed(self, route: Route, request_id: RequestId, exc: Exception) -> None:
+    def _failed(self, route: Route, request_id: RequestId, exc: Exception, received_ns: int) -> None:
         log.exception("failed to handle a request")
-        reply(route, encode_reply(request_id, Status.INTERNAL, error=f"the daemon failed on this request: {exc}"))
+        error, timing = f"the daemon failed on this request: {exc}", _refused_in(received_ns)
+        reply(route, encode_reply(request_id, Status.INTERNAL, error=error, timing_us=timing))
 
     def _route(self, route: Route, request: Request, received_ns: int, more: bool) -> None:
         ingress = route[0].bound[route[1]].klass
@@ -240,3 +242,9 @@ class Dispatcher:
             "failed_models": dict(loaded.failed) if loaded else {},
             "ingress": self.serving.ingress,
         }
+
+
+def _refused_in(received_ns: int) -> dict[str, int]:
+    """A refusal's timing_us: nothing queued or computed, and the time the decision took (the
+    protocol gives every reply to an infer request one; a client cannot always tell the op was read)."""
+    return {"queue": 0, "compute": 0, "total": (time.monotonic_ns() - received_ns) // 1000}

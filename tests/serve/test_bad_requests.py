@@ -151,6 +151,9 @@ def test_bad_request_gets_one_useful_reply_and_the_daemon_serves_on(
     assert reply.header["id"] == request_id
     assert reply.payloads == []
     assert "outputs" not in reply.header
+    # The contract gives every reply to an infer request timing_us: a refusal's computed nothing.
+    timing = reply.header["timing_us"]
+    assert (timing["queue"], timing["compute"]) == (0, 0) and 0 <= timing["total"] < 1_000_000, timing
     check_still_serving(sock, reference)
 
 
