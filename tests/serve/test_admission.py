@@ -158,6 +158,27 @@ def test_a_lane_starved_now_is_seen_before_its_first_sample_closes() -> None:
     assert backlog.outlook(later_ns, (0, 5 * MS)).pace == backlog.pace
 
 
+def test_a_lane_waiting_for_higher_classes_is_not_taken_for_a_starved_one() -> None:
+    """Bulk yields while realtime computes a long call. 20 ms into its spell, nothing answered
+    and no call begun (its niced worker, on a busy box, had not yet said it yields), the live
+    pace read as nothing, and requests with a minute to spare were shed for "about 60 s of work
+    ahead" (a test, in 3 runs of 8 beside another). A spell with nothing done says nothing of the
+    pace while higher classes hold the work it waits for: the average stands, untrusted."""
+    backlog = backlog_of(*[2 * MS] * 66)  # 132 ms of bulk work
+    later_ns = time.monotonic_ns() + 20 * MS
+    starved = backlog.outlook(later_ns, (0, 0))
+    assert starved.pace == PACE_FLOOR  # nothing to explain it: a starved lane
+    waiting = backlog.outlook(later_ns, (0, 0), held_back=True)
+    assert (waiting.pace, waiting.trusted_ns) == (backlog.pace, 0)
+    # Behind realtime's 1.2 s call: shed on the starved reading, admitted on the waiting one.
+    bulk = lane(queue_capacity=512)
+    shed = admit(bulk, backlog, cost_ns=2 * MS, budget_ns=60_000 * MS, above_ns=1_200 * MS, outlook=starved)
+    assert shed is not None and shed.reason == "deadline", shed
+    assert admit(bulk, backlog, cost_ns=2 * MS, budget_ns=60_000 * MS, above_ns=1_200 * MS, outlook=waiting) is None
+    # Once a call is under way, the spell is judged as any.
+    assert backlog.outlook(later_ns, (0, 2 * MS), held_back=True).pace < 0.2
+
+
 def test_a_requests_own_run_behind_work_is_counted_at_the_lanes_pace() -> None:
     """Bulk at a tenth of a core on a busy box: a 3.6 ms call takes 36 ms, its own run
     as much as the work ahead of it. Counted at its price, the last requests a burst
