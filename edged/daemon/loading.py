@@ -61,7 +61,7 @@ def load(
     read_config: Callable[[], Config],
     stats: dict[str, ClassStats],
     pending: PendingBytes,
-    contention: Contention | None = None,
+    contention: Contention,
 ) -> Loaded:
     """Build warm lanes for the configuration `read_config` gives; raises what stops them.
     A reloaded lane keeps its class's counters (`stats`): figures never jump back to zero."""
@@ -78,6 +78,15 @@ def load(
         log.error("not serving %s: %s", exc.model, exc)
         failed[exc.model] = str(exc)
 
+    def drop(exc: ModelFailure) -> None:
+        """Serve on without `exc.model` and the pipelines that run it; raises once no model is left."""
+        nonlocal models, pipelines
+        fail(exc)
+        models = [model for model in models if model.name != exc.model]
+        pipelines = _without(pipelines, exc.model, fail)
+        if not models:
+            raise RepositoryError(f"every model failed to load or warm up: {failed}") from None
+
     folders = scan(config.model_repository)
     for folder, why in folders.unreadable.items():
         fail(ModelFailure(folder, why))
@@ -92,22 +101,14 @@ def load(
     # A reload reuses an unchanged file's weights without reading it: refuse what a restart would fail on.
     unreadable = {model.name: why for model in models if (why := unreadable_file(model))}
     for name, why in unreadable.items():
-        fail(ModelFailure(name, f"model {name!r}: {why}"))
-        pipelines = _without(pipelines, name, fail)
-    models = [model for model in models if model.name not in unreadable]
-    if not models:
-        raise RepositoryError(f"every model failed to load or warm up: {failed}")
+        drop(ModelFailure(name, f"model {name!r}: {why}"))
     backend = backend_named(config.backend, config.fallback)
     while True:
         try:
             reservations, memory, lanes = _start_lanes(config, models, pipelines, backend, stats, pending, contention)
             break
         except ModelFailure as exc:
-            fail(exc)
-            models = [model for model in models if model.name != exc.model]
-            pipelines = _without(pipelines, exc.model, fail)
-            if not models:
-                raise RepositoryError(f"every model failed to load or warm up: {failed}") from None
+            drop(exc)
     if isinstance(backend, Describing):
         models = [replace(model, served=served) if (served := backend.describe(model)) else model for model in models]
     seconds = time.monotonic() - started
@@ -136,7 +137,7 @@ def _start_lanes(
     backend: Backend,
     stats: dict[str, ClassStats],
     pending: PendingBytes,
-    contention: Contention | None,
+    contention: Contention,
 ) -> tuple[dict[str, LaneReservation], MemoryPlan, dict[str, Lane]]:
     """A warm lane per class, all or none; each model's weights are taken once, before any lane."""
     reserving = isinstance(backend, Reserving)
