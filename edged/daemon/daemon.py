@@ -53,7 +53,7 @@ class Daemon:
     """The daemon's life, steered by the thread that calls `run`, which alone moves
     `lifecycle`; signal handlers, the loader and the loops leave it news (`_news`) and wake it."""
 
-    def __init__(self, config: Config, reread_config: Callable[[], Config] | None = None) -> None:
+    def __init__(self, config: Config, reread_config: Callable[[], Config]) -> None:
         gc.freeze()  # the modules' 35,000 objects: a collection of them held the GIL 26-30 ms
         self.config = config
         if config.classes[0].cpu_affinity:
@@ -69,14 +69,13 @@ class Daemon:
         self.trimmer = Trimmer()
         self.contention = Contention()  # written by this thread alone (sample), read by the lanes
         self.exit_code = 0
-        self._reread_config = reread_config or (lambda: config)
+        self._reread_config = reread_config
         self._news: deque[tuple[str, Any]] = deque()  # ("stop", signum), ("reload", None), ("loaded", result)
         self._loading: threading.Thread | None = None
         self._loaded: Loaded | None = None  # the generation every loop has taken up
         self._generation = 0
         self._switch: Loaded | None = None  # handed to the loops, not yet taken up by all
         self._reload_asked = False
-        self._stopped = False
         self._drain_deadline_ns = 0
         self._retiring: list[Lane] = []  # replaced by a reload (or never opened), finishing what they hold
         self._next_status_ns = 0
@@ -99,7 +98,7 @@ class Daemon:
         poller = select.poll()
         poller.register(self._wake_fd, select.POLLIN)
         try:
-            while not self._stopped:
+            while not (self.lifecycle.stopping and self._can_stop(time.monotonic_ns())):
                 if poller.poll(1000 * self._rest_s(time.monotonic_ns())):
                     os.eventfd_read(self._wake_fd)
                 self._steer()
@@ -139,7 +138,7 @@ class Daemon:
         os.eventfd_write(self._wake_fd, 1)
 
     def _steer(self) -> None:
-        """One turn: the news, a switch of lanes, housekeeping, and whether the stop can end."""
+        """One turn: the news, a switch of lanes, housekeeping."""
         self.lifecycle.check_owner()
         while self._news:
             kind, value = self._news.popleft()
@@ -157,10 +156,7 @@ class Daemon:
             self.notifier.notify(RELOADING="1", STATUS="reloading")
             self.lifecycle.move(State.RELOADING)
             self._start_loading(self._reread)
-        now = time.monotonic_ns()
-        self._housekeeping(now)
-        if self.lifecycle.stopping and self._can_stop(now):
-            self._stopped = True
+        self._housekeeping(time.monotonic_ns())
 
     # --- loading, at start and on SIGHUP -------------------------------------
 
@@ -204,9 +200,7 @@ class Daemon:
                     self.lifecycle.move(State.STOPPING)
             return
         if self.lifecycle.stopping:  # built, but never opened
-            for lane in result.lanes.values():
-                lane.crew.retire()
-            self._retiring.extend(result.lanes.values())
+            self._retire(result)
             return
         verb = "loaded" if state is State.STARTING else "reload loaded"
         log.info("%s %s (%.1f s)", verb, result.served, result.seconds)
@@ -222,21 +216,24 @@ class Daemon:
         result, self._switch = self._switch, None
         assert result is not None
         old, self._loaded = self._loaded, result
-        first = old is None
         self.config = result.config
         # Loading's objects frozen too, its garbage collected first: before inference opens.
         gc.collect()
         gc.freeze()
-        if self.lifecycle.open or self.lifecycle.state is State.STARTING:
+        if not self.lifecycle.stopping:  # from STARTING or RELOADING
             self.lifecycle.move(State.SERVING)
-        for lane in old.lanes.values() if old is not None else ():
-            lane.crew.retire()
-            self._retiring.append(lane)
         self.notifier.notify(READY="1", STATUS=status_line(self.serving))
-        if first:
+        if old is None:
             log.info("ready on %s", ", ".join(self.config.endpoints))
         else:
+            self._retire(old)
             log.info("reloaded: now serving %s", result.served)
+
+    def _retire(self, loaded: Loaded) -> None:
+        """Let a generation's lanes finish what they hold, admitting nothing new, then end."""
+        for lane in loaded.lanes.values():
+            lane.crew.retire()
+            self._retiring.append(lane)
 
     # --- housekeeping ----------------------------------------------------------
 
