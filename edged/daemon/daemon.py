@@ -122,7 +122,6 @@ class Daemon:
             return STEER_EVERY_S
         due = min(
             self.loops.next_check_ns,
-            self.trimmer.next_check_ns,
             self._next_sweep_ns,
             self._next_status_ns if self.lifecycle.open else math.inf,
             *(lane.crew.next_check_ns(now) for lane in self.lanes),
@@ -247,10 +246,10 @@ class Daemon:
         for lane in ended:  # anything queued behind its workers' last job: answered, never lost
             lane.crew.reject_queued("the lanes were replaced while this request waited; retry")
         self._retiring = [lane for lane in self._retiring if lane not in ended]
-        self.trimmer.check(now)
         if now >= self._next_sweep_ns:
             self.serving.regions.sweep(now)
             self.contention.sample()
+            self.trimmer.check()
             self._next_sweep_ns = now + SWEEP_EVERY_NS
         if now >= self._next_status_ns and self.lifecycle.open:
             self.notifier.notify(STATUS=status_line(self.serving))
