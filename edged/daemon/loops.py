@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 
 from edged.config import Config
 from edged.daemon.lifecycle import Lifecycle
@@ -52,21 +53,16 @@ class Loops:
             dispatcher = Dispatcher(name, self.serving)
             dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, top=name == names[0])
             self.serving.dispatchers[name] = dispatcher
-        try:
+        with ExitStack() as opened:  # closed again if what follows fails
+            opened.callback(self.sockets.close)
             self.fd_intake = FdIntake(config, self.serving.regions)
-        except BaseException:
-            self.sockets.close()
-            raise
-        self.prometheus: PrometheusEndpoint | None = None
-        if config.metrics.prometheus_port:
-            try:
+            opened.callback(self.fd_intake.close)
+            self.prometheus: PrometheusEndpoint | None = None
+            if config.metrics.prometheus_port:
                 self.prometheus = PrometheusEndpoint(config.metrics, lambda: figures(self.serving))
-            except BaseException:
-                self.sockets.close()
-                self.fd_intake.close()
-                raise
+            opened.pop_all()
         self.fence = 0  # the latest fence asked of the loops
-        self._next_check_ns = 0
+        self.next_check_ns = 0  # when `check` next asks for a fence
         self._checked_fence = 0  # the fence the loops must pass before the next ping
         self._behind = False  # a loop missed the last one (logged once)
 
@@ -89,20 +85,16 @@ class Loops:
                 dispatcher.loop.call_soon(ask, dispatcher)
             dispatcher.loop.call_soon(dispatcher.pass_fence, self.fence)
 
-    @property
-    def next_check_ns(self) -> int:
-        return self._next_check_ns
-
     def fenced(self) -> bool:
         return all(dispatcher.fence >= self.fence for dispatcher in self.dispatchers)
 
     def check(self, now: int, notifier: Notifier) -> None:
         """Ask for a fence; ping systemd's watchdog if every loop passed the last one (a stuck loop
         reads no socket). Fences also feed Loop.handoff_ns, so they are asked without a watchdog too."""
-        if now < self._next_check_ns:
+        if now < self.next_check_ns:
             return
         interval_ns = notifier.watchdog_interval_ns
-        self._next_check_ns = now + min(interval_ns or CHECK_LOOPS_EVERY_NS, CHECK_LOOPS_EVERY_NS)
+        self.next_check_ns = now + min(interval_ns or CHECK_LOOPS_EVERY_NS, CHECK_LOOPS_EVERY_NS)
         behind = [d.klass for d in self.dispatchers if d.fence < self._checked_fence]
         if behind and not self._behind:
             log.error("the %s loop is inside a call: systemd's watchdog goes unfed", ", ".join(behind))
