@@ -9,15 +9,14 @@ import socket
 
 
 class Notifier:
-    def __init__(self, environ: dict[str, str] | None = None) -> None:
-        env = os.environ if environ is None else environ
-        address = env.get("NOTIFY_SOCKET", "")
+    def __init__(self) -> None:
+        address = os.environ.get("NOTIFY_SOCKET", "")
         self._address = "\0" + address[1:] if address.startswith("@") else address
         self._socket: socket.socket | None = None
         if self._address:
             self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        watchdog_usec = env.get("WATCHDOG_USEC", "")
-        watchdog_pid = env.get("WATCHDOG_PID", "")
+        watchdog_usec = os.environ.get("WATCHDOG_USEC", "")
+        watchdog_pid = os.environ.get("WATCHDOG_PID", "")
         ours = not watchdog_pid or watchdog_pid == str(os.getpid())
         # systemd restarts the service when pings stop for WATCHDOG_USEC; ping at half of it.
         self.watchdog_interval_ns = int(watchdog_usec) * 1000 // 2 if watchdog_usec.isdigit() and ours else 0
