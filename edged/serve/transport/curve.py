@@ -9,6 +9,7 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
+import zmq.utils.z85
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import ConfigError, SecurityConfig
@@ -53,6 +54,7 @@ def server_keys(endpoints: tuple[str, ...], security: SecurityConfig) -> ServerK
         allowed = zmq.auth.load_certificates(security.allowed_clients_dir)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"security.allowed_clients_dir: {exc}") from None
+    _check_client_keys(security.allowed_clients_dir)
     if not allowed:
         raise ConfigError(
             f"security.allowed_clients_dir = {str(security.allowed_clients_dir)!r} holds no client keys (*.key): "
@@ -66,6 +68,22 @@ def server_keys(endpoints: tuple[str, ...], security: SecurityConfig) -> ServerK
             "make the keys again with `edged keygen`"
         ) from None
     return ServerKeys(public, secret, security.allowed_clients_dir)
+
+
+def _check_client_keys(folder: Path) -> None:
+    """Each client key a valid CURVE public key: ZeroMQ loads a cut-short one too, which then
+    matches no client, and that client's handshakes fail with no word on either side."""
+    for path in sorted(folder.glob("*.key")):
+        public, _ = zmq.auth.load_certificate(path)
+        try:
+            valid = len(zmq.utils.z85.decode(public)) == 32
+        except ValueError:
+            valid = False
+        if not valid:
+            raise ConfigError(
+                f"security.allowed_clients_dir: {path} holds no valid public key (40 characters of z85): "
+                "copy in the client's NAME.key from `edged keygen` again"
+            )
 
 
 def start_authenticator(context: zmq.Context, allowed_clients_dir: Path) -> ThreadAuthenticator:

@@ -322,6 +322,13 @@ def test_unusable_key_files_are_refused_naming_the_key(keys: Keys) -> None:
     empty = keys.folder / "empty"
     empty.mkdir(exist_ok=True)
     assert "security.allowed_clients_dir" in refusal(keys.server_secret, empty)
+    # A client key cut short loads, then matches no client: its handshakes failed without a word.
+    cut = keys.folder / "cut"
+    cut.mkdir(exist_ok=True)
+    for key in keys.allowed_dir.glob("*.key"):
+        shutil.copy(key, cut)
+    (cut / "short.key").write_text('metadata\ncurve\n    public-key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf"\n')
+    assert "short.key holds no valid public key" in refusal(keys.server_secret, cut)
     readable = keys.folder / "readable.key_secret"
     shutil.copy(keys.server_secret, readable)
     readable.chmod(0o644)
