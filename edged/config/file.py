@@ -169,6 +169,14 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
                 f"classes.{c.name}.tcp_port asks for a socket of the class, and server.class_sockets = false: "
                 "drop one of the two"
             )
+    limits = _limits(subtable(raw, "limits"))
+    max_message_bytes = read_int(server, SERVER["max_message_bytes"], 64 * 1024 * 1024, "server.")
+    if max_message_bytes < limits.max_header_bytes:
+        # ZeroMQ would drop the connection of a header between the two, where the daemon refuses it in words.
+        raise ConfigError(
+            f"server.max_message_bytes = {max_message_bytes} is under limits.max_header_bytes = "
+            f"{limits.max_header_bytes}: raise it to {limits.max_header_bytes} or more"
+        )
     return Config(
         endpoints=tuple(endpoints),
         model_repository=repo_path,
@@ -182,8 +190,8 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         on_model_failure=on_model_failure,
         gpu_headroom_mb=read_int(server, SERVER["gpu_headroom_mb"], 256, "server."),
         memory_limit_mb=read_int(server, SERVER["memory_limit_mb"], 0, "server."),
-        limits=_limits(subtable(raw, "limits")),
-        max_message_bytes=read_int(server, SERVER["max_message_bytes"], 64 * 1024 * 1024, "server."),
+        limits=limits,
+        max_message_bytes=max_message_bytes,
         ipc_mode=_ipc_mode(server.get("ipc_mode", 0o660)),
         ipc_group=_ipc_group(server.get("ipc_group")),
         class_sockets=class_sockets,

@@ -107,7 +107,8 @@ SERVER = Section(
             "max_message_bytes",
             "integer",
             "ZeroMQ's per-frame size limit (ZMQ_MAXMSGSIZE) on every socket: a peer that sends a larger frame is "
-            "disconnected, with no reply.",
+            "disconnected, with no reply. At least limits.max_header_bytes, so that an oversized header is refused "
+            "in words.",
             low=1,
         ),
         Key(
@@ -142,7 +143,13 @@ SERVER = Section(
 LIMITS = Section(
     "limits",
     (
-        Key("max_header_bytes", "integer", "Largest header frame of a request.", low=1),
+        Key(
+            "max_header_bytes",
+            "integer",
+            "Largest header frame of a request; at least 256, about what a header naming a model and one input "
+            "takes with an id of 64 bytes.",
+            low=256,
+        ),
         Key("max_tensors", "integer", "Most input tensors in one request.", low=1),
         Key("max_tensor_elements", "integer", "Most elements in one input tensor.", low=1),
         Key(

@@ -311,12 +311,12 @@ def test_a_hedged_call_refused_at_both_daemons_leaves_the_next_call_alone(own_da
     next call (a review's probe: 37 of 100), and once the fix held them back, a loser's nil reply
     stood for a copy still computing and the call after timed out (CI, 2 of 8 runs here): the
     daemon now reads the id from the start of a header over the limit."""
-    config = "[limits]\nmax_header_bytes = 200\n"
+    config = "[limits]\nmax_header_bytes = 256\n"
     daemons = [own_daemon(config), own_daemon(config)]
     x = random_input("mlp-light", 1, 0)
     with Client([d.ipc for d in daemons], hedge=True, hedge_after_ms=0, timeout_ms=10_000) as client:
         for _ in range(30):
-            with pytest.raises(InvalidArgument, match="over the limit of 200"):
+            with pytest.raises(InvalidArgument, match="over the limit of 256"):
                 client.infer("mlp-light", x, outputs=["scores"] * 40)  # a header of some 400 bytes
             assert client.infer("mlp-light", x)["scores"].shape == (1, 10)
 
@@ -324,7 +324,7 @@ def test_a_hedged_call_refused_at_both_daemons_leaves_the_next_call_alone(own_da
         endpoints = [d.ipc for d in daemons]
         async with AsyncClient(endpoints, hedge=True, hedge_after_ms=0, timeout_ms=10_000) as client:
             for _ in range(30):
-                with pytest.raises(InvalidArgument, match="over the limit of 200"):
+                with pytest.raises(InvalidArgument, match="over the limit of 256"):
                     await client.infer("mlp-light", x, outputs=["scores"] * 40)
                 assert (await client.infer("mlp-light", x))["scores"].shape == (1, 10)
 

@@ -169,6 +169,13 @@ INVALID = {
     "server not a table": ("server = 5", "server"),
     "limits not a table": ("limits = 5", "limits"),
     "max header bytes": ("[limits]\nmax_header_bytes = 0", "limits.max_header_bytes"),
+    # Under what a header naming a model and an input takes: every request refused.
+    "max header bytes tiny": ("[limits]\nmax_header_bytes = 1", "limits.max_header_bytes"),
+    # A header between the two would drop its connection, unanswered.
+    "max message bytes under the header's": (
+        "[server]\nmax_message_bytes = 1000\n[limits]\nmax_header_bytes = 4096",
+        "server.max_message_bytes = 1000 is under limits.max_header_bytes = 4096",
+    ),
     "max tensors float": ("[limits]\nmax_tensors = 1.5", "limits.max_tensors"),
     "max tensor elements": ("[limits]\nmax_tensor_elements = -3", "limits.max_tensor_elements"),
     "classes not a table": ("classes = 5", "classes"),

@@ -22,7 +22,7 @@ CHANGES = {
     "a class dropped": ("[classes.realtime]\n[classes.standard]\n", "the classes (their names and order)"),
     "a class added": (CLASSES + "[classes.extra]\norder = 3\n", "the classes (their names and order)"),
     "the default class": ('[server]\ndefault_class = "realtime"\n' + CLASSES, "server.default_class"),
-    "a limit": ("[limits]\nmax_header_bytes = 100\n" + CLASSES, "[limits]"),
+    "a limit": ("[limits]\nmax_header_bytes = 300\n" + CLASSES, "[limits]"),
 }
 
 
