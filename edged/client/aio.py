@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
+from edged.client.api import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
 from edged.client.call import Call, SendFn
 from edged.client.keys import ClientKeys
 from edged.client.members import Resolve
@@ -36,8 +36,10 @@ class AsyncClient(Api):
         resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
         resolve: Resolve | None = None,
         class_ports: Mapping[str, int] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ):
         self.timeout_ms = timeout_ms
+        self.max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._context = zmq.asyncio.Context()
         self._curve = curve

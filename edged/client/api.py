@@ -22,6 +22,9 @@ from edged.client.sockets import Sockets
 from edged.wire.codec import Buffer, Reply, ShmRef, Status, encode_request
 
 DEFAULT_TIMEOUT_MS = 5000.0
+# The daemon's server.max_message_bytes by default: ZeroMQ drops the connection of a peer that sends a
+# larger frame, and with it the replies of every call in flight on it.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CLOSED = "this client is closed: its sockets are gone; make a new one"
 DEFAULT_RESOLVE_EVERY_S = DEFAULT_PERIOD_S
 
@@ -31,6 +34,7 @@ class Api(Sockets):
     `edged.client.fleet.Call`, which the two classes drive over their sockets (`_call`)."""
 
     timeout_ms: float
+    max_message_bytes: int
     _ids: Iterator[int]
     _regions: list[SharedRegion]  # registered with the daemon (edged.client.shm)
     _fd_channel: FdChannel | None  # to the daemon's memfd socket, once a memfd was registered
@@ -142,6 +146,14 @@ class Api(Sockets):
         fields: dict[str, Any] = {}
         if self._regions:
             inputs = {name: self._by_reference(array) for name, array in inputs.items()}
+        for name, array in inputs.items():
+            if isinstance(array, np.ndarray) and array.nbytes > self.max_message_bytes:
+                raise ValueError(
+                    f"input {name!r} is {array.nbytes} bytes, over max_message_bytes = {self.max_message_bytes} (the "
+                    "daemon's server.max_message_bytes, 64 MiB by default): ZeroMQ would drop the connection, and "
+                    "with it every call in flight; put it in shared memory (shared_region), or give the client the "
+                    "daemon's limit"
+                )
         if outputs_into:
             fields["outputs_shm"] = {name: self._slot(name, array) for name, array in outputs_into.items()}
             parse = self._reading_regions(parse)

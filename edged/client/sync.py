@@ -10,7 +10,7 @@ from typing import Any
 
 import zmq
 
-from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
+from edged.client.api import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
 from edged.client.call import Call, SendFn
 from edged.client.fleet import EndpointCounters
 from edged.client.keys import ClientKeys
@@ -39,6 +39,9 @@ class Client(Api):
     endpoint at its fixed place; beside a tcp endpoint on the class's port (the daemon's
     `[classes.NAME] tcp_port`), read from each daemon's health at the first call naming a
     class there, or given for every daemon in `class_ports` (then nothing is asked).
+
+    An input over `max_message_bytes` (the daemon's server.max_message_bytes) is refused here,
+    before it is sent: ZeroMQ would drop the connection, and with it every call in flight.
     """
 
     def __init__(
@@ -53,8 +56,10 @@ class Client(Api):
         resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
         resolve: Resolve | None = None,
         class_ports: Mapping[str, int] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ):
         self.timeout_ms = timeout_ms
+        self.max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._context = context or zmq.Context.instance()
         self._curve = curve

@@ -342,6 +342,29 @@ def silent(short_tmp: Path, context: zmq.Context):  # type: ignore[no-untyped-de
     router.close()
 
 
+def test_an_input_over_the_daemons_frame_limit_is_refused_before_it_is_sent(own_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Past server.max_message_bytes ZeroMQ drops the connection, with no reply: the call,
+    and every other call in flight on it, waited out their timeouts. The client refuses it."""
+    running = own_daemon("[server]\nmax_message_bytes = 1048576\n")
+    big = {"x": np.zeros((5000, 64), np.float32)}  # 1.28 MB
+    started = time.monotonic()
+    with Client(running.ipc, max_message_bytes=1048576, timeout_ms=20_000) as client:
+        with pytest.raises(ValueError, match="input 'x' is 1280000 bytes, over max_message_bytes = 1048576"):
+            client.infer("mlp-light", big)
+        assert client.infer("mlp-light", random_input("mlp-light", 1, 0))["scores"].shape == (1, 10)
+
+    async def main() -> None:
+        async with AsyncClient(running.ipc, max_message_bytes=1048576, timeout_ms=20_000) as client:
+            x = random_input("mlp-light", 1, 0)
+            beside = asyncio.ensure_future(client.infer("mlp-light", x))
+            with pytest.raises(ValueError, match="over max_message_bytes"):
+                await client.infer("mlp-light", big)
+            assert (await beside)["scores"].shape == (1, 10)  # the call in flight beside it is answered
+
+    asyncio.run(main())
+    assert time.monotonic() - started < 10  # a dropped connection would have cost a 20 s timeout
+
+
 def test_a_nan_timeout_is_refused_at_once(silent: str) -> None:
     """Every comparison with NaN is False: a call with timeout_ms NaN waited for ever."""
     x = random_input("mlp-light", 1, 0)
