@@ -219,13 +219,14 @@ class Daemon:
         # Loading's objects frozen too, its garbage collected first: before inference opens.
         gc.collect()
         gc.freeze()
-        if not self.lifecycle.stopping:  # from STARTING or RELOADING
+        if old is not None:  # first: whatever follows, their queued requests are answered
+            self._retire(old)
+        if not self.lifecycle.stopping:  # from STARTING or RELOADING; a drain already said STOPPING=1
             self.lifecycle.move(State.SERVING)
-        self.notifier.notify(READY="1", STATUS=status_line(self.serving))
+            self.notifier.notify(READY="1", STATUS=status_line(self.serving))
         if old is None:
             log.info("ready on %s", ", ".join(self.config.endpoints))
         else:
-            self._retire(old)
             log.info("reloaded: now serving %s", result.served)
 
     def _retire(self, loaded: Loaded) -> None:

@@ -47,13 +47,17 @@ def figures(serving: Serving) -> dict[str, Any]:
 
 
 def status_line(serving: Serving) -> str:
-    """One line for systemd's status (every few seconds): the state, then each class's counts and p99."""
-    shown = figures(serving)
-    parts = [
-        f"{name} {c['completed']} ok, {sum(c['shed'].values())} shed, p99 {c['latency_us']['total']['p99']} us"
-        for name, c in shown["classes"].items()
-    ]
-    return f"{shown['state']}: " + "; ".join(parts)
+    """One line for systemd's status: the state, then each class's counts and p99. Not made from
+    `figures`: that reads the RSS, which can fail (out of descriptors), and this runs on the steering thread."""
+    parts = []
+    for name, dispatcher in serving.dispatchers.items():
+        if dispatcher.loaded is None:
+            continue
+        lane = dispatcher.loaded.lanes[name]
+        snapshot = lane.stats.snapshot(lane.backlog.depth)
+        shed, p99 = sum(snapshot["shed"].values()), snapshot["latency_us"]["total"]["p99"]
+        parts.append(f"{name} {snapshot['completed']} ok, {shed} shed, p99 {p99} us")
+    return f"{serving.lifecycle.reported}: " + "; ".join(parts)
 
 
 def model_wire(model: ModelEntry, loaded: Loaded, memory: bool) -> dict[str, Any]:
