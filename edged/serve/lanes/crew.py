@@ -210,8 +210,11 @@ class Crew:
         try:
             worker.load()
         except BaseException as exc:
-            worker.close()  # a retry every RETRY_LOAD_NS would pile up what each failed try had loaded
             worker.error = exc  # reported by start(), on the caller's thread
+            try:
+                worker.close()  # a retry every RETRY_LOAD_NS would pile up what each failed try had loaded
+            except Exception:  # start-up's barrier must still be reached, or start() waits for ever
+                log.exception("class %s: closing a worker that failed to load failed", self.klass.name)
         if ready is not None:
             ready.wait()
         elif worker.error is not None:

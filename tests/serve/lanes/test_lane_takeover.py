@@ -5,13 +5,14 @@ Runtime backend, whose calls the test holds at gates (support.backends.KeyedGate
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 from support import REPO_ROOT, decoded
-from support.backends import KeyedGates
+from support.backends import KeyedGates, KeyedRunner
 from support.transport import Replies
 
 from edged.config.classes import ClassConfig
@@ -302,3 +303,29 @@ def test_a_new_worker_that_fails_to_load_one_model_closes_those_it_loaded(models
     finally:
         gate.set()
         lane.crew.stop(5.0)
+
+
+def test_a_failed_load_whose_close_fails_still_reaches_the_lanes_start(models, monkeypatch):
+    """A worker that fails to load closes what it had loaded; a close that raised there skipped
+    start-up's barrier, and the lane's start waited for ever instead of saying why."""
+    backend = KeyedGates()
+    backend.failing = {"cnn-heavy"}  # loaded after mlp-light, whose runner then fails to close
+
+    def close_fails(runner: KeyedRunner) -> None:
+        raise RuntimeError("a close that failed (a test's)")
+
+    monkeypatch.setattr(KeyedRunner, "close", close_fails)
+    lane = Lane(ClassConfig("t", order=0, inline_max_us=0), [models["mlp-light"], models["cnn-heavy"]], backend)
+    raised: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            lane.start()
+        except Exception as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the lane's start waited for ever"
+    assert raised and "out of device memory" in str(raised[0]), raised
