@@ -77,7 +77,7 @@ def _check_client_keys(folder: Path) -> None:
         public, _ = zmq.auth.load_certificate(path)
         try:
             valid = len(zmq.utils.z85.decode(public)) == 32
-        except ValueError:
+        except Exception:  # not z85: ValueError, KeyError or struct.error, by what is wrong with it
             valid = False
         if not valid:
             raise ConfigError(

@@ -327,8 +327,10 @@ def test_unusable_key_files_are_refused_naming_the_key(keys: Keys) -> None:
     cut.mkdir(exist_ok=True)
     for key in keys.allowed_dir.glob("*.key"):
         shutil.copy(key, cut)
-    (cut / "short.key").write_text('metadata\ncurve\n    public-key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf"\n')
-    assert "short.key holds no valid public key" in refusal(keys.server_secret, cut)
+    for name, text in {"short": "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf", "tilde": "~" * 40, "hash": "#" * 40}.items():
+        (cut / f"{name}.key").write_text(f'metadata\ncurve\n    public-key = "{text}"\n')
+        assert f"{name}.key holds no valid public key" in refusal(keys.server_secret, cut)
+        (cut / f"{name}.key").unlink()
     readable = keys.folder / "readable.key_secret"
     shutil.copy(keys.server_secret, readable)
     readable.chmod(0o644)
