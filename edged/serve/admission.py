@@ -153,22 +153,21 @@ class Backlog:
         waiting_ns = now_ns - max(self._yielding_since_ns, self._spell_ns) if self._yielding_since_ns else 0
         return now_ns - self._spell_ns - self._yielded_ns - waiting_ns
 
-    def outlook(
-        self, now_ns: int, in_flight: tuple[int, int], watched: bool = True, held_back: bool = False
-    ) -> Outlook:
+    def outlook(self, now_ns: int, in_flight: tuple[int, int], watched: bool = True, above_ns: int = 0) -> Outlook:
         """The lane's outlook (its loop, per arrival); `in_flight`: OpenCalls.progress. A `watched`
         lane's pace is the current sample's when slower than the average, so a starved lane is
-        seen while it lasts; another's is its average, fully trusted. `held_back`: higher classes
-        hold work this lane waits for. Lock-free: a sample restarting meanwhile reads too high,
-        which the average bounds."""
+        seen while it lasts; another's is its average, fully trusted. `above_ns`: the higher
+        classes' work this lane waits for. Lock-free: a sample restarting meanwhile reads too
+        high, which the average bounds."""
         done_ns, in_hand_ns = in_flight
         if not self.depth or not watched:
             return Outlook(self.pace, done_ns=done_ns)
         trusted_ns = TRUST_MIN_NS + TRUST_RATIO * (now_ns - self._busy_since_ns)
         elapsed_ns, live_ns = self._own_ns(now_ns), self._answered_ns + in_hand_ns
-        if elapsed_ns < LIVE_MIN_NS or (held_back and not live_ns):
-            # Too early to judge this spell, or nothing done in it while it waits for higher classes (its
-            # niced worker, on a busy box, may not have said yet that it yields): no work ahead is trusted.
+        if elapsed_ns < LIVE_MIN_NS or (not live_ns and elapsed_ns < LIVE_MIN_NS + above_ns):
+            # Too early to judge this spell: no work ahead is trusted. Nothing done in it is explained, for as long
+            # as the higher classes' work takes, by waiting for that work (a niced worker on a busy box may not have
+            # said yet that it yields); past that, the lane is starved.
             return Outlook(self.pace, 0, done_ns)
         live = live_ns / elapsed_ns
         # Calls credited as done are a guess until one comes back (a 3.5 ms call took 35 ms on a busy box).

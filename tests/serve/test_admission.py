@@ -163,20 +163,22 @@ def test_a_lane_waiting_for_higher_classes_is_not_taken_for_a_starved_one() -> N
     and no call begun (its niced worker, on a busy box, had not yet said it yields), the live
     pace read as nothing, and requests with a minute to spare were shed for "about 60 s of work
     ahead" (a test, in 3 runs of 8 beside another). A spell with nothing done says nothing of the
-    pace while higher classes hold the work it waits for: the average stands, untrusted."""
+    pace for as long as the higher classes' work would take: the average stands, untrusted."""
     backlog = backlog_of(*[2 * MS] * 66)  # 132 ms of bulk work
     later_ns = time.monotonic_ns() + 20 * MS
     starved = backlog.outlook(later_ns, (0, 0))
     assert starved.pace == PACE_FLOOR  # nothing to explain it: a starved lane
-    waiting = backlog.outlook(later_ns, (0, 0), held_back=True)
+    waiting = backlog.outlook(later_ns, (0, 0), above_ns=1_200 * MS)
     assert (waiting.pace, waiting.trusted_ns) == (backlog.pace, 0)
+    # For as long as the work above explains: behind 1 ms of it, 20 ms of nothing is a starved lane.
+    assert backlog.outlook(later_ns, (0, 0), above_ns=1 * MS).pace == PACE_FLOOR
     # Behind realtime's 1.2 s call: shed on the starved reading, admitted on the waiting one.
     bulk = lane(queue_capacity=512)
     shed = admit(bulk, backlog, cost_ns=2 * MS, budget_ns=60_000 * MS, above_ns=1_200 * MS, outlook=starved)
     assert shed is not None and shed.reason == "deadline", shed
     assert admit(bulk, backlog, cost_ns=2 * MS, budget_ns=60_000 * MS, above_ns=1_200 * MS, outlook=waiting) is None
     # Once a call is under way, the spell is judged as any.
-    assert backlog.outlook(later_ns, (0, 2 * MS), held_back=True).pace < 0.2
+    assert backlog.outlook(later_ns, (0, 2 * MS), above_ns=1_200 * MS).pace < 0.2
 
 
 def test_a_requests_own_run_behind_work_is_counted_at_the_lanes_pace() -> None:

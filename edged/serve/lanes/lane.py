@@ -139,7 +139,7 @@ class Lane:
         outlook = None
         if depth:  # its calls in flight get through their work at each worker's share of the pace
             in_flight = self.crew.calls.progress(now_ns, backlog.pace / self.klass.workers)
-            outlook = backlog.outlook(now_ns, in_flight, self.klass.gives_way, above_ns > 0)
+            outlook = backlog.outlook(now_ns, in_flight, self.klass.gives_way, above_ns)
         shed = admit(self.klass, backlog, cost_ns, left_ns, above_ns, outlook, priced.bound_ns if priced else 0)
         if shed is None:  # its bytes are held only once admission admits it
             who, nbytes = peer(route), sum(len(payload) for payload in request.payloads)
