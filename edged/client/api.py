@@ -20,6 +20,8 @@ from edged.client.members import DEFAULT_PERIOD_S
 from edged.client.shm import CudaIpcRegion, FdChannel, NamedRegion, SharedRegion, little_endian
 from edged.client.sockets import Sockets
 from edged.wire.codec import Buffer, Reply, ShmRef, Status, encode_request
+from edged.wire.messages import FRAME_OVERHEAD
+from edged.wire.shm import ShmTensor
 
 DEFAULT_TIMEOUT_MS = 5000.0
 # The daemon's server.max_message_bytes by default: ZeroMQ drops the connection of a peer that sends a
@@ -146,13 +148,16 @@ class Api(Sockets):
         fields: dict[str, Any] = {}
         if self._regions:
             inputs = {name: self._by_reference(array) for name, array in inputs.items()}
-        for name, array in inputs.items():
-            if isinstance(array, np.ndarray) and array.nbytes > self.max_message_bytes:
+        for name, value in inputs.items():
+            if isinstance(value, ShmTensor):
+                continue
+            nbytes = (value if isinstance(value, np.ndarray) else np.asarray(value)).nbytes
+            if nbytes + FRAME_OVERHEAD > self.max_message_bytes:
                 raise ValueError(
-                    f"input {name!r} is {array.nbytes} bytes, over max_message_bytes = {self.max_message_bytes} (the "
-                    "daemon's server.max_message_bytes, 64 MiB by default): ZeroMQ would drop the connection, and "
-                    "with it every call in flight; put it in shared memory (shared_region), or give the client the "
-                    "daemon's limit"
+                    f"input {name!r} is {nbytes} bytes, over max_message_bytes = {self.max_message_bytes} (the "
+                    f"daemon's server.max_message_bytes, 64 MiB by default, less {FRAME_OVERHEAD} bytes for CURVE): "
+                    "ZeroMQ would drop the connection, and with it every call in flight; put it in shared memory "
+                    "(shared_region), or give the client the daemon's limit"
                 )
         if outputs_into:
             fields["outputs_shm"] = {name: self._slot(name, array) for name, array in outputs_into.items()}

@@ -20,6 +20,7 @@ from edged.config.settings import ConfigError, expect, no_unknown, read_bool, re
 from edged.config.shm import ShmConfig, read_shm
 from edged.wire.codec import Limits
 from edged.wire.endpoints import class_endpoint, is_tcp, shm_socket_path
+from edged.wire.messages import FRAME_OVERHEAD
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # edged/, beside the repository in a checkout
 
@@ -171,11 +172,13 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
             )
     limits = _limits(subtable(raw, "limits"))
     max_message_bytes = read_int(server, SERVER["max_message_bytes"], 64 * 1024 * 1024, "server.")
-    if max_message_bytes < limits.max_header_bytes:
+    least = limits.max_header_bytes + FRAME_OVERHEAD
+    if max_message_bytes < least:
         # ZeroMQ would drop the connection of a header between the two, where the daemon refuses it in words.
         raise ConfigError(
             f"server.max_message_bytes = {max_message_bytes} is under limits.max_header_bytes = "
-            f"{limits.max_header_bytes}: raise it to {limits.max_header_bytes} or more"
+            f"{limits.max_header_bytes} and the {FRAME_OVERHEAD} bytes CURVE may add to a frame: raise it to "
+            f"{least} or more"
         )
     return Config(
         endpoints=tuple(endpoints),

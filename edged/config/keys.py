@@ -108,8 +108,8 @@ SERVER = Section(
             "integer",
             "ZeroMQ's per-frame size limit (ZMQ_MAXMSGSIZE) on every socket: a peer that sends a larger frame is "
             "disconnected, with no reply (edged.client refuses an input over its own max_message_bytes, this "
-            "default, before sending it). At least limits.max_header_bytes, so that an oversized header is refused "
-            "in words.",
+            "default, before sending it). At least limits.max_header_bytes plus 64 (what CURVE may add to a frame), "
+            "so that an oversized header is refused in words.",
             low=1,
         ),
         Key(

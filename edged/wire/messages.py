@@ -14,6 +14,9 @@ import numpy as np
 
 PROTOCOL_VERSION = 1
 MAX_ID_BYTES = 64
+# What a frame may gain on the way: CURVE adds some 33 bytes to each, and ZeroMQ's ZMQ_MAXMSGSIZE counts
+# them (a frame within them of server.max_message_bytes drops its connection there).
+FRAME_OVERHEAD = 64
 MAX_DEADLINE_MS = 3_600_000.0
 # The last two: the shared-memory extension (edged.wire.shm).
 OPS = ("infer", "models", "health", "stats", "shm_register", "shm_unregister")

@@ -351,6 +351,8 @@ def test_an_input_over_the_daemons_frame_limit_is_refused_before_it_is_sent(own_
     with Client(running.ipc, max_message_bytes=1048576, timeout_ms=20_000) as client:
         with pytest.raises(ValueError, match="input 'x' is 1280000 bytes, over max_message_bytes = 1048576"):
             client.infer("mlp-light", big)
+        with pytest.raises(ValueError, match="input 'x' is 2560000 bytes"):  # a list, as the float64 array it becomes
+            client.infer("mlp-light", {"x": [[0.0] * 64] * 5000})
         assert client.infer("mlp-light", random_input("mlp-light", 1, 0))["scores"].shape == (1, 10)
 
     async def main() -> None:
