@@ -73,6 +73,17 @@ class Api(Sockets):
             raise RuntimeError(CLOSED)
         if math.isnan(timeout_ms):  # every comparison with it is False: the call would wait for ever
             raise ValueError("timeout_ms is NaN: give milliseconds (inf waits for ever, 0 or less not at all)")
+        for name, value in (fields.get("inputs") or {}).items():
+            if isinstance(value, ShmTensor):
+                continue
+            nbytes = (value if isinstance(value, np.ndarray) else np.asarray(value)).nbytes
+            if nbytes + FRAME_OVERHEAD > self.max_message_bytes:
+                raise ValueError(
+                    f"input {name!r} is {nbytes} bytes, over max_message_bytes = {self.max_message_bytes} (the "
+                    f"daemon's server.max_message_bytes, 64 MiB by default, less {FRAME_OVERHEAD} bytes for CURVE): "
+                    "ZeroMQ would drop the connection, and with it every call in flight; put it in shared memory "
+                    "(shared_region), or give the client the daemon's limit"
+                )
         model = fields.get("model") if op == "infer" else None
         return Call(self._fleet, model, fields.get("deadline_ms"), timeout_ms, now_ms())
 
@@ -148,17 +159,6 @@ class Api(Sockets):
         fields: dict[str, Any] = {}
         if self._regions:
             inputs = {name: self._by_reference(array) for name, array in inputs.items()}
-        for name, value in inputs.items():
-            if isinstance(value, ShmTensor):
-                continue
-            nbytes = (value if isinstance(value, np.ndarray) else np.asarray(value)).nbytes
-            if nbytes + FRAME_OVERHEAD > self.max_message_bytes:
-                raise ValueError(
-                    f"input {name!r} is {nbytes} bytes, over max_message_bytes = {self.max_message_bytes} (the "
-                    f"daemon's server.max_message_bytes, 64 MiB by default, less {FRAME_OVERHEAD} bytes for CURVE): "
-                    "ZeroMQ would drop the connection, and with it every call in flight; put it in shared memory "
-                    "(shared_region), or give the client the daemon's limit"
-                )
         if outputs_into:
             fields["outputs_shm"] = {name: self._slot(name, array) for name, array in outputs_into.items()}
             parse = self._reading_regions(parse)
