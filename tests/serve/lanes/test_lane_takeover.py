@@ -305,16 +305,24 @@ def test_a_new_worker_that_fails_to_load_one_model_closes_those_it_loaded(models
         lane.crew.stop(5.0)
 
 
-def test_a_failed_load_whose_close_fails_still_reaches_the_lanes_start(models, monkeypatch):
+class CloseFails(KeyedGates):
+    """Its runners' close raises (on these runners alone: other tests' workers may still be ending)."""
+
+    def load(self, model: ModelEntry, lane: ClassConfig) -> KeyedRunner:
+        runner = super().load(model, lane)
+
+        def close_fails() -> None:
+            raise RuntimeError("a close that failed (a test's)")
+
+        runner.close = close_fails  # type: ignore[method-assign]
+        return runner
+
+
+def test_a_failed_load_whose_close_fails_still_reaches_the_lanes_start(models):
     """A worker that fails to load closes what it had loaded; a close that raised there skipped
     start-up's barrier, and the lane's start waited for ever instead of saying why."""
-    backend = KeyedGates()
+    backend = CloseFails()
     backend.failing = {"cnn-heavy"}  # loaded after mlp-light, whose runner then fails to close
-
-    def close_fails(runner: KeyedRunner) -> None:
-        raise RuntimeError("a close that failed (a test's)")
-
-    monkeypatch.setattr(KeyedRunner, "close", close_fails)
     lane = Lane(ClassConfig("t", order=0, inline_max_us=0), [models["mlp-light"], models["cnn-heavy"]], backend)
     raised: list[BaseException] = []
 
