@@ -10,12 +10,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from edged.client.api import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
+from edged.client.api import DEFAULT_RESOLVE_EVERY_S, DEFAULT_TIMEOUT_MS, Api, now_ms
 from edged.client.call import Call, SendFn
 from edged.client.keys import ClientKeys
 from edged.client.members import Resolve
 from edged.client.shm import SharedRegion
 from edged.wire.codec import Reply, decode_reply
+from edged.wire.messages import MAX_MESSAGE_BYTES
 
 
 class AsyncClient(Api):
@@ -36,7 +37,7 @@ class AsyncClient(Api):
         resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
         resolve: Resolve | None = None,
         class_ports: Mapping[str, int] | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ):
         self.timeout_ms = timeout_ms
         self.max_message_bytes = max_message_bytes

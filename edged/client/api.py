@@ -24,9 +24,6 @@ from edged.wire.messages import FRAME_OVERHEAD
 from edged.wire.shm import ShmTensor
 
 DEFAULT_TIMEOUT_MS = 5000.0
-# The daemon's server.max_message_bytes by default: ZeroMQ drops the connection of a peer that sends a
-# larger frame, and with it the replies of every call in flight on it.
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CLOSED = "this client is closed: its sockets are gone; make a new one"
 DEFAULT_RESOLVE_EVERY_S = DEFAULT_PERIOD_S
 

@@ -20,7 +20,7 @@ from edged.config.settings import ConfigError, expect, no_unknown, read_bool, re
 from edged.config.shm import ShmConfig, read_shm
 from edged.wire.codec import Limits
 from edged.wire.endpoints import class_endpoint, is_tcp, shm_socket_path
-from edged.wire.messages import FRAME_OVERHEAD
+from edged.wire.messages import FRAME_OVERHEAD, MAX_MESSAGE_BYTES
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # edged/, beside the repository in a checkout
 
@@ -61,7 +61,7 @@ class Config:
     # The daemon's RSS that its weights and lanes must stay under (0: no limit; see edged.backends.host_memory).
     memory_limit_mb: int = 0
     limits: Limits = field(default_factory=Limits)
-    max_message_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     ipc_mode: int = 0o660  # of every ipc socket file: owner and group may connect
     ipc_group: int | None = None  # gid given to ipc socket files; None: the process's group
     # Beside each ipc endpoint, a socket per class, read before the shared one (docs/protocol.md)
@@ -171,7 +171,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
                 "drop one of the two"
             )
     limits = _limits(subtable(raw, "limits"))
-    max_message_bytes = read_int(server, SERVER["max_message_bytes"], 64 * 1024 * 1024, "server.")
+    max_message_bytes = read_int(server, SERVER["max_message_bytes"], MAX_MESSAGE_BYTES, "server.")
     least = limits.max_header_bytes + FRAME_OVERHEAD
     if max_message_bytes < least:
         # ZeroMQ would drop the connection of a header between the two, where the daemon refuses it in words.

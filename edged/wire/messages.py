@@ -14,6 +14,9 @@ import numpy as np
 
 PROTOCOL_VERSION = 1
 MAX_ID_BYTES = 64
+# The daemon's server.max_message_bytes by default, which its clients assume unless told: ZeroMQ drops the
+# connection of a peer that sends a larger frame, and with it the replies of every call in flight on it.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # What a frame may gain on the way: CURVE adds some 33 bytes to each, and ZeroMQ's ZMQ_MAXMSGSIZE counts
 # them (a frame within them of server.max_message_bytes drops its connection there).
 FRAME_OVERHEAD = 64
