@@ -213,7 +213,10 @@ def main() -> None:
     parser.add_argument("--triton-python", help="a Python with nvidia-pytriton, to add Triton to the comparison")
     parser.add_argument("--baseline", help="a checkout whose daemon runs beside this one's, as edged_baseline")
     parser.add_argument("--tcp", action="store_true", help="every path on a port of 127.0.0.1, not an ipc socket")
+    parser.add_argument("--config", type=Path, help="this checkout's daemon's configuration file (ipc only)")
     args = parser.parse_args()
+    if args.config and args.tcp:
+        parser.error("--config and --tcp: --tcp writes a configuration of its own")
     runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 6000}
     args.rounds = args.rounds or (5 if args.quick else 20)
     duration = 5.0 if args.quick else 20.0
@@ -229,7 +232,7 @@ def main() -> None:
             config.write_text(f"[classes.realtime]\ntcp_port = {realtime_port}\n[classes.standard]\n[classes.bulk]\n")
         else:
             endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in names[1:]}
-            realtime_port, config = None, None
+            realtime_port, config = None, args.config
         endpoints["edged_realtime"] = class_endpoint(endpoints["edged"], "realtime", realtime_port) or ""
         endpoints["edged_realtime_shared"] = endpoints["edged"]
         results["transport"] = "tcp" if args.tcp else "ipc"

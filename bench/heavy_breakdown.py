@@ -1,8 +1,10 @@
 """Where the worker path's round trip goes: edged beside the naive server, heavy model.
 
-    python bench/heavy_breakdown.py [--rounds N] [--runs N]
+    python bench/heavy_breakdown.py [--rounds N] [--runs N] [--class NAME]
 
-Closed-loop round trips of `cnn-heavy` (realtime class, one raw DEALER per server),
+Closed-loop round trips of `cnn-heavy` (one raw DEALER per server, on edged's shared
+endpoint; the requests name the realtime class, or NAME; `--class none`: none, so the
+default class serves them, as compare.py's `edged` path),
 interleaved in alternating rounds, timed in the client. Both servers time themselves
 and say so in each reply (`timing_us`): queue (receipt to the backend call: decode,
 admission and, in edged, the hand-off to the lane's worker), compute (the call) and
@@ -42,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--runs", type=int, default=400, help="round trips per server and round")
+    parser.add_argument("--class", dest="klass", default="realtime", help="the class requests name; none: no class")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="edged-parts-") as folder:
         endpoints = {"naive_server": f"ipc://{folder}/naive.sock", "edged": f"ipc://{folder}/edged.sock"}
@@ -50,7 +53,8 @@ def main() -> None:
         try:
             with DaemonProcess([endpoints["edged"]]) as daemon:
                 daemon.wait_serving()
-                clients = {path: RoundTrips(endpoint) for path, endpoint in endpoints.items()}
+                klass = None if args.klass == "none" else args.klass
+                clients = {path: RoundTrips(endpoint, klass) for path, endpoint in endpoints.items()}
                 measured: dict[str, dict[str, list[float]]] = {path: {p: [] for p in PARTS} for path in endpoints}
                 for r in range(args.rounds):
                     for path in list(endpoints)[::-1] if r % 2 else endpoints:
