@@ -270,7 +270,8 @@ SHM = Section(
         Key(
             "idle_s",
             "integer",
-            "A region unused this many seconds is forgotten, and unmapped once no request reads it.",
+            "A region unused this many seconds is forgotten, and unmapped once no request reads it "
+            "(one is forgotten too when the connection that registered it closes).",
             low=1,
         ),
     ),

@@ -21,7 +21,7 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
 from edged.serve.figures import figures, model_wire
 from edged.serve.pending import PendingBytes
-from edged.serve.transport import Route, local, peer, reply
+from edged.serve.transport import Route, local, peer, reply, when_closed
 from edged.serve.transport.loop import Loop
 from edged.shm.maps import Slot
 from edged.shm.registry import Regions
@@ -218,6 +218,8 @@ class Dispatcher:
             regions.unregister(region.region, is_local, request_id)
             reply(route, encode_reply(request_id, Status.OK, region=region.region))
             return
+        # A client that ends its connection leaves no region behind: shm.max_regions is every client's.
+        when_closed(route, regions.forget)
         if request.ipc_handle is not None:
             handle = regions.register_ipc(peer(route), request.ipc_handle, region.nbytes, is_local, request_id)
         else:

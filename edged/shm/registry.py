@@ -5,11 +5,11 @@ A region is known by a handle the daemon draws at random (128 bits), not by the
 client's connection: a client's class sockets are other connections, and ZeroMQ's
 own peer ids are small counters another client could set on a socket of its own.
 Limits count the regions of the connection that registered them: a ZeroMQ peer's, or
-a unix connection's on the memfd socket (edged.shm.intake), whose regions are
-forgotten when it closes.
+a unix connection's on the memfd socket (edged.shm.intake). Either's regions are
+forgotten when it closes (a ZeroMQ connection's: edged.serve.transport.when_closed).
 
 Written by several threads: the serving loops (dispatch: registers by name, resolves,
-unregisters), the steering thread (sweeps) and the memfd intake's thread
+unregisters, forgets a closed connection's), the steering thread (sweeps) and the memfd intake's thread
 (registers memfds, forgets a closed connection's). So every use of the table holds
 `_lock`; it is held for microseconds (a lookup, an fstat, an mmap). A request's views
 keep their region mapped: Python unmaps an mmap only once nothing views it, so a
@@ -220,8 +220,8 @@ class Regions:
         if region is None:
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,
-                f"no region {ref.region!r} is registered (op shm_register returns one; an unused one is "
-                "forgotten after shm.idle_s)",
+                f"no region {ref.region!r} is registered (op shm_register returns one; one is forgotten when the "
+                "connection that registered it closes, and an unused one is forgotten after shm.idle_s)",
                 request_id,
             )
         region.used_ns = now_ns

@@ -28,7 +28,7 @@ from support import (
     start_daemon,
     wait_for,
 )
-from support.models import save_model
+from support.models import save_model, save_sleeper, sleep_for
 
 from edged.client import AsyncClient, Client, InvalidArgument
 from edged.wire.codec import encode_request
@@ -328,3 +328,75 @@ def test_a_routing_id_reused_on_another_socket_has_a_budget_of_its_own(daemon: R
         context.destroy(linger=0)
         made.close()
         made.unlink()
+
+
+def test_a_client_that_ends_its_connection_leaves_no_region_mapped() -> None:
+    """Regions count toward shm.max_regions, every client's: a client that closes its socket
+    without unregistering (one that crashed, or reconnects in a loop) has its regions
+    forgotten at once, not after shm.idle_s, on the shared socket and on a class's; another
+    client's stay, and serve it."""
+    running = start_daemon("[shm]\nenabled = true\ntrust_posix_names = true\nidle_s = 300\nmax_regions = 4\n")
+    prefix = f"edged-closing-{os.getpid()}"
+    left, kept = (shared_memory.SharedMemory(name=f"{prefix}-{n}", create=True, size=4096) for n in ("left", "kept"))
+    context = zmq.Context()
+    try:
+        stays = connect(context, running.ipc)
+        status, handle = register(stays, kept.name, 4096)
+        assert status == "OK", handle
+        # Six times past max_regions: each would still hold its region had it not been forgotten.
+        for attempt in range(6):
+            endpoint = running.ipc if attempt % 2 else class_endpoint(running.ipc, "standard")
+            leaves = connect(context, endpoint)
+            status, error = register(leaves, left.name, 4096)
+            assert status == "OK", error
+            assert mapped(running, left.name) == 1
+            leaves.close(linger=0)
+            wait_for(lambda: mapped(running, left.name) == 0, 10, "the closed connection's region to be unmapped")
+        assert mapped(running, kept.name) == 1
+        x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
+        reply = exchange(stays, encode_request(9, model="mlp-light", inputs={"x": x}))
+        assert reply.status == "OK", reply.header
+    finally:
+        context.destroy(linger=0)
+        running.close()
+        for made in (left, kept):
+            made.unlink()
+            made.close()
+
+
+def test_a_connection_that_takes_a_closed_ones_descriptor_keeps_its_region() -> None:
+    """The daemon's descriptor of a closed connection goes to the next one it accepts. Here
+    both come and go while realtime's loop runs a long call inline, with a request behind it:
+    the new one's registration is read in the same burst as that request, before the loop
+    turns to its connections' ends, and keeps its region; the closed one's is forgotten."""
+    root = short_dir()
+    save_sleeper(root)
+    running = start_daemon(
+        f'[server]\nmodel_repository = "{root}"\n[shm]\nenabled = true\ntrust_posix_names = true\nidle_s = 300\n'
+    )
+    made = shared_memory.SharedMemory(name=f"edged-reused-{os.getpid()}", create=True, size=4096)
+    context = zmq.Context()
+    realtime = class_endpoint(running.ipc, "realtime")
+    try:
+        first, busy = connect(context, realtime), connect(context, realtime)
+        assert register(first, made.name, 4096)[0] == "OK"
+        # Priced by its warm-up (n = 0), the sleeper runs inline, and the loop reads nothing for a while.
+        busy.send_multipart(encode_request(1, model="sleeper", deadline_ms=60_000, inputs=sleep_for(6000)))
+        busy.send_multipart(encode_request(2, model="mlp-light", deadline_ms=60_000, inputs={"x": X[:1]}))
+        time.sleep(0.05)
+        first.close(linger=0)
+        time.sleep(0.05)
+        second = connect(context, realtime)
+        status, handle = register(second, made.name, 4096)
+        assert status == "OK", handle
+        assert [receive(busy).status for _ in range(2)] == ["OK", "OK"]
+        x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
+        reply = exchange(second, encode_request(3, model="mlp-light", inputs={"x": x}))
+        assert reply.status == "OK", reply.header
+        assert mapped(running, made.name) == 1  # the closed connection's is gone
+    finally:
+        context.destroy(linger=0)
+        running.close()
+        made.unlink()
+        made.close()
+        shutil.rmtree(root, ignore_errors=True)

@@ -28,6 +28,12 @@ def peer(route: Route) -> bytes:
     return route[0].bound[route[1]].peer_prefix + route[2][0].bytes
 
 
+def when_closed(route: Route, callback: Callable[[bytes], None]) -> None:
+    """Call `callback(peer(route))` on the request's loop once its connection closes; an ipc
+    connection's (a tcp one's end is not watched). Called before the state it releases is made."""
+    route[0].when_closed(route[1], route[2][0], callback, peer(route))
+
+
 def local(route: Route) -> bool:
     """Whether the request came on an ipc endpoint (a client on this machine)."""
     return route[0].bound[route[1]].local

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,11 @@ class Bound:
     sock: zmq.Socket
     klass: str | None  # the class it takes alone; None: any (a shared endpoint)
     endpoint: str
+    # Where the socket's connections' ends are told (`watch_closing`): an ipc socket's alone.
+    monitor: zmq.Socket | None = None
     unroutable: int = 0
+    # By a connection's descriptor, what to call, by peer, once it closes (edged.serve.transport.when_closed).
+    closing: dict[int, dict[bytes, Callable[[bytes], None]]] = field(default_factory=dict)
     # Before a routing id in a peer's key (edged.serve.transport.peer): a ROUTER keeps ids unique on itself alone.
     peer_prefix: bytes = field(init=False)
 
@@ -87,3 +92,10 @@ def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread:
     if ipc_path is not None:
         restrict_ipc_socket(ipc_path, options.ipc_mode, options.ipc_group)
     return sock
+
+
+def watch_closing(sock: zmq.Socket, endpoint: str) -> zmq.Socket | None:
+    """A socket that tells each end of an ipc endpoint's connections (ZeroMQ's monitor, on
+    the main thread as `bind`), or None: shared memory, the state a connection leaves behind,
+    is registered over ipc alone."""
+    return sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if endpoint.startswith("ipc://") else None

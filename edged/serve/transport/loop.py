@@ -1,5 +1,6 @@
 """A serving loop: one thread per class, the only one that touches its sockets. It polls
-them and an eventfd, and hands each request to its handler (edged.serve.dispatch).
+them, the ends of their ipc connections and an eventfd, and hands each request to its
+handler (edged.serve.dispatch).
 Other threads hand it work as callables (`call_soon`: a deque plus an eventfd write;
 docs/benchmarks.md, "A hand-off between threads"), so no socket needs a lock."""
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from edged.serve.transport import Handler, Route
 from edged.serve.transport.binding import Bound
@@ -131,6 +133,9 @@ class Loop:
             poller.register(bound.sock, zmq.POLLIN)
         poller.register(self._wake, zmq.POLLIN)
         socks = [bound.sock for bound in self.bound]
+        monitors = [(index, bound.monitor) for index, bound in enumerate(self.bound) if bound.monitor is not None]
+        for _, monitor in monitors:
+            poller.register(monitor, zmq.POLLIN)
         _running.loop = self
         turns, top = self._turns, self._top
         try:
@@ -145,6 +150,9 @@ class Loop:
                 if self._wake in ready:
                     os.eventfd_read(self._wake)
                 self._run_soon()
+                for index, monitor in monitors:
+                    if monitor in ready:
+                        self._closed(index)
                 for index, sock in enumerate(socks):
                     if sock in ready:
                         self._receive(index, RECEIVE_BURST)
@@ -163,6 +171,9 @@ class Loop:
         finally:
             if top:
                 turns.sleep()
+            for index, monitor in monitors:
+                self.bound[index].sock.disable_monitor()
+                monitor.close(linger=0)
             for sock in socks:
                 sock.close(linger=CLOSE_LINGER_MS)
             with self._handing:
@@ -185,6 +196,31 @@ class Loop:
                 callback(*args)
             except Exception:  # one callback's bug must not take the loop down
                 log.exception("loop %s: a callback failed", self.name)
+
+    def when_closed(self, index: int, envelope: zmq.Frame, callback: Callable[[bytes], None], who: bytes) -> None:
+        """Call `callback(who)` here once the connection `envelope` came on closes (an ipc socket's; else
+        never). The ends already told are acted on first: a descriptor reused since names a new connection."""
+        bound = self.bound[index]
+        if bound.monitor is not None:
+            self._closed(index)
+            bound.closing.setdefault(envelope.get(zmq.SRCFD), {})[who] = callback
+
+    def _closed(self, index: int) -> None:
+        """Act on the connections of socket `index` that ZeroMQ has told closed."""
+        bound = self.bound[index]
+        assert bound.monitor is not None
+        while True:
+            try:
+                event = parse_monitor_message(bound.monitor.recv_multipart(_LAST))
+            except zmq.Again:
+                return
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            for who, callback in bound.closing.pop(int(event["value"]), {}).items():
+                try:
+                    callback(who)
+                except Exception:  # one callback's bug must not take the loop down
+                    log.exception("loop %s: a callback at a connection's end failed", self.name)
 
     def _finish(self) -> None:
         self._closing = True
