@@ -200,6 +200,9 @@ class Loop:
     def when_closed(self, index: int, envelope: zmq.Frame, callback: Callable[[bytes], None], who: bytes) -> None:
         """Call `callback(who)` here once the connection `envelope` came on closes (an ipc socket's; else
         never). The ends already told are acted on first: a descriptor reused since names a new connection."""
+        if threading.get_ident() != self._ident:
+            thread = threading.current_thread().name
+            raise RuntimeError(f"loop {self.name} watches its connections on its own thread, not {thread!r}")
         bound = self.bound[index]
         if bound.monitor is not None:
             self._closed(index)

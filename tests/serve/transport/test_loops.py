@@ -2,7 +2,7 @@
 and writes it; other threads hand replies over, and none waits for the loop's tick; a
 class's own socket is read while the shared socket's loop is busy; the other loops give
 way to the highest class's, and to no other; a loop that closes answers what reached its
-sockets first."""
+sockets first; a connection that closes is told on its loop alone."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import zmq
 from support import bounded
 
-from edged.serve.transport import Route, reply
+from edged.serve.transport import Route, peer, reply, when_closed
 from edged.serve.transport.binding import Bound
 from edged.serve.transport.loop import RECEIVE_BURST, Loop
 from edged.serve.transport.sockets import Sockets
@@ -338,3 +338,40 @@ def test_work_handed_over_as_the_loop_closes_is_counted_and_never_written_to_a_r
         assert loop.lost == 1
     finally:
         os.close(stranger)
+
+
+def test_a_closed_connection_is_told_on_its_loop_alone(short_tmp: Path, context: zmq.Context) -> None:
+    """`when_closed`: the callback runs on the loop's thread once that client's connection
+    closes, for it alone, with its peer; asked from another thread, the loop refuses."""
+    endpoint = f"ipc://{short_tmp}/w.sock"
+    sockets = Sockets((endpoint,), 1 << 20, ("only",), "only", class_sockets=False)
+    told: queue.SimpleQueue[tuple[bytes, bytes, int]] = queue.SimpleQueue()
+    routes: dict[bytes, Route] = {}
+    read_on: list[int] = []
+
+    def handle(route: Route, frames: list[Any], _received_ns: int, _more: bool) -> None:
+        name = bytes(frames[0])
+        routes[name], read_on[:] = route, [threading.get_ident()]
+        when_closed(route, lambda who: told.put((name, who, threading.get_ident())))
+        reply(route, [b"ok"])
+
+    loop = Loop("only", sockets.by_class["only"], handle)
+    loop.start()
+    first, second = (bounded(context.socket(zmq.DEALER)) for _ in range(2))
+    try:
+        for client, name in ((first, b"first"), (second, b"second")):
+            client.connect(endpoint)
+            client.send(name)
+            assert client.recv() == b"ok"
+        first.close(linger=0)
+        assert told.get(timeout=5) == (b"first", peer(routes[b"first"]), read_on[0])
+        with pytest.raises(RuntimeError, match="on its own thread"):
+            when_closed(routes[b"second"], print)
+        time.sleep(0.2)
+        assert told.empty()  # the second client is still connected
+        second.close(linger=0)
+        assert told.get(timeout=5)[:2] == (b"second", peer(routes[b"second"]))
+    finally:
+        loop.close()
+        assert loop.join(5)
+        sockets.close()
