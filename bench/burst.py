@@ -176,6 +176,7 @@ def report(run: str, floor: dict[str, Any], edged: dict[str, Any], own: OwnCompu
             f"{trip.get('p99', 0):.2f} / max {trip.get('max', 0):.2f} ms (inside the daemon p50 "
             f"{inside.get('p50', 0):.2f} / p99 {inside.get('p99', 0):.2f} ms); beside the floor's burst "
             f"p50 {floor_trip.get('p50', 0):.2f} / p99 {floor_trip.get('p99', 0):.2f} ms",
+            *(f"  realtime refused {count}x: {why}" for why, count in rt.get("refusals", {}).items()),
             f"  whole burst answered in {took:.2f} s, the floor's in {floor_took:.2f} s: {took / floor_took:.2f}x; "
             f"its sheds in {shed_took:.2f} s ({shed_took / floor_took:.2f}x), "
             f"the rest being the {burst['admitted']} admitted requests' compute",

@@ -61,6 +61,8 @@ class BurstResult:
 
 # How long a burst's peers listen past the last reply for a second one.
 SECOND_REPLY_WAIT_MS = 300
+# The realtime peers' most common refusals kept, with their counts: why, where any was not OK.
+REFUSALS_KEPT = 5
 
 
 def stampede(
@@ -138,8 +140,9 @@ def stampede(
 def realtime_beside(endpoint: str, peers: int, period_ms: float, duration_s: float) -> dict[str, Any]:
     """`peers` realtime clients, each on a thread and a socket of its own, sending
     mlp-light every `period_ms` for `duration_s`: their statuses and round trips, with
-    the daemon's own span (`timing_us.total`) beside them."""
+    the daemon's own span (`timing_us.total`) beside them, and why any was refused."""
     statuses: Counter[str] = Counter()
+    refusals: Counter[str] = Counter()  # "STATUS: message", for what was not OK
     round_trips: list[float] = []
     inside: list[float] = []
     lock = threading.Lock()
@@ -160,6 +163,8 @@ def realtime_beside(endpoint: str, peers: int, period_ms: float, duration_s: flo
                     status, total_ms = "OK", timing["total"] / 1000 if timing else None
                 except EdgedError as exc:
                     status, total_ms = (exc.status.value if exc.status else "NO_REPLY"), None
+                    with lock:
+                        refusals[f"{status}: {exc.message}"] += 1
                 with lock:
                     statuses[status] += 1
                     round_trips.append((time.perf_counter() - sent) * 1000)
@@ -173,6 +178,7 @@ def realtime_beside(endpoint: str, peers: int, period_ms: float, duration_s: flo
         thread.join()
     return {
         "statuses": dict(statuses),
+        "refusals": dict(refusals.most_common(REFUSALS_KEPT)),
         "sent": sum(statuses.values()),
         "round_trip_ms": percentiles(round_trips),
         "daemon_total_ms": percentiles(inside),
