@@ -112,10 +112,15 @@ class Regions:
             )
         with self._lock:
             self._check_limits(peer, nbytes, refuse)
-            try:
-                memory = self.open_device(handle, nbytes)
-            except BackendError as exc:
-                raise refuse(Status.INVALID_ARGUMENT, str(exc)) from None
+        # Opened outside the lock, which every loop takes to resolve a request's regions: a first
+        # open maps the client's allocation, and may take milliseconds.
+        try:
+            memory = self.open_device(handle, nbytes)
+        except BackendError as exc:
+            raise refuse(Status.INVALID_ARGUMENT, str(exc)) from None
+        with self._lock:
+            # Again: registrations may have come meanwhile. Refused, the memory closes with its last reference.
+            self._check_limits(peer, nbytes, refuse)
             return self._add(DeviceRegion(peer, memory, nbytes, time.monotonic_ns()))
 
     def unregister(self, handle: str, local: bool, request_id: RequestId) -> None:

@@ -21,11 +21,13 @@ from support import REPO_ROOT, RunningDaemon, connect, exchange, random_input, r
 
 from edged.client import Client, InvalidArgument
 from edged.wire.codec import encode_request
+from edged.wire.endpoints import class_endpoint
 from edged.wire.messages import ShmRef
 from edged.wire.shm import ShmTensor
 
 X = random_input("mlp-light", 3, seed=7)["x"]
 RUN_S = 0.3  # each read of a device input waits this long: the test acts meanwhile
+OPEN_S = 3.0  # each open of a "-slow" object waits this long
 SHM = "[shm]\nenabled = true\nmax_region_mb = 1\nmax_regions_per_peer = 2\n"
 
 
@@ -38,7 +40,10 @@ def ipc_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def daemon(ipc_log: Path) -> Iterator[RunningDaemon]:
     saved = dict(os.environ)
     os.environ.update(
-        EDGED_FAKE_GPU_FREE_MB="65536", EDGED_FAKE_GPU_IPC_LOG=str(ipc_log), EDGED_FAKE_GPU_IPC_RUN_S=str(RUN_S)
+        EDGED_FAKE_GPU_FREE_MB="65536",
+        EDGED_FAKE_GPU_IPC_LOG=str(ipc_log),
+        EDGED_FAKE_GPU_IPC_RUN_S=str(RUN_S),
+        EDGED_FAKE_GPU_IPC_OPEN_S=str(OPEN_S),
     )
     try:
         program = [sys.executable, str(REPO_ROOT / "tests" / "support" / "fake_gpu.py")]
@@ -167,3 +172,37 @@ def test_a_cpu_daemon_refuses_a_cuda_ipc_region_saying_why() -> None:
         )
     finally:
         running.close()
+
+
+def test_fake_gpu_ipc_a_slow_open_holds_up_no_other_loops_request(
+    daemon: RunningDaemon, memory: shared_memory.SharedMemory, ipc_log: Path
+) -> None:
+    """A first open of a CUDA IPC handle maps the client's allocation and may take a while.
+    It runs outside the regions' lock, which every loop takes to resolve a request's regions:
+    a realtime request reading a region already registered is answered while another
+    client's registration, on the shared socket, is still opening (the fake's open of a
+    "-slow" object waits OPEN_S; before, the request waited for the open's end)."""
+    slow = shared_memory.SharedMemory(name=f"edged-ipc-{os.getpid()}-{time.monotonic_ns()}-slow", create=True, size=64)
+    context = zmq.Context()
+    try:
+        registering, reading = connect(context, daemon.ipc), connect(context, class_endpoint(daemon.ipc, "realtime"))
+        register = encode_request(1, "shm_register", region=ShmRef("", 0, memory.size), cuda_ipc=handle_of(memory))
+        reply = exchange(reading, register)
+        assert reply.status == "OK", reply.header
+        x = ShmTensor(ShmRef(reply.header["region"], 0, X.nbytes), "float32", X.shape)
+        registering.send_multipart(
+            encode_request(2, "shm_register", region=ShmRef("", 0, 64), cuda_ipc=handle_of(slow))
+        )
+        wait_for(lambda: f"opening {slow.name.lstrip('/')}" in lines(ipc_log), 5, "the slow open to start")
+        reading.send_multipart(encode_request(3, model="mlp-light", deadline_ms=10_000, inputs={"x": x}))
+        poller = zmq.Poller()
+        for sock in (registering, reading):
+            poller.register(sock, zmq.POLLIN)
+        first = dict(poller.poll(int(OPEN_S * 4000)))
+        assert reading in first and registering not in first, "the request waited for another client's open"
+        assert receive(reading).status == "OK"
+        assert receive(registering).status == "OK"
+    finally:
+        context.destroy(linger=0)
+        slow.unlink()
+        slow.close()

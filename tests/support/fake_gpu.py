@@ -13,7 +13,8 @@ It also takes CUDA IPC regions (edged.backends.OpeningIpc), faked with host memo
 64-byte "handle" is a POSIX shared-memory object's name, NUL-padded, which `open_ipc`
 maps; a runner reads a DeviceTensor input from that mapping. Each open, read and close
 is a line in the file EDGED_FAKE_GPU_IPC_LOG names, and a read waits
-EDGED_FAKE_GPU_IPC_RUN_S (default 0) first, so that a test can act while it runs.
+EDGED_FAKE_GPU_IPC_RUN_S (default 0) first, so that a test can act while it runs; an open
+of an object whose name ends in `-slow` waits EDGED_FAKE_GPU_IPC_OPEN_S (default 0).
 
 Run as a script, it is `edged` with this backend registered as "fake-gpu".
 """
@@ -93,6 +94,9 @@ class FakeIpcMemory:
 
     def __init__(self, handle: bytes, nbytes: int) -> None:
         name = handle.rstrip(b"\0").decode()
+        if name.endswith("-slow"):
+            note(f"opening {name}")
+            time.sleep(float(os.environ.get("EDGED_FAKE_GPU_IPC_OPEN_S", "0")))
         try:
             with open(Path("/dev/shm") / name, "r+b") as file:
                 self._mapping = mmap.mmap(file.fileno(), 0)
