@@ -21,7 +21,7 @@ from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
 from edged.serve.figures import figures, model_wire
 from edged.serve.pending import PendingBytes
-from edged.serve.transport import Route, local, peer, reply, when_closed
+from edged.serve.transport import Route, local, reply, when_closed
 from edged.serve.transport.loop import Loop
 from edged.shm.maps import Slot
 from edged.shm.registry import Regions
@@ -219,12 +219,15 @@ class Dispatcher:
             reply(route, encode_reply(request_id, Status.OK, region=region.region))
             return
         # A client that ends its connection leaves no region behind: shm.max_regions is every client's.
-        when_closed(route, regions.forget)
+        # The regions are the connection's, not the peer's: a client may reconnect with its routing id.
+        connection = when_closed(route, regions.forget)
         if request.ipc_handle is not None:
-            handle = regions.register_ipc(peer(route), request.ipc_handle, region.nbytes, is_local, request_id)
+            handle = regions.register_ipc(connection, request.ipc_handle, region.nbytes, is_local, request_id)
         else:
-            handle = regions.register(peer(route), region, is_local, request_id)
-        reply(route, encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes))
+            handle = regions.register(connection, region, is_local, request_id)
+        if not reply(route, encode_reply(request_id, Status.OK, region=handle, bytes=region.nbytes)):
+            # Gone before this was read, its end maybe told already: no one has the handle.
+            regions.unregister(handle, is_local, request_id)
 
     def _models_op(self, route: Route, request: Request) -> None:
         loaded = self.loaded

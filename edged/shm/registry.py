@@ -4,9 +4,9 @@ registration, then read as inputs and written as outputs in place, with no copy.
 A region is known by a handle the daemon draws at random (128 bits), not by the
 client's connection: a client's class sockets are other connections, and ZeroMQ's
 own peer ids are small counters another client could set on a socket of its own.
-Limits count the regions of the connection that registered them: a ZeroMQ peer's, or
-a unix connection's on the memfd socket (edged.shm.intake). Either's regions are
-forgotten when it closes (a ZeroMQ connection's: edged.serve.transport.when_closed).
+Limits count the regions of the connection that registered them: a ZeroMQ connection's
+(its peer and its descriptor: edged.serve.transport.when_closed), or a unix connection's on
+the memfd socket (edged.shm.intake). Either's regions are forgotten when it closes.
 
 Written by several threads: the serving loops (dispatch: registers by name, resolves,
 unregisters, forgets a closed connection's), the steering thread (sweeps) and the memfd intake's thread
@@ -55,8 +55,9 @@ class Regions:
         self.open_device: Callable[[bytes, int], DeviceMemory] | None = None
         self.backend = ""
 
-    def register(self, peer: bytes, ref: ShmRef, local: bool, request_id: RequestId) -> str:
-        """Map the object `ref.region`, `ref.nbytes` long, for `peer`; its handle. Raises ProtocolError."""
+    def register(self, owner: bytes, ref: ShmRef, local: bool, request_id: RequestId) -> str:
+        """Map the object `ref.region`, `ref.nbytes` long, for the connection `owner`; its handle.
+        Raises ProtocolError."""
         self._check_open(local, request_id)
         config, name = self.config, ref.region
 
@@ -72,9 +73,9 @@ class Regions:
         if not name.startswith(config.prefix):
             raise refuse(Status.INVALID_ARGUMENT, f"this daemon maps only names that start with {config.prefix!r}")
         with self._lock:
-            self._check_limits(peer, ref.nbytes, refuse)
+            self._check_limits(owner, ref.nbytes, refuse)
             mapping = map_posix(self._root, name, ref.nbytes, refuse)
-            return self._add(Region(name, peer, mapping, ref.nbytes, time.monotonic_ns()))
+            return self._add(Region(name, owner, mapping, ref.nbytes, time.monotonic_ns()))
 
     def register_fd(self, owner: int, fd: int, nbytes: int, name: str, request_id: RequestId) -> str:
         """Map `nbytes` of the memfd `fd` a client handed over (edged.shm.intake) for
@@ -96,8 +97,8 @@ class Regions:
             for handle in [handle for handle, region in self._regions.items() if region.owner == owner]:
                 del self._regions[handle]
 
-    def register_ipc(self, peer: bytes, handle: bytes, nbytes: int, local: bool, request_id: RequestId) -> str:
-        """Open the device memory a CUDA IPC `handle` exports, `nbytes` long, for `peer`, once;
+    def register_ipc(self, owner: bytes, handle: bytes, nbytes: int, local: bool, request_id: RequestId) -> str:
+        """Open the device memory a CUDA IPC `handle` exports, `nbytes` long, for the connection `owner`, once;
         its region handle. Raises ProtocolError."""
         self._check_open(local, request_id)
 
@@ -111,7 +112,7 @@ class Regions:
                 "device memory; register a POSIX shared-memory object instead",
             )
         with self._lock:
-            self._check_limits(peer, nbytes, refuse)
+            self._check_limits(owner, nbytes, refuse)
         # Opened outside the lock, which every loop takes to resolve a request's regions: a first
         # open maps the client's allocation, and may take milliseconds.
         try:
@@ -120,8 +121,8 @@ class Regions:
             raise refuse(Status.INVALID_ARGUMENT, str(exc)) from None
         with self._lock:
             # Again: registrations may have come meanwhile. Refused, the memory closes with its last reference.
-            self._check_limits(peer, nbytes, refuse)
-            return self._add(DeviceRegion(peer, memory, nbytes, time.monotonic_ns()))
+            self._check_limits(owner, nbytes, refuse)
+            return self._add(DeviceRegion(owner, memory, nbytes, time.monotonic_ns()))
 
     def unregister(self, handle: str, local: bool, request_id: RequestId) -> None:
         self._check_open(local, request_id)

@@ -400,3 +400,86 @@ def test_a_connection_that_takes_a_closed_ones_descriptor_keeps_its_region() -> 
         made.unlink()
         made.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_connections_closing_by_thousands_beside_a_busy_loop_stall_no_other_socket() -> None:
+    """ZeroMQ tells each connection's end on a pipe its I/O thread writes with a blocking send;
+    read by the socket's loop, which reads nothing while it runs a call. Unbounded, 3,000 ends
+    told meanwhile (a local client opening and closing connections) stall nothing: realtime,
+    whose socket the same I/O thread serves, answers before standard's long call ends (with
+    ZeroMQ's bounded monitor pipe, it waited for that call's end)."""
+    root = short_dir()
+    save_sleeper(root)
+    running = start_daemon(f'[server]\nmodel_repository = "{root}"\n')
+    context, churn = zmq.Context(), zmq.Context()
+    churn.MAX_SOCKETS = 60_000
+    standard = class_endpoint(running.ipc, "standard")
+    try:
+        realtime, busy = connect(context, class_endpoint(running.ipc, "realtime")), connect(context, standard)
+        busy.send_multipart(encode_request(1, model="sleeper", deadline_ms=120_000, inputs=sleep_for(40_000)))
+        time.sleep(0.3)  # standard's loop is inside the call, priced by a free warm-up
+        for _ in range(3000):
+            sock = churn.socket(zmq.DEALER)
+            sock.connect(standard)
+            sock.close(linger=0)
+        time.sleep(0.5)
+        realtime.send_multipart(encode_request(2, "health"))
+        poller = zmq.Poller()
+        for sock in (realtime, busy):
+            poller.register(sock, zmq.POLLIN)
+        first = dict(poller.poll(120_000))
+        assert realtime in first and busy not in first, "realtime waited for standard's call"
+        assert receive(realtime).status == "OK"
+        assert receive(busy).status == "OK"
+    finally:
+        context.destroy(linger=0)
+        churn.destroy(linger=0)
+        running.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_client_gone_right_after_registering_leaves_nothing_and_its_routing_id_is_not_cursed() -> None:
+    """A client that sends shm_register and ends its connection while realtime's loop runs a
+    long call (a crash): the loop reads its end before its request, and still forgets the
+    region (the handle's reply finds no one). The same client back with the same routing id,
+    on a new connection, keeps what it registers there when the next connection to take the
+    gone one's descriptor closes."""
+    root = short_dir()
+    save_sleeper(root)
+    shm = "[shm]\nenabled = true\ntrust_posix_names = true\nidle_s = 300\n"
+    running = start_daemon(f'[server]\nmodel_repository = "{root}"\n{shm}')
+    made = shared_memory.SharedMemory(name=f"edged-crashed-{os.getpid()}", create=True, size=4096)
+    context = zmq.Context()
+    realtime = class_endpoint(running.ipc, "realtime")
+
+    def camera() -> zmq.Socket:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, b"camera-1")
+        sock.connect(realtime)
+        return sock
+
+    try:
+        busy = connect(context, realtime)
+        busy.send_multipart(encode_request(1, model="sleeper", deadline_ms=60_000, inputs=sleep_for(6000)))
+        time.sleep(0.05)  # realtime's loop is inside the call
+        crashed = camera()
+        crashed.send_multipart(encode_request(2, "shm_register", region=ShmRef(made.name, 0, 4096)))
+        crashed.close(linger=2000)  # the request leaves first
+        assert receive(busy).status == "OK"
+        wait_for(lambda: mapped(running, made.name) == 0, 10, "the gone client's region to be unmapped")
+        other = connect(context, realtime)  # the gone one's descriptor, most likely
+        assert exchange(other, encode_request(3, "health")).status == "OK"
+        restarted = camera()
+        status, handle = register(restarted, made.name, 4096, 4)
+        assert status == "OK", handle
+        other.close(linger=0)
+        time.sleep(0.3)
+        x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
+        reply = exchange(restarted, encode_request(5, model="mlp-light", inputs={"x": x}))
+        assert reply.status == "OK", reply.header
+    finally:
+        context.destroy(linger=0)
+        running.close()
+        made.unlink()
+        made.close()
+        shutil.rmtree(root, ignore_errors=True)

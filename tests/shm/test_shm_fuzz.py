@@ -469,7 +469,7 @@ def test_shm_fuzzed_every_request_answered_once_and_nothing_left_mapped(fuzz: Fu
                 messages += race(fuzz, region, sock, index, rng.randint(1, 2))
             elif kind == "vanish":
                 # A client gone with its regions registered: the daemon forgets them once it reads
-                # the connection's end, so until this test has seen one refused, either outcome is right.
+                # the connection's end, at a moment this test does not know: either outcome is right.
                 fuzz.socks[sock].close(linger=0)
                 fuzz.socks[sock] = fuzz.dealer()
                 for region in live:

@@ -17,9 +17,10 @@ Route = tuple["Loop", int, list[Any]]
 Handler = Callable[[Route, list[Buffer], int, bool], None]
 
 
-def reply(route: Route, frames: list[Buffer]) -> None:
-    """Send one reply, from any thread."""
-    route[0].send(route, frames)
+def reply(route: Route, frames: list[Buffer]) -> bool:
+    """Send one reply, from any thread. False: sent at once, on the socket's own loop, to a
+    peer already gone (its connection closed)."""
+    return route[0].send(route, frames)
 
 
 def peer(route: Route) -> bytes:
@@ -28,10 +29,11 @@ def peer(route: Route) -> bytes:
     return route[0].bound[route[1]].peer_prefix + route[2][0].bytes
 
 
-def when_closed(route: Route, callback: Callable[[bytes], None]) -> None:
-    """Call `callback(peer(route))` on the request's loop once its connection closes; an ipc
-    connection's (a tcp one's end is not watched). Called before the state it releases is made."""
-    route[0].when_closed(route[1], route[2][0], callback, peer(route))
+def when_closed(route: Route, callback: Callable[[bytes], None]) -> bytes:
+    """The request's connection (its peer and its descriptor); `callback` is called with it on
+    the request's loop once it closes, an ipc connection's (a tcp one's end is not watched).
+    Asked before the state it releases is made."""
+    return route[0].when_closed(route[1], route[2][0], callback, peer(route))
 
 
 def local(route: Route) -> bool:

@@ -40,8 +40,8 @@ class Bound:
         """An ipc endpoint: its clients are on this machine."""
         return self.endpoint.startswith("ipc://")
 
-    def send(self, envelope: list[Any], frames: list[Any]) -> None:
-        """Send one reply; one whose peer is gone or full is counted, not raised."""
+    def send(self, envelope: list[Any], frames: list[Any]) -> bool:
+        """Send one reply; one whose peer is gone or full is counted, not raised (False)."""
         send = self.sock.send
         try:
             # Not send_multipart (its enum arithmetic costs microseconds); a gone or full peer fails at frame 1.
@@ -54,6 +54,8 @@ class Bound:
             if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
             self.unroutable += 1
+            return False
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,4 +100,13 @@ def watch_closing(sock: zmq.Socket, endpoint: str) -> zmq.Socket | None:
     """A socket that tells each end of an ipc endpoint's connections (ZeroMQ's monitor, on
     the main thread as `bind`), or None: shared memory, the state a connection leaves behind,
     is registered over ipc alone."""
-    return sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if endpoint.startswith("ipc://") else None
+    if not endpoint.startswith("ipc://"):
+        return None
+    address = f"inproc://edged-closing-{id(sock)}"
+    sock.monitor(address, zmq.EVENT_DISCONNECTED)
+    reader = sock.context.socket(zmq.PAIR)
+    # Unbounded: libzmq's I/O thread blocks on a full monitor pipe, and with it every socket it
+    # serves (realtime's among them), while this socket's loop runs a call and reads nothing.
+    reader.rcvhwm = 0
+    reader.connect(address)
+    return reader

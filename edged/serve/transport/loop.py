@@ -6,6 +6,7 @@ docs/benchmarks.md, "A hand-off between threads"), so no socket needs a lock."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
@@ -101,12 +102,13 @@ class Loop:
             self._hand_over()
             self._turns.wait()
 
-    def send(self, route: Route, frames: list[Buffer]) -> None:
-        """Send a reply: now on this loop's thread, else through `call_soon`."""
+    def send(self, route: Route, frames: list[Buffer]) -> bool:
+        """Send a reply: now on this loop's thread, else through `call_soon`. False: sent
+        now to a peer known to be gone (counted unroutable)."""
         if threading.get_ident() == self._ident:
-            self.bound[route[1]].send(route[2], frames)
-        else:
-            self.call_soon(self.bound[route[1]].send, route[2], frames)
+            return self.bound[route[1]].send(route[2], frames)
+        self.call_soon(self.bound[route[1]].send, route[2], frames)
+        return True
 
     def close(self) -> None:
         """Read the sockets dry, answer, send what was handed over, then close; sets `closed`."""
@@ -172,7 +174,9 @@ class Loop:
             if top:
                 turns.sleep()
             for index, monitor in monitors:
-                self.bound[index].sock.disable_monitor()
+                # A loop given up on at a stop may close after the context has gone: its sockets with it.
+                with contextlib.suppress(zmq.ZMQError):
+                    self.bound[index].sock.disable_monitor()
                 monitor.close(linger=0)
             for sock in socks:
                 sock.close(linger=CLOSE_LINGER_MS)
@@ -197,16 +201,19 @@ class Loop:
             except Exception:  # one callback's bug must not take the loop down
                 log.exception("loop %s: a callback failed", self.name)
 
-    def when_closed(self, index: int, envelope: zmq.Frame, callback: Callable[[bytes], None], who: bytes) -> None:
-        """Call `callback(who)` here once the connection `envelope` came on closes (an ipc socket's; else
-        never). The ends already told are acted on first: a descriptor reused since names a new connection."""
+    def when_closed(self, index: int, envelope: zmq.Frame, callback: Callable[[bytes], None], peer: bytes) -> bytes:
+        """The connection `envelope` came on (its peer and its descriptor); `callback` is called with
+        it here once it closes (an ipc socket's; else never). The ends already told are acted on
+        first: a descriptor reused since names a new connection."""
         if threading.get_ident() != self._ident:
             thread = threading.current_thread().name
             raise RuntimeError(f"loop {self.name} watches its connections on its own thread, not {thread!r}")
-        bound = self.bound[index]
+        bound, descriptor = self.bound[index], envelope.get(zmq.SRCFD)
+        connection = peer + b"\0" + str(descriptor).encode()
         if bound.monitor is not None:
             self._closed(index)
-            bound.closing.setdefault(envelope.get(zmq.SRCFD), {})[who] = callback
+            bound.closing.setdefault(descriptor, {})[connection] = callback
+        return connection
 
     def _closed(self, index: int) -> None:
         """Act on the connections of socket `index` that ZeroMQ has told closed."""
@@ -219,9 +226,9 @@ class Loop:
                 return
             if event["event"] != zmq.EVENT_DISCONNECTED:
                 continue
-            for who, callback in bound.closing.pop(int(event["value"]), {}).items():
+            for connection, callback in bound.closing.pop(int(event["value"]), {}).items():
                 try:
-                    callback(who)
+                    callback(connection)
                 except Exception:  # one callback's bug must not take the loop down
                     log.exception("loop %s: a callback at a connection's end failed", self.name)
 

@@ -342,17 +342,19 @@ def test_work_handed_over_as_the_loop_closes_is_counted_and_never_written_to_a_r
 
 def test_a_closed_connection_is_told_on_its_loop_alone(short_tmp: Path, context: zmq.Context) -> None:
     """`when_closed`: the callback runs on the loop's thread once that client's connection
-    closes, for it alone, with its peer; asked from another thread, the loop refuses."""
+    closes, for it alone, with the connection (its peer, then its descriptor); asked from
+    another thread, the loop refuses."""
     endpoint = f"ipc://{short_tmp}/w.sock"
     sockets = Sockets((endpoint,), 1 << 20, ("only",), "only", class_sockets=False)
     told: queue.SimpleQueue[tuple[bytes, bytes, int]] = queue.SimpleQueue()
     routes: dict[bytes, Route] = {}
+    connections: dict[bytes, bytes] = {}
     read_on: list[int] = []
 
     def handle(route: Route, frames: list[Any], _received_ns: int, _more: bool) -> None:
         name = bytes(frames[0])
         routes[name], read_on[:] = route, [threading.get_ident()]
-        when_closed(route, lambda who: told.put((name, who, threading.get_ident())))
+        connections[name] = when_closed(route, lambda connection: told.put((name, connection, threading.get_ident())))
         reply(route, [b"ok"])
 
     loop = Loop("only", sockets.by_class["only"], handle)
@@ -363,14 +365,16 @@ def test_a_closed_connection_is_told_on_its_loop_alone(short_tmp: Path, context:
             client.connect(endpoint)
             client.send(name)
             assert client.recv() == b"ok"
+        assert connections[b"first"].startswith(peer(routes[b"first"]) + b"\0")
+        assert connections[b"first"] != connections[b"second"]
         first.close(linger=0)
-        assert told.get(timeout=5) == (b"first", peer(routes[b"first"]), read_on[0])
+        assert told.get(timeout=5) == (b"first", connections[b"first"], read_on[0])
         with pytest.raises(RuntimeError, match="on its own thread"):
             when_closed(routes[b"second"], print)
         time.sleep(0.2)
         assert told.empty()  # the second client is still connected
         second.close(linger=0)
-        assert told.get(timeout=5)[:2] == (b"second", peer(routes[b"second"]))
+        assert told.get(timeout=5)[:2] == (b"second", connections[b"second"])
     finally:
         loop.close()
         assert loop.join(5)
