@@ -77,6 +77,13 @@ def register(sock: zmq.Socket, name: str, nbytes: int, request_id: int = 1) -> t
     return reply.status, reply.header.get("region") or reply.header.get("error", "")
 
 
+def assert_serves_from(sock: zmq.Socket, handle: str, request_id: int) -> None:
+    """mlp-light answers OK with its input read from the region `handle`."""
+    x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
+    reply = exchange(sock, encode_request(request_id, model="mlp-light", inputs={"x": x}))
+    assert reply.status == "OK", reply.header
+
+
 @pytest.mark.parametrize("named", [False, True], ids=["memfd", "posix-name"])
 def test_inputs_and_outputs_in_shared_memory_answer_as_frames_do(daemon: RunningDaemon, named: bool) -> None:
     with Client(daemon.ipc) as client:
@@ -353,9 +360,7 @@ def test_a_client_that_ends_its_connection_leaves_no_region_mapped() -> None:
             leaves.close(linger=0)
             wait_for(lambda: mapped(running, left.name) == 0, 10, "the closed connection's region to be unmapped")
         assert mapped(running, kept.name) == 1
-        x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
-        reply = exchange(stays, encode_request(9, model="mlp-light", inputs={"x": x}))
-        assert reply.status == "OK", reply.header
+        assert_serves_from(stays, handle, 9)
     finally:
         context.destroy(linger=0)
         running.close()
@@ -390,9 +395,7 @@ def test_a_connection_that_takes_a_closed_ones_descriptor_keeps_its_region() -> 
         status, handle = register(second, made.name, 4096)
         assert status == "OK", handle
         assert [receive(busy).status for _ in range(2)] == ["OK", "OK"]
-        x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
-        reply = exchange(second, encode_request(3, model="mlp-light", inputs={"x": x}))
-        assert reply.status == "OK", reply.header
+        assert_serves_from(second, handle, 3)
         assert mapped(running, made.name) == 1  # the closed connection's is gone
     finally:
         context.destroy(linger=0)
@@ -474,9 +477,7 @@ def test_a_client_gone_right_after_registering_leaves_nothing_and_its_routing_id
         assert status == "OK", handle
         other.close(linger=0)
         time.sleep(0.3)
-        x = ShmTensor(ShmRef(handle, 0, 256), "float32", (1, 64))
-        reply = exchange(restarted, encode_request(5, model="mlp-light", inputs={"x": x}))
-        assert reply.status == "OK", reply.header
+        assert_serves_from(restarted, handle, 5)
     finally:
         context.destroy(linger=0)
         running.close()
