@@ -27,7 +27,7 @@ class Bound:
     # Where the socket's connections' ends are told (`watch_closing`): an ipc socket's alone.
     monitor: zmq.Socket | None = None
     unroutable: int = 0
-    # By a connection's descriptor, what to call, by peer, once it closes (edged.serve.transport.when_closed).
+    # By descriptor, what to call, by connection, once it closes (edged.serve.transport.when_closed).
     closing: dict[int, dict[bytes, Callable[[bytes], None]]] = field(default_factory=dict)
     # Before a routing id in a peer's key (edged.serve.transport.peer): a ROUTER keeps ids unique on itself alone.
     peer_prefix: bytes = field(init=False)
