@@ -24,16 +24,18 @@ class Bound:
     sock: zmq.Socket
     klass: str | None  # the class it takes alone; None: any (a shared endpoint)
     endpoint: str
-    # Where the socket's connections' ends are told (`watch_closing`): an ipc socket's alone.
-    monitor: zmq.Socket | None = None
     unroutable: int = 0
     # By descriptor, what to call, by connection, once it closes (edged.serve.transport.when_closed).
     closing: dict[int, dict[bytes, Callable[[bytes], None]]] = field(default_factory=dict)
     # Before a routing id in a peer's key (edged.serve.transport.peer): a ROUTER keeps ids unique on itself alone.
     peer_prefix: bytes = field(init=False)
+    # Where the socket's connections' ends are told (`watch_closing`): an ipc socket's alone, since shared
+    # memory, the state a connection leaves behind, is registered over ipc alone.
+    monitor: zmq.Socket | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.peer_prefix = f"{self.endpoint}\0".encode()
+        self.monitor = watch_closing(self.sock) if self.local else None
 
     @property
     def local(self) -> bool:
@@ -96,12 +98,9 @@ def bind(context: zmq.Context, endpoint: str, options: SocketOptions, io_thread:
     return sock
 
 
-def watch_closing(sock: zmq.Socket, endpoint: str) -> zmq.Socket | None:
-    """A socket that tells each end of an ipc endpoint's connections (ZeroMQ's monitor, on
-    the main thread as `bind`), or None: shared memory, the state a connection leaves behind,
-    is registered over ipc alone."""
-    if not endpoint.startswith("ipc://"):
-        return None
+def watch_closing(sock: zmq.Socket) -> zmq.Socket:
+    """A socket that tells each end of `sock`'s connections (ZeroMQ's monitor; made on the main
+    thread, as `bind` is, before the owning loop starts)."""
     address = f"inproc://edged-closing-{id(sock)}"
     sock.monitor(address, zmq.EVENT_DISCONNECTED)
     reader = sock.context.socket(zmq.PAIR)

@@ -12,7 +12,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from edged.config import SecurityConfig
-from edged.serve.transport.binding import Bound, SocketOptions, bind, watch_closing
+from edged.serve.transport.binding import Bound, SocketOptions, bind
 from edged.serve.transport.curve import server_keys, start_authenticator
 from edged.wire.endpoints import EndpointError, class_endpoint, is_tcp
 
@@ -54,11 +54,11 @@ class Sockets:
                 for shared in endpoints:
                     if (own := class_endpoint(shared, klass, tcp_ports.get(klass))) is not None:
                         sock = bind(self._context, own, options, io_thread=1)
-                        self.by_class[klass].append(Bound(sock, klass, own, watch_closing(sock, own)))
+                        self.by_class[klass].append(Bound(sock, klass, own))
                         self._remember(own)
             for endpoint in endpoints:
                 sock = bind(self._context, endpoint, options)
-                self.by_class[default_class].append(Bound(sock, None, endpoint, watch_closing(sock, endpoint)))
+                self.by_class[default_class].append(Bound(sock, None, endpoint))
                 self._remember(endpoint)
         except Exception:
             self.close()
