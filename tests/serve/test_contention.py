@@ -3,9 +3,8 @@ share of a core it leaves a thread at each niceness."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
+from support import raised_on_thread
 
 from edged.serve.contention import Contention
 
@@ -22,16 +21,6 @@ def test_a_thread_gets_its_weights_part_of_a_busy_core() -> None:
 
 def test_only_the_thread_that_made_it_samples_it() -> None:
     contention = Contention()
-    errors: list[BaseException] = []
-
-    def sample() -> None:
-        try:
-            contention.sample()
-        except RuntimeError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=sample, name="a-loop")
-    thread.start()
-    thread.join()
-    assert len(errors) == 1 and "'a-loop'" in str(errors[0])
+    error = raised_on_thread(contention.sample, RuntimeError, "a-loop")
+    assert error is not None and "'a-loop'" in str(error)
     contention.sample()  # its owner may

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -257,6 +258,27 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> No
             return
         time.sleep(0.01)
     raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def raised_on_thread(
+    call: Callable[[], object], expected: type[BaseException], name: str, timeout_s: float = 10.0
+) -> BaseException | None:
+    """Run `call` on a thread of its own named `name`: the `expected` exception it raised, or
+    None where it returned (any other exception fails the test as the thread's). Fails where
+    the thread has not ended within `timeout_s`."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except expected as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"{name!r} had not ended within {timeout_s} s"
+    return raised[0] if raised else None
 
 
 def run_edged(

@@ -5,13 +5,12 @@ Runtime backend, whose calls the test holds at gates (support.backends.KeyedGate
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 import pytest
-from support import REPO_ROOT, decoded
+from support import REPO_ROOT, decoded, raised_on_thread
 from support.backends import KeyedGates, KeyedRunner
 from support.transport import Replies
 
@@ -324,16 +323,5 @@ def test_a_failed_load_whose_close_fails_still_reaches_the_lanes_start(models):
     backend = CloseFails()
     backend.failing = {"cnn-heavy"}  # loaded after mlp-light, whose runner then fails to close
     lane = Lane(ClassConfig("t", order=0, inline_max_us=0), [models["mlp-light"], models["cnn-heavy"]], backend)
-    raised: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            lane.start()
-        except Exception as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=start, daemon=True)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive(), "the lane's start waited for ever"
-    assert raised and "out of device memory" in str(raised[0]), raised
+    error = raised_on_thread(lane.start, Exception, "the lane's start", timeout_s=30)  # fails if it waits for ever
+    assert error is not None and "out of device memory" in str(error), error

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import onnxruntime as ort
 import pytest
-from support import REPO_ROOT, decoded
+from support import REPO_ROOT, decoded, raised_on_thread
 from support.backends import POISON, CountingBackend
 from support.transport import Replies
 
@@ -457,19 +457,13 @@ def test_a_lane_admits_on_its_owner_loop_alone(models):
     lane, _, _ = make_lane(ClassConfig("t", order=0), {"mlp-light": models["mlp-light"]})
     model = models["mlp-light"]
     request = decoded(encode_request(9, model="mlp-light", inputs={"x": np.ones((1, 64), np.float32)}))
-    raised: list[BaseException] = []
 
     def offer() -> None:
-        try:
-            lane.offer(REPLIES.route(9), request, model, *model.signature.measure(request), time.monotonic_ns())
-        except RuntimeError as exc:
-            raised.append(exc)
+        lane.offer(REPLIES.route(9), request, model, *model.signature.measure(request), time.monotonic_ns())
 
-    other = threading.Thread(target=offer, name="not-the-loop")
-    other.start()
-    other.join(10)
+    error = raised_on_thread(offer, RuntimeError, "not-the-loop")
     lane.crew.stop(2.0)
-    assert raised and "not on 'not-the-loop'" in str(raised[0])
+    assert error is not None and "not on 'not-the-loop'" in str(error)
     assert lane.stats.received == 0 and REPLIES.queue.empty()
 
 
