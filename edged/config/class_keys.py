@@ -60,13 +60,14 @@ CLASS = Section(
             "integer",
             "Run a request priced at most this, in microseconds, on the class's loop itself, at once, when its "
             "lane is idle: it saves a worker's two thread hand-offs. The loop reads no request meanwhile, so "
-            "with requests waiting behind it (the highest class runs those in turn) at most deadline_ms / "
-            "queue_capacity. 0: "
-            "never. Left out: derived as the daemon serves, at most 100 of that loop's measured hand-offs and "
-            "at most 1/10 of the shortest deadline among the requests the loop reads (the class's own; for "
-            "server.default_class, whose loop reads the shared endpoints, every class's), and 0 for a class with "
-            "batch_wait_us; `edged stats --json` shows the cap in force (inline_max_us) and the hand-off "
-            "(handoff_us). See docs/operations.md, "
+            "with requests waiting behind it (the highest class runs those in turn) at most the shortest "
+            "deadline it read lately / queue_capacity. 0: never. Left out: derived as the daemon serves, at "
+            "most 100 of that loop's measured hand-offs and at most 1/10 of the shortest deadline among the "
+            "requests the loop read in the last 10 s (from start-up, as if it had read every deadline it may: "
+            "the class's own; for server.default_class, whose loop reads the shared endpoints, every class's), "
+            "and 0 for a class with batch_wait_us; `edged stats --json` shows the cap in force "
+            "(inline_max_us), that deadline (loop_deadline_ms) and the hand-off (handoff_us). See "
+            "docs/operations.md, "
             '"Threads, and where a request runs".',
             low=0,
             default="derived as it serves",

@@ -165,13 +165,8 @@ def _start_lanes(
         # The weights' share of the device, taken before any lane: no lane's figure counts them.
         free = backend.free_bytes() if reserving else 0
         weights_bytes = free_before - free
-        # The default class's loop reads the shared endpoints: its inline runs delay every class.
-        shortest_ms = min(c.deadline_ms for c in config.classes)
         for klass in config.classes:
-            loop_ms = shortest_ms if klass.name == config.default_class else None
-            lane = Lane(
-                klass, models, backend, stats.get(klass.name), precedence, pending, pipelines, contention, loop_ms
-            )
+            lane = Lane(klass, models, backend, stats.get(klass.name), precedence, pending, pipelines, contention)
             lanes[klass.name] = lane
             rss = trim()
             lane.start()

@@ -20,6 +20,7 @@ from edged.daemon.loading import Loaded
 from edged.models.repository import ModelEntry
 from edged.serve.admission import Shed
 from edged.serve.figures import figures, model_wire
+from edged.serve.lanes.inline_cap import LoopDeadlines
 from edged.serve.pending import PendingBytes
 from edged.serve.transport import Route, local, reply, when_closed
 from edged.serve.transport.loop import Loop
@@ -58,11 +59,17 @@ class Dispatcher:
         self.fence = 0  # the steering thread's latest fence this loop has passed (Loops.ask)
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self._models: dict[str, ModelEntry] = {}
+        config = serving.config
+        own = self._class_deadline_ms = {c.name: c.deadline_ms for c in config.classes}  # a request's if it sends none
+        # The default class's loop reads the shared endpoints, where any class's request may come.
+        readable = own.values() if klass == config.default_class else [own[klass]]
+        self.deadlines = LoopDeadlines(min(readable), time.monotonic_ns())  # what its inline cap shares
 
     def take_up(self, loaded: Loaded, generation: int) -> None:
         """Admit to these lanes from now on, and give back the inline runners of the ones they replace."""
         old, self.loaded = self.loaded, loaded
         self._models = {model.name: model for model in loaded.models}
+        self._class_deadline_ms = {c.name: c.deadline_ms for c in loaded.config.classes}
         loaded.lanes[self.klass].own()
         if old is not None:
             old.lanes[self.klass].disown()
@@ -134,6 +141,7 @@ class Dispatcher:
             self._admit(route, request, received_ns, more)
         else:
             self._check_open(request.id)  # refused here while it cannot run: nothing to hand over
+            self.deadlines.read(request.deadline_ms or self._class_deadline_ms[name], received_ns)
             assert owner.loop is not None
             # Resolved here, in its connection's order: an shm_unregister read next finds the region held.
             slots = self._regions_of(route, request) if request.shm_inputs or request.outputs_shm else None
@@ -173,10 +181,13 @@ class Dispatcher:
                 request.id,
             )
         assert self.loop is not None
+        deadlines = self.deadlines
+        deadlines.read(request.deadline_ms or lane.klass.deadline_ms, received_ns)
         # With requests behind it, a job goes to a worker, which may batch them; the highest
         # class's loop runs cheap ones in turn (InlineCap.limit_ns).
         top = lane.klass.order == self.serving.config.classes[0].order
-        inline_ns = 0 if more and not top else lane.inline_cap.limit_ns(self.loop.handoff_ns, behind=more)
+        cap = lane.inline_cap
+        inline_ns = 0 if more and not top else cap.limit_ns(self.loop.handoff_ns, more, deadlines.shortest_ms)
         outcome = lane.offer(route, request, model, rows, elements, received_ns, slots, inline_ns, self.loop.handoff_ns)
         if isinstance(outcome, Shed):
             # The shed's time inside the daemon is in the reply: a client can check it was immediate.

@@ -29,7 +29,9 @@ def figures(serving: Serving) -> dict[str, Any]:
         handoff_ns = dispatcher.loop.handoff_ns if dispatcher.loop is not None else 0.0
         class_figures["handoff_us"] = round(handoff_ns / 1000, 1)
         class_figures["pace"] = {"now": round(lane.backlog.pace, 3), "after_idle": round(lane.backlog.starting_pace, 3)}
-        class_figures["inline_max_us"] = lane.inline_cap.limit_ns(handoff_ns) // 1000
+        shortest_ms = dispatcher.deadlines.shortest_ms
+        class_figures["inline_max_us"] = lane.inline_cap.limit_ns(handoff_ns, read_ms=shortest_ms) // 1000
+        class_figures["loop_deadline_ms"] = shortest_ms
         class_figures["memory_bytes"] = loaded.memory.lane_bytes.get(name)
         if (reservation := loaded.reservations.get(name)) is not None:
             class_figures["gpu"] = reservation.to_wire()

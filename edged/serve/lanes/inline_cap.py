@@ -1,6 +1,6 @@
 """The dearest job a class's loop may run inline rather than hand to a worker (read in
-edged.serve.dispatch): fixed per lane at start-up, bounded at each arrival by what a
-hand-off costs now."""
+edged.serve.dispatch): fixed per lane at start-up where set, else bounded at each arrival
+by what a hand-off costs now and by the shortest deadline the loop has read lately."""
 
 from __future__ import annotations
 
@@ -10,37 +10,60 @@ from edged.config.classes import ClassConfig
 
 # The derived cap (inline_max_us left out): a job a worker's two hand-offs (Loop.handoff_ns)
 # would slow by 2% or more, so at most INLINE_HANDOFFS of them; and at most 1/INLINE_SHARE of the
-# shortest deadline the loop reads, since it reads nothing meanwhile (docs/benchmarks.md).
+# shortest deadline among the requests the loop reads, since it reads nothing meanwhile (docs/benchmarks.md).
 INLINE_HANDOFFS = 100
 INLINE_SHARE = 10
+# A deadline read counts toward the shortest for this long: a client that sends realtime's requests
+# to the shared endpoints now and then keeps that loop's cap at realtime's, and one that stopped
+# a while ago no longer sends a default-class job of a few ms to a worker.
+DEADLINE_KEPT_NS = 10_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class InlineCap:
-    """`most_ns` (0: never inline), `in_turn_ns` (with requests behind it), and whether the
-    loop's measured hand-off bounds it too (`derived`)."""
+    """`most_ns` (0: never inline; derived: a share of the class's own deadline), whether the
+    loop's measures bound it too (`derived`), and the class's deadline and queue capacity."""
 
     most_ns: int
-    in_turn_ns: int
     derived: bool
+    deadline_ms: float
+    queue_capacity: int
 
     @classmethod
-    def of(cls, klass: ClassConfig, loop_deadline_ms: float | None = None) -> InlineCap:
-        """`loop_deadline_ms`: the shortest deadline the lane's loop reads (the default class's
-        loop reads every class's requests); None: its class's own."""
-        deadline_ns = (loop_deadline_ms or klass.deadline_ms) * 1e6
+    def of(cls, klass: ClassConfig) -> InlineCap:
         if not klass.runs_inline:
             most_ns = 0
         elif klass.inline_max_us is not None:
             most_ns = klass.inline_max_us * 1000
         else:
-            most_ns = int(deadline_ns / INLINE_SHARE)
+            most_ns = int(klass.deadline_ms * 1e6 / INLINE_SHARE)
+        return cls(most_ns, klass.inline_max_us is None, klass.deadline_ms, klass.queue_capacity)
+
+    def limit_ns(self, handoff_ns: float, behind: bool = False, read_ms: float | None = None) -> int:
+        """The cap now, given a hand-off's cost and the shortest deadline the loop read lately
+        (`read_ms`: LoopDeadlines.shortest_ms; None: the class's own); `behind`: requests wait
+        behind this one on its socket."""
+        read_ms = read_ms or self.deadline_ms
+        limit = self.most_ns
+        if self.derived:
+            limit = min(limit, int(INLINE_HANDOFFS * handoff_ns), int(read_ms * 1e6 / INLINE_SHARE))
         # Requests behind an inline one wait unread in the socket, so unadmitted and unshed:
         # run in turn, a full queue of them must fit in one deadline (tests/client/test_client.py).
-        in_turn_ns = int(deadline_ns / klass.queue_capacity)
-        return cls(most_ns, in_turn_ns, derived=klass.inline_max_us is None)
+        return min(limit, int(read_ms * 1e6 / self.queue_capacity)) if behind else limit
 
-    def limit_ns(self, handoff_ns: float, behind: bool = False) -> int:
-        """The cap now, given a hand-off's cost; `behind`: requests wait behind this one on its socket."""
-        limit = min(self.most_ns, int(INLINE_HANDOFFS * handoff_ns)) if self.derived else self.most_ns
-        return min(limit, self.in_turn_ns) if behind else limit
+
+class LoopDeadlines:
+    """The shortest deadline among the requests a loop has read in the last DEADLINE_KEPT_NS,
+    a decaying minimum: written by that loop alone, at each request it reads."""
+
+    __slots__ = ("_since_ns", "shortest_ms")
+
+    def __init__(self, start_ms: float, now_ns: int) -> None:
+        """`start_ms`: the shortest the loop may read (its classes' configured deadlines), kept
+        as if read at `now_ns`: a fresh daemon assumes what has not yet been shown absent."""
+        self.shortest_ms = start_ms
+        self._since_ns = now_ns
+
+    def read(self, deadline_ms: float, now_ns: int) -> None:
+        if deadline_ms <= self.shortest_ms or now_ns - self._since_ns > DEADLINE_KEPT_NS:
+            self.shortest_ms, self._since_ns = deadline_ms, now_ns

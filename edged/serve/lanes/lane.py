@@ -60,9 +60,7 @@ class Lane:
         pending: PendingBytes | None = None,
         pipelines: list[ModelEntry] | None = None,
         contention: Contention | None = None,
-        loop_deadline_ms: float | None = None,
     ) -> None:
-        """`loop_deadline_ms`: the shortest deadline among the requests its loop reads; None: its own."""
         self.klass = klass
         self.stats = stats or ClassStats()
         self.precedence = precedence or Precedence()  # shared with the other lanes of its generation
@@ -75,7 +73,7 @@ class Lane:
         self.crew = Crew(klass, models, pipelines or [], backend, self._answers, self.service, self.precedence)
         self._models = models
         self._backend = backend
-        self.inline_cap = InlineCap.of(klass, loop_deadline_ms)  # read by its loop at each arrival
+        self.inline_cap = InlineCap.of(klass)  # read by its loop at each arrival
         self._on_loop: dict[str, Runner] | None = None  # by model, the owner's own runners: never a worker's
         self._owner: int | None = None  # the loop thread that admits (`own`)
         self._last_remeasure_ns = 0

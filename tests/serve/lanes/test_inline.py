@@ -171,7 +171,8 @@ def test_the_shared_endpoints_loop_runs_inline_only_what_the_shortest_deadline_c
     """The default class's loop reads the shared endpoints, where a realtime request may
     come: with realtime's deadline at 2 ms, standard's loop runs inline nothing dearer than
     a tenth of it, so cnn-heavy's 1.4 ms call goes to a worker, where standard's own 200 ms
-    deadline would have let its loop run it."""
+    deadline would have let its loop run it. So from start-up on, until it has read no such
+    deadline for a while (LoopDeadlines, tests/serve/lanes/test_lanes.py)."""
     running = own_daemon("[classes.realtime]\ndeadline_ms = 2\n[classes.standard]\n[classes.bulk]\n")
     sock = connect(context, running.ipc)
     try:
@@ -181,5 +182,23 @@ def test_the_shared_endpoints_loop_runs_inline_only_what_the_shortest_deadline_c
         standard = exchange(sock, [header(id="s", op="stats")]).header["classes"]["standard"]
     finally:
         sock.close(linger=0)
-    assert standard["inline_max_us"] <= 200, standard
+    assert standard["loop_deadline_ms"] == 2.0 and standard["inline_max_us"] <= 200, standard
     assert standard["inline"] == 0, standard
+
+
+def test_a_loop_caps_its_inline_calls_by_the_shortest_deadline_it_reads(own_daemon, context: zmq.Context) -> None:
+    """A request's own deadline counts too: one standard request sent with 5 ms on the shared
+    endpoints brings that loop's cap down to 0.5 ms, and no other loop's."""
+    running = own_daemon()
+    sock = connect(context, running.ipc)
+    try:
+        before = exchange(sock, [header(id="s", op="stats")]).header["classes"]
+        short = encode_request(1, model="mlp-light", deadline_ms=5.0, inputs=random_input("mlp-light", 1, 0))
+        assert exchange(sock, short).header["status"] == "OK"
+        after = exchange(sock, [header(id="s", op="stats")]).header["classes"]
+    finally:
+        sock.close(linger=0)
+    # At start, the shared endpoints' loop takes every class's deadline as one it may read.
+    assert before["standard"]["loop_deadline_ms"] == before["realtime"]["loop_deadline_ms"] == 20.0, before
+    assert after["standard"]["loop_deadline_ms"] == 5.0 and after["standard"]["inline_max_us"] <= 500, after
+    assert after["realtime"]["loop_deadline_ms"] == 20.0 and after["bulk"]["loop_deadline_ms"] == 5000.0, after

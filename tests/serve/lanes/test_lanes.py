@@ -26,6 +26,7 @@ from edged.models.repository import ModelEntry, discover
 from edged.serve.admission import Shed
 from edged.serve.lanes import lane as lane_module
 from edged.serve.lanes.batching import Job, fill
+from edged.serve.lanes.inline_cap import DEADLINE_KEPT_NS, LoopDeadlines
 from edged.serve.lanes.lane import Lane
 from edged.serve.lanes.warming import WARMUP_RUNS
 from edged.serve.pending import PendingBytes
@@ -471,8 +472,9 @@ def test_the_inline_cap_left_out_follows_the_loops_measured_hand_off_within_a_sh
     """What a loop may run itself: a job its two hand-offs to a worker and back would slow
     by 2% (100 hand-offs, as the loop measures them), never past 1/10 of the shortest
     deadline among the requests its loop reads (the class's own, or for the loop of the
-    shared endpoints, every class's), and with requests behind it, a queue's worth of them
-    within that deadline; as set where set; nothing for a class that waits to fill batches."""
+    shared endpoints, every class's, as read lately), and with requests behind it, a queue's
+    worth of them within that deadline; as set where set; nothing for a class that waits to
+    fill batches."""
     backend = CountingBackend()
     realtime = Lane(ClassConfig("realtime", order=0, deadline_ms=20.0, queue_capacity=32), [], backend)
     assert realtime.inline_cap.limit_ns(8_000) == 800_000  # a quick box: 0.8 ms
@@ -481,14 +483,33 @@ def test_the_inline_cap_left_out_follows_the_loops_measured_hand_off_within_a_sh
     assert realtime.inline_cap.limit_ns(0) == 0  # nothing measured yet: nothing inline
     # With requests behind it on its socket, unread while it runs: a queue of 32 such in one deadline.
     assert realtime.inline_cap.limit_ns(40_000, behind=True) == 20_000_000 // 32
-    standard = ClassConfig("standard", order=1, deadline_ms=200.0)
-    assert Lane(standard, [], backend).inline_cap.limit_ns(400_000) == 20_000_000
-    shared = Lane(standard, [], backend, loop_deadline_ms=20.0)  # its loop reads realtime's requests too
-    assert shared.inline_cap.limit_ns(400_000) == 2_000_000
+    standard = Lane(ClassConfig("standard", order=1, deadline_ms=200.0), [], backend)
+    assert standard.inline_cap.limit_ns(400_000) == 20_000_000
+    # Its loop read realtime's requests lately (LoopDeadlines), on the shared endpoints.
+    assert standard.inline_cap.limit_ns(400_000, read_ms=20.0) == 2_000_000
+    assert standard.inline_cap.limit_ns(400_000, behind=True, read_ms=20.0) == 20_000_000 // 64
     fixed = Lane(ClassConfig("standard", order=1, inline_max_us=300), [], backend)
     assert fixed.inline_cap.limit_ns(40_000) == 300_000
     bulk = Lane(ClassConfig("bulk", order=2, deadline_ms=5000.0, batch_wait_us=500), [], backend)
     assert bulk.inline_cap.limit_ns(40_000) == 0
+
+
+def test_a_loops_shortest_deadline_read_lasts_a_while_then_follows_what_it_reads_now() -> None:
+    """A loop that read realtime's deadline keeps it for its inline cap for DEADLINE_KEPT_NS
+    after the last such request, then follows the deadlines it reads, until a shorter one comes."""
+    kept = DEADLINE_KEPT_NS
+    deadlines = LoopDeadlines(20.0, now_ns=0)  # a fresh loop of the shared endpoints
+    deadlines.read(200.0, kept // 2)
+    assert deadlines.shortest_ms == 20.0
+    deadlines.read(20.0, kept)  # another realtime request: kept a while longer
+    deadlines.read(200.0, kept + kept // 2)
+    assert deadlines.shortest_ms == 20.0
+    deadlines.read(200.0, 2 * kept + 1)
+    assert deadlines.shortest_ms == 200.0
+    deadlines.read(1000.0, 2 * kept + 2)  # a longer one within the time: the shortest stands
+    assert deadlines.shortest_ms == 200.0
+    deadlines.read(5.0, 2 * kept + 3)
+    assert deadlines.shortest_ms == 5.0
 
 
 def test_a_batch_wait_ends_even_when_its_deadline_passes_inside_the_queue(models: dict[str, ModelEntry]) -> None:
