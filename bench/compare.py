@@ -1,6 +1,7 @@
 """Put edged beside its floors and a naive server, on the same models, in one run.
 
     python bench/compare.py [--quick] [--rounds N] [--skip-overload] [--write-docs] [--baseline DIR] [--tcp]
+                            [--shared-apart]
 
 Unloaded round trips, interleaved: every server is started first, then each round
 measures every path on every model, in an order rotated from round to round, so a
@@ -18,7 +19,9 @@ server and the client in bench/paths.py):
                 with --tcp, the socket of realtime's tcp_port)
   edged_realtime_shared the same daemon, realtime named on the shared endpoint (what a client
                 that opens no class socket sends): handed to realtime's loop and its reply
-                back, two hand-offs between threads
+                back, two hand-offs between threads. With --shared-apart, a daemon of its
+                own: on `edged`'s, these requests keep the default class's inline cap at a
+                tenth of realtime's deadline while they come, and for 10 s after
   edged_baseline given --baseline DIR: the daemon of another checkout (a worktree of an
                 earlier commit, say), default configuration, default class: before and
                 after, one run
@@ -214,9 +217,17 @@ def main() -> None:
     parser.add_argument("--baseline", help="a checkout whose daemon runs beside this one's, as edged_baseline")
     parser.add_argument("--tcp", action="store_true", help="every path on a port of 127.0.0.1, not an ipc socket")
     parser.add_argument("--config", type=Path, help="this checkout's daemon's configuration file (ipc only)")
+    parser.add_argument(
+        "--shared-apart",
+        action="store_true",
+        help="edged_realtime_shared on a daemon of its own: realtime's deadline read on the shared endpoint "
+        "keeps the default class's inline cap at a tenth of it for 10 s (docs/operations.md)",
+    )
     args = parser.parse_args()
     if args.config and args.tcp:
         parser.error("--config and --tcp: --tcp writes a configuration of its own")
+    if args.shared_apart and args.tcp:
+        parser.error("--shared-apart and --tcp: both daemons would bind realtime's tcp_port")
     runs = {"mlp-light": 600 if args.quick else 6000, "cnn-heavy": 150 if args.quick else 6000}
     args.rounds = args.rounds or (5 if args.quick else 20)
     duration = 5.0 if args.quick else 20.0
@@ -234,13 +245,17 @@ def main() -> None:
             endpoints = {mode: f"ipc://{folder}/{mode}.sock" for mode in names[1:]}
             realtime_port, config = None, args.config
         endpoints["edged_realtime"] = class_endpoint(endpoints["edged"], "realtime", realtime_port) or ""
-        endpoints["edged_realtime_shared"] = endpoints["edged"]
+        if not args.shared_apart:
+            endpoints["edged_realtime_shared"] = endpoints["edged"]
         results["transport"] = "tcp" if args.tcp else "ipc"
         helpers = [helper_server(mode, endpoints[mode]) for mode in ("zmq_echo", "naive_server", "naive_again")]
         clients: list[RoundTrips] = []
         try:
             daemon = stack.enter_context(DaemonProcess([endpoints["edged"]], config=config))
             started = [daemon]
+            if args.shared_apart:
+                shared = DaemonProcess([endpoints["edged_realtime_shared"]], config=config)
+                started.append(stack.enter_context(shared))
             if args.baseline:
                 baseline = checkout_program(args.baseline)
                 started.append(stack.enter_context(DaemonProcess([endpoints["edged_baseline"]], program=baseline)))
