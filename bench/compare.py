@@ -21,7 +21,7 @@ server and the client in bench/paths.py):
                 that opens no class socket sends): handed to realtime's loop and its reply
                 back, two hand-offs between threads. With --shared-apart, a daemon of its
                 own: on `edged`'s, these requests keep the default class's inline cap at a
-                tenth of realtime's deadline while they come, and for 10 s after
+                tenth of realtime's deadline while they come, and for 10-20 s after
   edged_baseline given --baseline DIR: the daemon of another checkout (a worktree of an
                 earlier commit, say), default configuration, default class: before and
                 after, one run
@@ -221,7 +221,7 @@ def main() -> None:
         "--shared-apart",
         action="store_true",
         help="edged_realtime_shared on a daemon of its own: realtime's deadline read on the shared endpoint "
-        "keeps the default class's inline cap at a tenth of it for 10 s (docs/operations.md)",
+        "keeps the default class's inline cap at a tenth of it for 10-20 s (docs/operations.md)",
     )
     args = parser.parse_args()
     if args.config and args.tcp:

@@ -4,6 +4,7 @@ by what a hand-off costs now and by the shortest deadline the loop has read late
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from edged.config.classes import ClassConfig
@@ -13,9 +14,9 @@ from edged.config.classes import ClassConfig
 # shortest deadline among the requests the loop reads, since it reads nothing meanwhile (docs/benchmarks.md).
 INLINE_HANDOFFS = 100
 INLINE_SHARE = 10
-# A deadline read counts toward the shortest for this long: a client that sends realtime's requests
-# to the shared endpoints now and then keeps that loop's cap at realtime's, and one that stopped
-# a while ago no longer sends a default-class job of a few ms to a worker.
+# A deadline read counts toward the shortest for one or two spans this long: a client that sends
+# realtime's requests to the shared endpoints now and then keeps that loop's cap at realtime's, and
+# once it has stopped for a while, a default-class job of a few ms no longer goes to a worker.
 DEADLINE_KEPT_NS = 10_000_000_000
 
 
@@ -53,17 +54,25 @@ class InlineCap:
 
 
 class LoopDeadlines:
-    """The shortest deadline among the requests a loop has read in the last DEADLINE_KEPT_NS,
-    a decaying minimum: written by that loop alone, at each request it reads."""
+    """The shortest deadline among the requests a loop has read lately: in this span of
+    DEADLINE_KEPT_NS and the one before it, so that each counts for 10 to 20 s. Written by
+    that loop alone, at each request it reads; `shortest_ms` read by any thread."""
 
-    __slots__ = ("_since_ns", "shortest_ms")
+    __slots__ = ("_earlier_ms", "_span_ms", "_span_ns", "shortest_ms")
 
     def __init__(self, start_ms: float, now_ns: int) -> None:
-        """`start_ms`: the shortest the loop may read (its classes' configured deadlines), kept
-        as if read at `now_ns`: a fresh daemon assumes what has not yet been shown absent."""
-        self.shortest_ms = start_ms
-        self._since_ns = now_ns
+        """`start_ms`: the shortest the loop may read (its classes' configured deadlines), taken
+        as read at `now_ns`: a fresh daemon assumes what it has not yet been shown absent."""
+        self.shortest_ms = self._span_ms = start_ms
+        self._earlier_ms = math.inf
+        self._span_ns = now_ns
 
     def read(self, deadline_ms: float, now_ns: int) -> None:
-        if deadline_ms <= self.shortest_ms or now_ns - self._since_ns > DEADLINE_KEPT_NS:
-            self.shortest_ms, self._since_ns = deadline_ms, now_ns
+        if now_ns - self._span_ns > DEADLINE_KEPT_NS:
+            # A new span; the one it follows still counts, unless a whole span went by unread.
+            gone = now_ns - self._span_ns > 2 * DEADLINE_KEPT_NS
+            self._earlier_ms = math.inf if gone else self._span_ms
+            self._span_ms, self._span_ns = deadline_ms, now_ns
+        elif deadline_ms < self._span_ms:
+            self._span_ms = deadline_ms
+        self.shortest_ms = min(self._earlier_ms, self._span_ms)

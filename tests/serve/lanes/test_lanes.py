@@ -495,21 +495,25 @@ def test_the_inline_cap_left_out_follows_the_loops_measured_hand_off_within_a_sh
 
 
 def test_a_loops_shortest_deadline_read_lasts_a_while_then_follows_what_it_reads_now() -> None:
-    """A loop that read realtime's deadline keeps it for its inline cap for DEADLINE_KEPT_NS
-    after the last such request, then follows the deadlines it reads, until a shorter one comes."""
-    kept = DEADLINE_KEPT_NS
+    """A loop that read realtime's deadline keeps it for its inline cap 10 to 20 s (one span of
+    DEADLINE_KEPT_NS, and the next), then follows the deadlines it reads, until a shorter one comes."""
+    span = DEADLINE_KEPT_NS
     deadlines = LoopDeadlines(20.0, now_ns=0)  # a fresh loop of the shared endpoints
-    deadlines.read(200.0, kept // 2)
+    deadlines.read(200.0, span // 2)
     assert deadlines.shortest_ms == 20.0
-    deadlines.read(20.0, kept)  # another realtime request: kept a while longer
-    deadlines.read(200.0, kept + kept // 2)
+    deadlines.read(200.0, span + 1)  # the next span: the first one still counts
     assert deadlines.shortest_ms == 20.0
-    deadlines.read(200.0, 2 * kept + 1)
+    deadlines.read(200.0, 2 * span + 2)
     assert deadlines.shortest_ms == 200.0
-    deadlines.read(1000.0, 2 * kept + 2)  # a longer one within the time: the shortest stands
+    deadlines.read(1000.0, 2 * span + 3)  # a longer one in the same span: the shortest stands
     assert deadlines.shortest_ms == 200.0
-    deadlines.read(5.0, 2 * kept + 3)
+    deadlines.read(5.0, 2 * span + 4)
     assert deadlines.shortest_ms == 5.0
+    deadlines.read(1000.0, 3 * span + 5)
+    assert deadlines.shortest_ms == 5.0
+    deadlines.read(2.0, 3 * span + 6)
+    deadlines.read(1000.0, 6 * span)  # two spans unread: what it reads now, alone
+    assert deadlines.shortest_ms == 1000.0
 
 
 def test_a_batch_wait_ends_even_when_its_deadline_passes_inside_the_queue(models: dict[str, ModelEntry]) -> None:
