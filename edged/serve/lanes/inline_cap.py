@@ -56,7 +56,8 @@ class InlineCap:
 class LoopDeadlines:
     """The shortest deadline among the requests a loop has read lately: in this span of
     DEADLINE_KEPT_NS and the one before it, so that each counts for 10 to 20 s. Written by
-    that loop alone, at each request it reads; `shortest_ms` read by any thread."""
+    that loop alone, at each request it reads: `shortest_ms` is as of the last one (the stats
+    op reads it from any thread)."""
 
     __slots__ = ("_earlier_ms", "_span_ms", "_span_ns", "shortest_ms")
 
