@@ -6,6 +6,7 @@ the daemons' sockets (edged.client.sockets). `Client` (edged.client.sync) and
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -24,6 +25,7 @@ from edged.wire.messages import FRAME_OVERHEAD
 from edged.wire.shm import ShmTensor
 
 DEFAULT_TIMEOUT_MS = 5000.0
+_MAKING_CHANNEL = threading.Lock()  # held while a client makes its memfd channel (Api._register_fd)
 CLOSED = "this client is closed: its sockets are gone; make a new one"
 DEFAULT_RESOLVE_EVERY_S = DEFAULT_PERIOD_S
 
@@ -51,10 +53,14 @@ class Api(Sockets):
     def _register_fd(self, region: SharedRegion, owned: bool) -> Reply:
         """shm_register `region`'s memfd on the daemon's memfd socket (blocking: the
         daemon's intake thread answers at once); an `owned` region is closed on failure."""
-        if self._fd_channel is None:
-            self._fd_channel = FdChannel(self._fleet.endpoints[0])
+        # An AsyncClient registers on threads: two making a channel at once would each register on
+        # their own, and the daemon forgets the regions of the one dropped once it is collected.
+        with _MAKING_CHANNEL:
+            if self._fd_channel is None:
+                self._fd_channel = FdChannel(self._fleet.endpoints[0])
+            channel = self._fd_channel
         try:
-            return self._fd_channel.register(region, self.timeout_ms)
+            return channel.register(region, self.timeout_ms)
         except BaseException:
             if owned:
                 self._made.remove(region)

@@ -6,6 +6,7 @@ a region stays mapped while a request reads it, and is unmapped once forgotten."
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import time
@@ -30,7 +31,7 @@ from support import (
 )
 from support.models import save_model, save_sleeper, sleep_for
 
-from edged.client import AsyncClient, Client, InvalidArgument
+from edged.client import AsyncClient, Client, InvalidArgument, api
 from edged.wire.codec import encode_request
 from edged.wire.endpoints import class_endpoint
 from edged.wire.messages import ShmRef
@@ -311,6 +312,37 @@ def test_an_async_registration_cancelled_leaves_nothing_registered(named: bool) 
 
     try:
         asyncio.run(cancel_then_register())
+    finally:
+        running.close()
+
+
+def test_concurrent_async_registrations_share_one_memfd_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AsyncClient registers each memfd on a thread. The first ones at once each found no
+    connection to the daemon's memfd socket and made one; the client kept the last, and a
+    region registered on another was forgotten by the daemon once that connection was
+    collected, while the client still held its handle. (Its making slowed here, to widen the
+    race the way a busy box does.)"""
+
+    class Slow(api.FdChannel):
+        def __init__(self, endpoint: str) -> None:
+            time.sleep(0.05)
+            super().__init__(endpoint)
+
+    monkeypatch.setattr(api, "FdChannel", Slow)
+    running = start_daemon("[shm]\nenabled = true\n")
+
+    async def register_at_once() -> None:
+        async with AsyncClient(running.ipc) as client:
+            regions = await asyncio.gather(*(client.shared_region(4096) for _ in range(3)))
+            gc.collect()  # a connection nobody holds is closed now, not whenever
+            await asyncio.sleep(0.2)  # the daemon's intake hears a close at once; give it a moment
+            assert (await client.stats())["shm"]["regions"] == 3
+            for region in regions:
+                await client.unregister(region)
+                region.close()
+
+    try:
+        asyncio.run(register_at_once())
     finally:
         running.close()
 
