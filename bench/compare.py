@@ -221,7 +221,8 @@ def main() -> None:
         "--shared-apart",
         action="store_true",
         help="edged_realtime_shared on a daemon of its own: realtime's deadline read on the shared endpoint "
-        "keeps the default class's inline cap at a tenth of it for 10-20 s (docs/operations.md)",
+        "keeps the default class's inline cap at a tenth of it for 10-20 s (docs/operations.md); ipc only, and "
+        "not with a --config that sets a tcp_port, which both daemons would bind",
     )
     args = parser.parse_args()
     if args.config and args.tcp:

@@ -8,6 +8,7 @@ comment, not a docstring. The second is the one a change of comments cannot move
 
 from __future__ import annotations
 
+import argparse
 import ast
 import io
 import subprocess
@@ -49,7 +50,9 @@ def count(rev: str) -> tuple[int, int]:
 
 
 def main() -> int:
-    for rev in sys.argv[1:] or ["HEAD"]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("revs", nargs="*", default=["HEAD"], help="commits to count at (default: HEAD)")
+    for rev in parser.parse_args().revs:
         total, code = count(rev)
         print(f"{rev}: {total} lines, {code} of them code (no blank line, comment or docstring)")
     return 0

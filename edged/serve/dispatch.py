@@ -59,17 +59,20 @@ class Dispatcher:
         self.fence = 0  # the steering thread's latest fence this loop has passed (Loops.ask)
         self.invalid = 0  # requests refused here: malformed, unknown model or class, not serving
         self._models: dict[str, ModelEntry] = {}
-        config = serving.config
-        own = self._class_deadline_ms = {c.name: c.deadline_ms for c in config.classes}  # a request's if it sends none
-        # The default class's loop reads the shared endpoints, where any class's request may come.
-        readable = own.values() if klass == config.default_class else [own[klass]]
-        self.deadlines = LoopDeadlines(min(readable), time.monotonic_ns())  # what its inline cap shares
+        self._class_deadline_ms: dict[str, float] = {}  # a request's, if it sends none
+        # The loop's, not a lane's: what it reads is what waits behind its inline calls, across reloads.
+        self.deadlines = LoopDeadlines()
 
     def take_up(self, loaded: Loaded, generation: int) -> None:
         """Admit to these lanes from now on, and give back the inline runners of the ones they replace."""
         old, self.loaded = self.loaded, loaded
         self._models = {model.name: model for model in loaded.models}
-        self._class_deadline_ms = {c.name: c.deadline_ms for c in loaded.config.classes}
+        config = loaded.config
+        own = self._class_deadline_ms = {c.name: c.deadline_ms for c in config.classes}
+        # As if it had read now every deadline it may (the default class's loop reads the shared
+        # endpoints, where any class's request may come): at start, and after a reload changed them.
+        readable = own.values() if self.klass == config.default_class else [own[self.klass]]
+        self.deadlines.read(min(readable), time.monotonic_ns())
         loaded.lanes[self.klass].own()
         if old is not None:
             old.lanes[self.klass].disown()

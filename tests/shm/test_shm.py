@@ -318,10 +318,10 @@ def test_an_async_registration_cancelled_leaves_nothing_registered(named: bool) 
 
 def test_concurrent_async_registrations_share_one_memfd_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     """An AsyncClient registers each memfd on a thread. The first ones at once each found no
-    connection to the daemon's memfd socket and made one; the client kept the last, and a
-    region registered on another was forgotten by the daemon once that connection was
-    collected, while the client still held its handle. (Its making slowed here, to widen the
-    race the way a busy box does.)"""
+    channel to the daemon's memfd socket and made one; the client kept the last, and a region
+    registered on another was forgotten by the daemon once that channel was collected (its
+    connection closed), while the client still held its handle. (The channel's making slowed
+    here, to widen the race the way a busy box does.)"""
 
     class Slow(api.FdChannel):
         def __init__(self, endpoint: str) -> None:

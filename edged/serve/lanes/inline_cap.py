@@ -44,7 +44,9 @@ class InlineCap:
         """The cap now, given a hand-off's cost and the shortest deadline the loop read lately
         (`read_ms`: LoopDeadlines.shortest_ms; None: the class's own); `behind`: requests wait
         behind this one on its socket."""
-        read_ms = read_ms or self.deadline_ms
+        # Never past the class's own: a loop that read only long deadlines still has requests of its
+        # class's default behind an inline one.
+        read_ms = min(read_ms or self.deadline_ms, self.deadline_ms)
         limit = self.most_ns
         if self.derived:
             limit = min(limit, int(INLINE_HANDOFFS * handoff_ns), int(read_ms * 1e6 / INLINE_SHARE))
@@ -55,25 +57,22 @@ class InlineCap:
 
 class LoopDeadlines:
     """The shortest deadline among the requests a loop has read lately: in this span of
-    DEADLINE_KEPT_NS and the one before it, so that each counts for 10 to 20 s. Written by
-    that loop alone, at each request it reads: `shortest_ms` is as of the last one (the stats
-    op reads it from any thread)."""
+    DEADLINE_KEPT_NS and the one before it, spans laid end to end on the monotonic clock, so
+    that each counts for 10 to 20 s. Written by that loop alone, at each request it reads and as it
+    takes up lanes: `shortest_ms` is as of the last read (the stats op reads it from any thread)."""
 
     __slots__ = ("_earlier_ms", "_span_ms", "_span_ns", "shortest_ms")
 
-    def __init__(self, start_ms: float, now_ns: int) -> None:
-        """`start_ms`: the shortest the loop may read (its classes' configured deadlines), taken
-        as read at `now_ns`: a fresh daemon assumes what it has not yet been shown absent."""
-        self.shortest_ms = self._span_ms = start_ms
-        self._earlier_ms = math.inf
-        self._span_ns = now_ns
+    def __init__(self) -> None:
+        self.shortest_ms = self._span_ms = self._earlier_ms = math.inf
+        self._span_ns = 0
 
     def read(self, deadline_ms: float, now_ns: int) -> None:
-        if now_ns - self._span_ns > DEADLINE_KEPT_NS:
-            # A new span; the one it follows still counts, unless a whole span went by unread.
-            gone = now_ns - self._span_ns > 2 * DEADLINE_KEPT_NS
-            self._earlier_ms = math.inf if gone else self._span_ms
-            self._span_ms, self._span_ns = deadline_ms, now_ns
+        spans = (now_ns - self._span_ns) // DEADLINE_KEPT_NS
+        if spans:
+            # The span before still counts, unless a whole one went by unread.
+            self._earlier_ms = self._span_ms if spans == 1 else math.inf
+            self._span_ms, self._span_ns = deadline_ms, self._span_ns + spans * DEADLINE_KEPT_NS
         elif deadline_ms < self._span_ms:
             self._span_ms = deadline_ms
         self.shortest_ms = min(self._earlier_ms, self._span_ms)

@@ -188,17 +188,32 @@ def test_the_shared_endpoints_loop_runs_inline_only_what_the_shortest_deadline_c
 
 def test_a_loop_caps_its_inline_calls_by_the_shortest_deadline_it_reads(own_daemon, context: zmq.Context) -> None:
     """A request's own deadline counts too: one standard request sent with 5 ms on the shared
-    endpoints brings that loop's cap down to 0.5 ms, and no other loop's."""
+    endpoints brings that loop's cap down to 0.5 ms, and no other loop's; a realtime one sent
+    there with 2 ms, both the loop that read it and realtime's, which admits it."""
     running = own_daemon()
     sock = connect(context, running.ipc)
+
+    def stats() -> dict:
+        return exchange(sock, [header(id="s", op="stats")]).header["classes"]
+
+    def sent(deadline_ms: float, **fields: str) -> None:
+        request = encode_request(1, model="mlp-light", deadline_ms=deadline_ms, inputs=light_input, **fields)
+        assert exchange(sock, request).header["status"] in ("OK", "OVERLOADED")
+
+    light_input = random_input("mlp-light", 1, 0)
     try:
-        before = exchange(sock, [header(id="s", op="stats")]).header["classes"]
-        short = encode_request(1, model="mlp-light", deadline_ms=5.0, inputs=random_input("mlp-light", 1, 0))
-        assert exchange(sock, short).header["status"] == "OK"
-        after = exchange(sock, [header(id="s", op="stats")]).header["classes"]
+        before = stats()
+        sent(5.0)
+        standard_short = stats()
+        sent(2.0, klass="realtime")
+        realtime_short = stats()
     finally:
         sock.close(linger=0)
     # At start, the shared endpoints' loop takes every class's deadline as one it may read.
     assert before["standard"]["loop_deadline_ms"] == before["realtime"]["loop_deadline_ms"] == 20.0, before
+    after = standard_short
     assert after["standard"]["loop_deadline_ms"] == 5.0 and after["standard"]["inline_max_us"] <= 500, after
     assert after["realtime"]["loop_deadline_ms"] == 20.0 and after["bulk"]["loop_deadline_ms"] == 5000.0, after
+    after = realtime_short
+    assert after["standard"]["loop_deadline_ms"] == after["realtime"]["loop_deadline_ms"] == 2.0, after
+    assert after["bulk"]["loop_deadline_ms"] == 5000.0, after

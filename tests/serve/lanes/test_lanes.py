@@ -488,6 +488,8 @@ def test_the_inline_cap_left_out_follows_the_loops_measured_hand_off_within_a_sh
     # Its loop read realtime's requests lately (LoopDeadlines), on the shared endpoints.
     assert standard.inline_cap.limit_ns(400_000, read_ms=20.0) == 2_000_000
     assert standard.inline_cap.limit_ns(400_000, behind=True, read_ms=20.0) == 20_000_000 // 64
+    # Only long deadlines read lately: never past what its own class's deadline allows.
+    assert realtime.inline_cap.limit_ns(40_000, behind=True, read_ms=3_600_000.0) == 20_000_000 // 32
     fixed = Lane(ClassConfig("standard", order=1, inline_max_us=300), [], backend)
     assert fixed.inline_cap.limit_ns(40_000) == 300_000
     bulk = Lane(ClassConfig("bulk", order=2, deadline_ms=5000.0, batch_wait_us=500), [], backend)
@@ -495,24 +497,26 @@ def test_the_inline_cap_left_out_follows_the_loops_measured_hand_off_within_a_sh
 
 
 def test_a_loops_shortest_deadline_read_lasts_a_while_then_follows_what_it_reads_now() -> None:
-    """A loop that read realtime's deadline keeps it for its inline cap 10 to 20 s (one span of
-    DEADLINE_KEPT_NS, and the next), then follows the deadlines it reads, until a shorter one comes."""
+    """A loop that read realtime's deadline keeps it for its inline cap 10 to 20 s (the span of
+    DEADLINE_KEPT_NS it was read in, and the next), then follows the deadlines it reads, until
+    a shorter one comes."""
     span = DEADLINE_KEPT_NS
-    deadlines = LoopDeadlines(20.0, now_ns=0)  # a fresh loop of the shared endpoints
+    deadlines = LoopDeadlines()
+    deadlines.read(20.0, 0)  # as a loop of the shared endpoints takes up its lanes
     deadlines.read(200.0, span // 2)
     assert deadlines.shortest_ms == 20.0
-    deadlines.read(200.0, span + 1)  # the next span: the first one still counts
+    deadlines.read(200.0, span + span * 99 // 100)  # the next span, late in it: the first still counts
     assert deadlines.shortest_ms == 20.0
-    deadlines.read(200.0, 2 * span + 2)
+    deadlines.read(200.0, 2 * span)  # 20 s on: it no longer does, however late the last span began
     assert deadlines.shortest_ms == 200.0
-    deadlines.read(1000.0, 2 * span + 3)  # a longer one in the same span: the shortest stands
+    deadlines.read(1000.0, 2 * span + 1)  # a longer one in the same span: the shortest stands
     assert deadlines.shortest_ms == 200.0
-    deadlines.read(5.0, 2 * span + 4)
+    deadlines.read(5.0, 2 * span + 2)
     assert deadlines.shortest_ms == 5.0
-    deadlines.read(1000.0, 3 * span + 5)
+    deadlines.read(1000.0, 3 * span)
     assert deadlines.shortest_ms == 5.0
-    deadlines.read(2.0, 3 * span + 6)
-    deadlines.read(1000.0, 6 * span)  # two spans unread: what it reads now, alone
+    deadlines.read(2.0, 3 * span + 1)
+    deadlines.read(1000.0, 5 * span)  # a whole span unread: what it reads now, alone
     assert deadlines.shortest_ms == 1000.0
 
 
