@@ -68,10 +68,10 @@ class Dispatcher:
         old, self.loaded = self.loaded, loaded
         self._models = {model.name: model for model in loaded.models}
         config = loaded.config
-        own = self._class_deadline_ms = {c.name: c.deadline_ms for c in config.classes}
+        by_class = self._class_deadline_ms = {c.name: c.deadline_ms for c in config.classes}
         # As if it had read now every deadline it may (the default class's loop reads the shared
         # endpoints, where any class's request may come): at start, and after a reload changed them.
-        readable = own.values() if self.klass == config.default_class else [own[self.klass]]
+        readable = by_class.values() if self.klass == config.default_class else [by_class[self.klass]]
         self.deadlines.read(min(readable), time.monotonic_ns())
         loaded.lanes[self.klass].own()
         if old is not None:

@@ -282,12 +282,12 @@ def test_a_big_endian_array_in_a_region_goes_converted_and_is_refused_as_an_outp
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["memfd", "posix-name"])
-def test_an_async_registration_cancelled_leaves_nothing_registered(named: bool) -> None:
+def test_an_async_registration_cancelled_leaves_nothing_registered(own_daemon, named: bool) -> None:
     """An AsyncClient's shared_region cancelled while the daemon registered it (asyncio.wait_for
     timing out, say): the daemon kept the region, counted against the peer's limit, until the
     client closed or shm.idle_s passed. Now the client lets it go once the exchange ends."""
     shm = "enabled = true\ntrust_posix_names = true\nidle_s = 10\nmax_regions_per_peer = 3\n"
-    running = start_daemon(f"[shm]\n{shm}")
+    running = own_daemon(f"[shm]\n{shm}")
 
     async def cancel_then_register() -> None:
         async with AsyncClient(running.ipc) as client:
@@ -310,13 +310,10 @@ def test_an_async_registration_cancelled_leaves_nothing_registered(named: bool) 
             await client.unregister(region)
             region.close()
 
-    try:
-        asyncio.run(cancel_then_register())
-    finally:
-        running.close()
+    asyncio.run(cancel_then_register())
 
 
-def test_concurrent_async_registrations_share_one_memfd_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_async_registrations_share_one_memfd_connection(own_daemon, monkeypatch: pytest.MonkeyPatch) -> None:
     """An AsyncClient registers each memfd on a thread. The first ones at once each found no
     channel to the daemon's memfd socket and made one; the client kept the last, and a region
     registered on another was forgotten by the daemon once that channel was collected (its
@@ -329,7 +326,7 @@ def test_concurrent_async_registrations_share_one_memfd_connection(monkeypatch: 
             super().__init__(endpoint)
 
     monkeypatch.setattr(api, "FdChannel", Slow)
-    running = start_daemon("[shm]\nenabled = true\n")
+    running = own_daemon("[shm]\nenabled = true\n")
 
     async def register_at_once() -> None:
         async with AsyncClient(running.ipc) as client:
@@ -341,10 +338,7 @@ def test_concurrent_async_registrations_share_one_memfd_connection(monkeypatch: 
                 await client.unregister(region)
                 region.close()
 
-    try:
-        asyncio.run(register_at_once())
-    finally:
-        running.close()
+    asyncio.run(register_at_once())
 
 
 def test_a_routing_id_reused_on_another_socket_has_a_budget_of_its_own(daemon: RunningDaemon) -> None:
@@ -405,52 +399,44 @@ def test_a_client_that_ends_its_connection_leaves_no_region_mapped() -> None:
             made.close()
 
 
-def test_a_connection_that_takes_a_closed_ones_descriptor_keeps_its_region() -> None:
+def test_a_connection_that_takes_a_closed_ones_descriptor_keeps_its_region(
+    own_daemon, short_tmp: Path, context: zmq.Context, obj: shared_memory.SharedMemory
+) -> None:
     """The daemon's descriptor of a closed connection goes to the next one it accepts. Here
     both come and go while realtime's loop runs a long call inline, with a request behind it:
     the new one's registration is read in the same burst as that request, before the loop
     turns to its connections' ends, and keeps its region; the closed one's is forgotten."""
-    root = short_dir()
-    save_sleeper(root)
-    running = start_daemon(
-        f'[server]\nmodel_repository = "{root}"\n[shm]\nenabled = true\ntrust_posix_names = true\nidle_s = 300\n'
-    )
-    made = shared_memory.SharedMemory(name=f"edged-reused-{os.getpid()}", create=True, size=4096)
-    context = zmq.Context()
+    save_sleeper(short_tmp)
+    shm = "[shm]\nenabled = true\ntrust_posix_names = true\nidle_s = 300\n"
+    running = own_daemon(f'[server]\nmodel_repository = "{short_tmp}"\n{shm}')
     realtime = class_endpoint(running.ipc, "realtime")
-    try:
-        first, busy = connect(context, realtime), connect(context, realtime)
-        assert register(first, made.name, 4096)[0] == "OK"
-        # Priced by its warm-up (n = 0), the sleeper runs inline, and the loop reads nothing for a while.
-        busy.send_multipart(encode_request(1, model="sleeper", deadline_ms=60_000, inputs=sleep_for(6000)))
-        busy.send_multipart(encode_request(2, model="mlp-light", deadline_ms=60_000, inputs={"x": X[:1]}))
-        time.sleep(0.05)
-        first.close(linger=0)
-        time.sleep(0.05)
-        second = connect(context, realtime)
-        status, handle = register(second, made.name, 4096)
-        assert status == "OK", handle
-        assert [receive(busy).status for _ in range(2)] == ["OK", "OK"]
-        assert_serves_from(second, handle, 3)
-        assert mapped(running, made.name) == 1  # the closed connection's is gone
-    finally:
-        context.destroy(linger=0)
-        running.close()
-        made.unlink()
-        made.close()
-        shutil.rmtree(root, ignore_errors=True)
+    first, busy = connect(context, realtime), connect(context, realtime)
+    assert register(first, obj.name, 4096)[0] == "OK"
+    # Priced by its warm-up (n = 0), the sleeper runs inline, and the loop reads nothing for a while.
+    busy.send_multipart(encode_request(1, model="sleeper", deadline_ms=60_000, inputs=sleep_for(6000)))
+    busy.send_multipart(encode_request(2, model="mlp-light", deadline_ms=60_000, inputs={"x": X[:1]}))
+    time.sleep(0.05)
+    first.close(linger=0)
+    time.sleep(0.05)
+    second = connect(context, realtime)
+    status, handle = register(second, obj.name, 4096)
+    assert status == "OK", handle
+    assert [receive(busy).status for _ in range(2)] == ["OK", "OK"]
+    assert_serves_from(second, handle, 3)
+    assert mapped(running, obj.name) == 1  # the closed connection's is gone
 
 
-def test_connections_closing_by_thousands_beside_a_busy_loop_stall_no_other_socket() -> None:
+def test_connections_closing_by_thousands_beside_a_busy_loop_stall_no_other_socket(
+    own_daemon, short_tmp: Path, context: zmq.Context
+) -> None:
     """ZeroMQ tells each connection's end on a pipe its I/O thread writes with a blocking send;
     read by the socket's loop, which reads nothing while it runs a call. Unbounded, 3,000 ends
     told meanwhile (a local client opening and closing connections) stall nothing: realtime,
     whose socket the same I/O thread serves, answers before standard's long call ends (with
     ZeroMQ's bounded monitor pipe, it waited for that call's end)."""
-    root = short_dir()
-    save_sleeper(root)
-    running = start_daemon(f'[server]\nmodel_repository = "{root}"\n')
-    context, churn = zmq.Context(), zmq.Context()
+    save_sleeper(short_tmp)
+    running = own_daemon(f'[server]\nmodel_repository = "{short_tmp}"\n')
+    churn = zmq.Context()
     churn.MAX_SOCKETS = 60_000
     standard = class_endpoint(running.ipc, "standard")
     try:
@@ -471,24 +457,20 @@ def test_connections_closing_by_thousands_beside_a_busy_loop_stall_no_other_sock
         assert receive(realtime).status == "OK"
         assert receive(busy).status == "OK"
     finally:
-        context.destroy(linger=0)
         churn.destroy(linger=0)
-        running.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
-def test_a_client_gone_right_after_registering_leaves_nothing_and_its_routing_id_is_not_cursed() -> None:
+def test_a_client_gone_right_after_registering_leaves_nothing_and_its_routing_id_is_not_cursed(
+    own_daemon, short_tmp: Path, context: zmq.Context, obj: shared_memory.SharedMemory
+) -> None:
     """A client that sends shm_register and ends its connection while realtime's loop runs a
     long call (a crash): the loop reads its end before its request, and still forgets the
     region (the handle's reply finds no one). The same client back with the same routing id,
     on a new connection, keeps what it registers there when the next connection to take the
     gone one's descriptor closes."""
-    root = short_dir()
-    save_sleeper(root)
+    save_sleeper(short_tmp)
     shm = "[shm]\nenabled = true\ntrust_posix_names = true\nidle_s = 300\n"
-    running = start_daemon(f'[server]\nmodel_repository = "{root}"\n{shm}')
-    made = shared_memory.SharedMemory(name=f"edged-crashed-{os.getpid()}", create=True, size=4096)
-    context = zmq.Context()
+    running = own_daemon(f'[server]\nmodel_repository = "{short_tmp}"\n{shm}')
     realtime = class_endpoint(running.ipc, "realtime")
 
     def camera() -> zmq.Socket:
@@ -497,26 +479,19 @@ def test_a_client_gone_right_after_registering_leaves_nothing_and_its_routing_id
         sock.connect(realtime)
         return sock
 
-    try:
-        busy = connect(context, realtime)
-        busy.send_multipart(encode_request(1, model="sleeper", deadline_ms=60_000, inputs=sleep_for(6000)))
-        time.sleep(0.05)  # realtime's loop is inside the call
-        crashed = camera()
-        crashed.send_multipart(encode_request(2, "shm_register", region=ShmRef(made.name, 0, 4096)))
-        crashed.close(linger=2000)  # the request leaves first
-        assert receive(busy).status == "OK"
-        wait_for(lambda: mapped(running, made.name) == 0, 10, "the gone client's region to be unmapped")
-        other = connect(context, realtime)  # the gone one's descriptor, most likely
-        assert exchange(other, encode_request(3, "health")).status == "OK"
-        restarted = camera()
-        status, handle = register(restarted, made.name, 4096, 4)
-        assert status == "OK", handle
-        other.close(linger=0)
-        time.sleep(0.3)
-        assert_serves_from(restarted, handle, 5)
-    finally:
-        context.destroy(linger=0)
-        running.close()
-        made.unlink()
-        made.close()
-        shutil.rmtree(root, ignore_errors=True)
+    busy = connect(context, realtime)
+    busy.send_multipart(encode_request(1, model="sleeper", deadline_ms=60_000, inputs=sleep_for(6000)))
+    time.sleep(0.05)  # realtime's loop is inside the call
+    crashed = camera()
+    crashed.send_multipart(encode_request(2, "shm_register", region=ShmRef(obj.name, 0, 4096)))
+    crashed.close(linger=2000)  # the request leaves first
+    assert receive(busy).status == "OK"
+    wait_for(lambda: mapped(running, obj.name) == 0, 10, "the gone client's region to be unmapped")
+    other = connect(context, realtime)  # the gone one's descriptor, most likely
+    assert exchange(other, encode_request(3, "health")).status == "OK"
+    restarted = camera()
+    status, handle = register(restarted, obj.name, 4096, 4)
+    assert status == "OK", handle
+    other.close(linger=0)
+    time.sleep(0.3)
+    assert_serves_from(restarted, handle, 5)
