@@ -71,7 +71,7 @@ class ClassConfig:
 
 # Settings of earlier versions, refused by name with what replaced them.
 REMOVED = {
-    "spin_us": "a loop sleeps in poll until a request comes, and never busy-polls",
+    "spin_us": "a loop spins by what it measures, up to server.spin_max_us for the whole daemon",
     "stand_in": "a job too dear for the inline path runs on a worker of its class",
     "preemptible": "a lower class's call is never cancelled; it yields, and its calls are capped by max_call_ms",
 }

@@ -60,6 +60,8 @@ class Config:
     gpu_headroom_mb: int = 256
     # The daemon's RSS that its weights and lanes must stay under (0: no limit; see edged.backends.host_memory).
     memory_limit_mb: int = 0
+    # The longest a loop polls after its turn rather than sleep (edged.serve.transport.spin); 0: never.
+    spin_max_us: int = 250
     limits: Limits = field(default_factory=Limits)
     max_message_bytes: int = MAX_MESSAGE_BYTES
     ipc_mode: int = 0o660  # of every ipc socket file: owner and group may connect
@@ -193,6 +195,7 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
         on_model_failure=on_model_failure,
         gpu_headroom_mb=read_int(server, SERVER["gpu_headroom_mb"], 256, "server."),
         memory_limit_mb=read_int(server, SERVER["memory_limit_mb"], 0, "server."),
+        spin_max_us=read_int(server, SERVER["spin_max_us"], 250, "server."),
         limits=limits,
         max_message_bytes=max_message_bytes,
         ipc_mode=_ipc_mode(server.get("ipc_mode", 0o660)),

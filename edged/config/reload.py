@@ -19,6 +19,7 @@ START_ONLY: dict[str, Callable[[Config], Any]] = {
     "server.default_class": attrgetter("default_class"),
     "server.class_sockets": attrgetter("class_sockets"),
     "server.max_message_bytes": attrgetter("max_message_bytes"),
+    "server.spin_max_us": attrgetter("spin_max_us"),
     "server.ipc_mode": attrgetter("ipc_mode"),
     "server.ipc_group": attrgetter("ipc_group"),
     "server.log_level": attrgetter("log_level"),

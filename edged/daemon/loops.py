@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 
 from edged.config import Config
 from edged.daemon.lifecycle import Lifecycle
@@ -19,6 +20,7 @@ from edged.serve.figures import figures
 from edged.serve.pending import PendingBytes
 from edged.serve.transport.loop import Loop
 from edged.serve.transport.sockets import Sockets
+from edged.serve.transport.spin import Spin
 from edged.serve.transport.turns import Turns
 from edged.shm.intake import FdIntake
 from edged.shm.registry import Regions
@@ -51,7 +53,15 @@ class Loops:
         turns = Turns()
         for name in names:
             dispatcher = Dispatcher(name, self.serving)
-            dispatcher.loop = Loop(name, self.sockets.by_class[name], dispatcher.handle, turns, top=name == names[0])
+            dispatcher.loop = Loop(
+                name,
+                self.sockets.by_class[name],
+                dispatcher.handle,
+                turns,
+                top=name == names[0],
+                spin=Spin(config.spin_max_us * 1000),
+                quiet=partial(self.serving.quiet, name),
+            )
             self.serving.dispatchers[name] = dispatcher
         with ExitStack() as opened:  # closed again if what follows fails
             opened.callback(self.sockets.close)

@@ -46,6 +46,17 @@ class Serving:
     started_ns: int = field(default_factory=time.monotonic_ns)
     dispatchers: dict[str, Dispatcher] = field(default_factory=dict)  # by class, in class order
 
+    def quiet(self, klass: str) -> bool:
+        """Whether nothing but class `klass`'s loop wants the interpreter now: every other loop
+        asleep in its poll, and no lane with work queued or running (edged.serve.transport.spin)."""
+        for dispatcher in self.dispatchers.values():
+            if dispatcher.klass != klass and not (dispatcher.loop is not None and dispatcher.loop.blocked):
+                return False
+            loaded = dispatcher.loaded
+            if loaded is not None and loaded.lanes[dispatcher.klass].backlog.depth:
+                return False
+        return True
+
 
 class Dispatcher:
     """One class's decisions, on its loop's thread, which alone writes its fields."""

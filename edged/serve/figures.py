@@ -32,6 +32,10 @@ def figures(serving: Serving) -> dict[str, Any]:
         shortest_ms = dispatcher.deadlines.shortest_ms
         class_figures["inline_max_us"] = lane.inline_cap.limit_ns(handoff_ns, read_ms=shortest_ms) // 1000
         class_figures["loop_deadline_ms"] = shortest_ms
+        if (loop := dispatcher.loop) is not None:
+            class_figures["spin_us"] = loop.spin.length_ns // 1000
+            class_figures["arrival_gap_us"] = round(loop.spin.gap_ns / 1000, 1)
+            class_figures["spins"] = loop.spin.spins
         class_figures["memory_bytes"] = loaded.memory.lane_bytes.get(name)
         if (reservation := loaded.reservations.get(name)) is not None:
             class_figures["gpu"] = reservation.to_wire()

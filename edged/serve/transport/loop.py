@@ -21,6 +21,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from edged.serve.transport import Handler, Route
 from edged.serve.transport.binding import Bound
+from edged.serve.transport.spin import Spin
 from edged.serve.transport.turns import Turns
 from edged.wire.codec import Buffer
 
@@ -46,13 +47,23 @@ class Loop:
     other threads only call `call_soon`, `send` and `close`."""
 
     def __init__(
-        self, name: str, bound: list[Bound], handle: Handler, turns: Turns | None = None, top: bool = True
+        self,
+        name: str,
+        bound: list[Bound],
+        handle: Handler,
+        turns: Turns | None = None,
+        top: bool = True,
+        spin: Spin | None = None,
+        quiet: Callable[[], bool] = lambda: True,
     ) -> None:
         self.name = name
         self.bound = bound
         self._handle = handle
         self._turns = turns or Turns()
         self._top = top  # the highest class's loop, which the others give way to
+        self.spin = spin or Spin(0)
+        self._quiet = quiet  # whether nothing else in the daemon has work: a spin may start or go on
+        self.blocked = False  # asleep in its poll (not spinning): written by this loop's thread alone
         # Work for other loops, handed over at the turn's end: one wake-up per burst, not per message.
         self._outgoing: dict[Loop, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
         self._soon: deque[tuple[Callable[..., Any], tuple[Any, ...], int]] = deque()
@@ -143,12 +154,14 @@ class Loop:
         try:
             while not self._closing:
                 # No timeout: all work comes as a message or a callable.
-                self._asleep_since_ns = time.monotonic_ns()
+                turn_end_ns = self._asleep_since_ns = time.monotonic_ns()
                 if top:
                     turns.sleep()
-                ready = dict(poller.poll())
+                ready = self._wait(poller)
                 if top:
                     turns.top_awake = True
+                if not ready.keys().isdisjoint(socks):
+                    self.spin.arrived(time.monotonic_ns() - turn_end_ns)
                 if self._wake in ready:
                     os.eventfd_read(self._wake)
                 self._run_soon()
@@ -185,6 +198,26 @@ class Loop:
                 if self._soon:  # handed over after the last turn ran what it had
                     self.lost += len(self._soon)
                     log.error("loop %s: work came as its sockets closed, and was dropped", self.name)
+
+    def _wait(self, poller: zmq.Poller) -> dict[Any, int]:
+        """What is ready: polled for up to the spin's length while the daemon is quiet, then slept for."""
+        if (spin_ns := self.spin.length_ns) and self._quiet():
+            self.spin.spins += 1
+            until_ns = self._asleep_since_ns + spin_ns
+            # Awake: work handed over meanwhile woke nothing, and says nothing of what a wake-up costs.
+            self._asleep_since_ns = 1 << 62
+            while True:
+                if ready := poller.poll(0):
+                    return dict(ready)
+                # A thread woken on this core (ZeroMQ's I/O thread, bringing the next request) runs now.
+                os.sched_yield()
+                if time.monotonic_ns() >= until_ns or not self._quiet():
+                    break
+            self._asleep_since_ns = time.monotonic_ns()
+        self.blocked = True
+        ready = poller.poll()
+        self.blocked = False
+        return dict(ready)
 
     def _run_soon(self) -> None:
         soon = self._soon

@@ -1,0 +1,41 @@
+"""Whether a loop polls for a while after its turn rather than sleep in its poll.
+
+A request that finds its loop asleep pays the wake-up: the core back from the hypervisor's
+idle, and caches that hold someone else's data (docs/benchmarks.md, "The spin"). A loop
+measures, as it serves, the gap from the end of each turn to the next request on its
+sockets. Where requests come back that fast (a client waiting on each answer), it polls
+for up to twice that gap first; at low rates and at idle it never does. And it polls only
+while nothing else in the daemon has work (Serving.quiet): a spin beside a computing
+worker takes the interpreter lock from it.
+"""
+
+from __future__ import annotations
+
+# A gap counts at most this many times server.spin_max_us: a client that pauses now and then (an
+# idle second) leaves the spin armed, or disarms it for a few requests, not for a hundred.
+GAP_COUNTED = 4
+# The newest gap's weight in the average: a client that slows down disarms it within a few requests.
+GAP_WEIGHT = 0.125
+
+
+class Spin:
+    """One loop's spin: written by that loop alone (`arrived`, `spins`); the stats op reads it."""
+
+    __slots__ = ("gap_ns", "most_ns", "spins")
+
+    def __init__(self, most_ns: int) -> None:
+        self.most_ns = most_ns  # server.spin_max_us; 0: never
+        self.gap_ns = float(GAP_COUNTED * most_ns)  # the average gap; disarmed until requests come close
+        self.spins = 0  # turns after which the loop polled rather than slept
+
+    def arrived(self, gap_ns: int) -> None:
+        """A request came `gap_ns` after the loop's last turn ended."""
+        self.gap_ns += (min(gap_ns, GAP_COUNTED * self.most_ns) - self.gap_ns) * GAP_WEIGHT
+
+    @property
+    def length_ns(self) -> int:
+        """How long the loop polls before it sleeps, now: twice the average gap, at most
+        server.spin_max_us; 0 where the average gap is longer than that."""
+        if self.gap_ns > self.most_ns:
+            return 0
+        return int(min(2 * self.gap_ns, self.most_ns))

@@ -1,0 +1,161 @@
+"""The spin (edged.serve.transport.spin): a loop polls after its turn only where its requests
+have lately come back that fast, and never while another part of the daemon has work."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import zmq
+from support import connect, exchange, header, random_input, receive, short_dir, wait_for
+from support.models import save_sleeper, sleep_for
+
+from edged.config.file import parse_config
+from edged.daemon.lifecycle import Lifecycle
+from edged.daemon.loops import Loops
+from edged.protocol import encode_request
+from edged.serve.transport.loop import Loop
+from edged.serve.transport.sockets import Sockets
+from edged.serve.transport.spin import GAP_COUNTED, Spin
+
+# A spin of up to 5 ms: a client that sends each request as the last answer comes back is well
+# within it on any box, and one that waits 50 ms between them is well past it.
+CONFIG = """
+[server]
+spin_max_us = 5000
+{repository}
+[classes.realtime]
+[classes.standard]
+[classes.bulk]
+"""
+
+
+def light(request_id: object) -> list:
+    return encode_request(request_id, model="mlp-light", inputs=random_input("mlp-light", 1, 0))
+
+
+def standard_stats(sock: zmq.Socket) -> dict:
+    return exchange(sock, [header(id="s", op="stats")]).header["classes"]["standard"]
+
+
+def test_a_loop_spins_where_requests_come_back_at_once_and_stops_once_they_come_seldom(
+    own_daemon, context: zmq.Context
+) -> None:
+    running = own_daemon(CONFIG.format(repository=""))
+    sock = connect(context, running.ipc)
+    try:
+        before = standard_stats(sock)
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        close = standard_stats(sock)
+        for i in range(10):
+            time.sleep(0.05)  # a client that waits between requests
+            assert exchange(sock, light(i)).status == "OK"
+        seldom = standard_stats(sock)
+        after = standard_stats(sock)
+    finally:
+        sock.close(linger=0)
+    # Disarmed at start: nothing measured yet.
+    assert before["spin_us"] == 0 and before["spins"] == 0, before
+    assert 0 < close["spin_us"] <= 5000 and close["spins"] >= 25, close
+    assert seldom["spin_us"] == 0 and seldom["arrival_gap_us"] > 5000, seldom
+    # The stats request right after the last one came at once, yet the average stays past it.
+    assert after["spins"] == seldom["spins"], (seldom, after)
+
+
+def test_a_loop_never_spins_while_a_lane_has_work(own_daemon, context: zmq.Context) -> None:
+    """A bulk call runs on a worker for about a second: standard's loop, armed by requests that
+    come back at once, sleeps in its poll after each of them rather than take the interpreter
+    lock from that worker; once the call is answered, it spins again."""
+    repository = short_dir()
+    save_sleeper(repository)
+    running = own_daemon(CONFIG.format(repository=f'model_repository = "{repository}"'))
+    sock, bulk = connect(context, running.ipc), connect(context, running.ipc)
+    try:
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        long_call = encode_request("long", model="sleeper", klass="bulk", deadline_ms=60_000, inputs=sleep_for(8000))
+        bulk.send_multipart(long_call)
+        time.sleep(0.05)  # the bulk request admitted, its call begun
+        armed = standard_stats(sock)
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        beside = standard_stats(sock)
+        # Else the call ended within the 50 requests, and the test says nothing.
+        assert not bulk.poll(0), "the bulk call ended before the light requests did: make it longer"
+        assert receive(bulk, 60_000).status == "OK"
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        after = standard_stats(sock)
+    finally:
+        sock.close(linger=0)
+        bulk.close(linger=0)
+        shutil.rmtree(repository, ignore_errors=True)
+    assert armed["spin_us"] > 0 and armed["spins"] > 0, armed
+    assert beside["spins"] == armed["spins"] and beside["spin_us"] > 0, (armed, beside)
+    assert after["spins"] >= beside["spins"] + 30, (beside, after)
+
+
+def test_the_daemon_is_quiet_for_a_loop_only_while_every_other_loop_sleeps(short_tmp: Path) -> None:
+    """The loops of a daemon with no lanes yet: realtime's, held inside a callable, is awake."""
+    config = parse_config({"server": {"endpoints": [f"ipc://{short_tmp}/edged.sock"]}}, short_tmp)
+    loops = Loops(config, Lifecycle(), lambda: None)
+    serving, held = loops.serving, threading.Event()
+    loops.start()
+    try:
+        wait_for(lambda: serving.quiet("standard") and serving.quiet("realtime"), 5, "every loop asleep")
+        loops.serving.dispatchers["realtime"].loop.call_soon(held.wait, 5)  # type: ignore[union-attr]
+        wait_for(lambda: not serving.quiet("standard"), 5, "realtime's loop awake")
+        assert not serving.quiet("bulk") and serving.quiet("realtime")
+        held.set()
+        wait_for(lambda: serving.quiet("standard"), 5, "realtime's loop asleep again")
+    finally:
+        held.set()
+        loops.close(config.default_class, time.monotonic() + 1)
+
+
+def test_work_handed_over_while_a_loop_spins_does_not_count_as_a_wake_up(short_tmp: Path) -> None:
+    """handoff_ns, which bounds the inline cap, is what waking a sleeping loop costs: a spin
+    that catches the work woke nothing."""
+    sockets = Sockets((f"ipc://{short_tmp}/spin.sock",), 1 << 20, ("only",), "only", class_sockets=False)
+    spin = Spin(1_000_000_000)
+    spin.gap_ns = 100_000_000  # armed: each spin polls for 200 ms
+    loop = Loop("only", sockets.by_class["only"], lambda *_: None, spin=spin)
+    ran = threading.Event()
+    loop.start()
+    try:
+        wait_for(lambda: spin.spins == 1, 5, "the loop to spin")
+        loop.call_soon(ran.set)
+        assert ran.wait(5) and loop.handoff_ns == 0  # caught by the spin
+        ran.clear()
+        wait_for(lambda: loop.blocked, 5, "the spin to end")
+        loop.call_soon(ran.set)
+        assert ran.wait(5)
+        wait_for(lambda: loop.handoff_ns > 0, 5, "a wake-up measured")
+    finally:
+        loop.close()
+        assert loop.join(5)
+        sockets.close()
+
+
+def test_a_spin_of_zero_never_arms() -> None:
+    spin = Spin(0)
+    for _ in range(100):
+        spin.arrived(1)
+    assert spin.length_ns == 0
+
+
+def test_long_pauses_disarm_the_spin_and_a_few_close_requests_arm_it_again() -> None:
+    spin = Spin(250_000)
+    for _ in range(100):
+        spin.arrived(100_000)
+    assert abs(spin.length_ns - 200_000) < 100  # twice the gap
+    spin.arrived(10**9)  # an idle second counts as GAP_COUNTED spins' length
+    assert spin.length_ns > 0
+    spin.arrived(10**9)
+    assert spin.length_ns == 0
+    for _ in range(GAP_COUNTED):
+        spin.arrived(100_000)
+    assert spin.length_ns > 0
