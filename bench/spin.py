@@ -9,7 +9,7 @@ should not arm, and cost nothing). Beside each latency, the server process's CPU
 trips in us a request, for the Poisson load in percent of one core. Both edged daemons are
 fresh, on ipc sockets, the default class; the generator runs on the same box.
 
-    python bench/spin.py [--rounds N] [--requests N] [--rate R] [--seconds S] [--json FILE]
+    python bench/spin.py [--rounds N] [--requests N] [--rate R] [--seconds S] [--spin-max-us N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="round trips per server a round (default 3000)")
     parser.add_argument("--rate", type=float, default=1000.0, help="Poisson arrivals a second (default 1000)")
     parser.add_argument("--seconds", type=float, default=4.0, help="each Poisson run's length (default 4)")
+    parser.add_argument(
+        "--spin-max-us",
+        type=int,
+        help="the first daemon's server.spin_max_us (default: the built-in); 0 makes the run an A/A check",
+    )
     parser.add_argument("--json", type=Path, help="write every round's figures here")
     args = parser.parse_args()
     rounds: list[dict[str, dict[str, float]]] = []
@@ -84,8 +89,12 @@ def main() -> None:
         endpoints = {server: f"ipc://{folder}/{server}.sock" for server in SERVERS}
         no_spin = Path(folder) / "no-spin.toml"
         no_spin.write_text("[server]\nspin_max_us = 0\n")
+        own: Path | None = None
+        if args.spin_max_us is not None:
+            own = Path(folder) / "edged.toml"
+            own.write_text(f"[server]\nspin_max_us = {args.spin_max_us}\n")
         daemons = {
-            "edged": stack.enter_context(DaemonProcess([endpoints["edged"]])),
+            "edged": stack.enter_context(DaemonProcess([endpoints["edged"]], config=own)),
             "edged_no_spin": stack.enter_context(DaemonProcess([endpoints["edged_no_spin"]], config=no_spin)),
         }
         naive = helper_server("naive_server", endpoints["naive_server"])
