@@ -5,6 +5,7 @@ as its own loop has taken it up, under the class's stats lock."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from edged.backends.host_memory import rss_bytes
@@ -33,7 +34,7 @@ def figures(serving: Serving) -> dict[str, Any]:
         class_figures["inline_max_us"] = lane.inline_cap.limit_ns(handoff_ns, read_ms=shortest_ms) // 1000
         class_figures["loop_deadline_ms"] = shortest_ms
         if (loop := dispatcher.loop) is not None:
-            class_figures["spin_us"] = loop.spin.length_ns // 1000
+            class_figures["spin_us"] = loop.spin.length_ns(time.monotonic_ns()) // 1000
             class_figures["arrival_gap_us"] = round(loop.spin.gap_ns / 1000, 1)
             class_figures["spins"] = loop.spin.spins
         class_figures["memory_bytes"] = loaded.memory.lane_bytes.get(name)

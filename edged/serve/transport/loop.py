@@ -161,7 +161,8 @@ class Loop:
                 if top:
                     turns.top_awake = True
                 if not ready.keys().isdisjoint(socks):
-                    self.spin.arrived(time.monotonic_ns() - turn_end_ns)
+                    now_ns = time.monotonic_ns()
+                    self.spin.arrived(now_ns - turn_end_ns, now_ns)
                 if self._wake in ready:
                     os.eventfd_read(self._wake)
                 self._run_soon()
@@ -201,7 +202,7 @@ class Loop:
 
     def _wait(self, poller: zmq.Poller) -> dict[Any, int]:
         """What is ready: polled for up to the spin's length while the daemon is quiet, then slept for."""
-        if (spin_ns := self.spin.length_ns) and self._quiet():
+        if (spin_ns := self.spin.length_ns(self._asleep_since_ns)) and self._quiet():
             self.spin.spins += 1
             until_ns = self._asleep_since_ns + spin_ns
             # Awake: work handed over meanwhile woke nothing, and says nothing of what a wake-up costs.

@@ -50,6 +50,8 @@ def test_a_loop_spins_where_requests_come_back_at_once_and_stops_once_they_come_
         for i in range(50):
             assert exchange(sock, light(i)).status == "OK"
         close = standard_stats(sock)
+        time.sleep(2.5)  # idle: the daemon's fences wake the loop each second
+        idle = standard_stats(sock)
         for i in range(10):
             time.sleep(0.05)  # a client that waits between requests
             assert exchange(sock, light(i)).status == "OK"
@@ -60,6 +62,8 @@ def test_a_loop_spins_where_requests_come_back_at_once_and_stops_once_they_come_
     # Disarmed at start: nothing measured yet.
     assert before["spin_us"] == 0 and before["spins"] == 0, before
     assert 0 < close["spin_us"] <= 5000 and close["spins"] >= 25, close
+    # Once, after the stats request's own turn; never after a fence's.
+    assert close["spins"] <= idle["spins"] <= close["spins"] + 1, (close, idle)
     assert seldom["spin_us"] == 0 and seldom["arrival_gap_us"] > 5000, seldom
     # The stats request right after the last one came at once, yet the average stays past it.
     assert after["spins"] == seldom["spins"], (seldom, after)
@@ -120,13 +124,12 @@ def test_work_handed_over_while_a_loop_spins_does_not_count_as_a_wake_up(short_t
     """handoff_ns, which bounds the inline cap, is what waking a sleeping loop costs: a spin
     that catches the work woke nothing."""
     sockets = Sockets((f"ipc://{short_tmp}/spin.sock",), 1 << 20, ("only",), "only", class_sockets=False)
-    spin = Spin(1_000_000_000)
-    spin.gap_ns = 100_000_000  # armed: each spin polls for 200 ms
+    spin = armed(400_000_000)  # each spin polls for 800 ms
     loop = Loop("only", sockets.by_class["only"], lambda *_: None, spin=spin)
     ran = threading.Event()
     loop.start()
     try:
-        wait_for(lambda: spin.spins == 1, 5, "the loop to spin")
+        wait_for(lambda: spin.spins == 1 and not loop.blocked, 5, "the loop to spin")
         loop.call_soon(ran.set)
         assert ran.wait(5) and loop.handoff_ns == 0  # caught by the spin
         ran.clear()
@@ -140,22 +143,45 @@ def test_work_handed_over_while_a_loop_spins_does_not_count_as_a_wake_up(short_t
         sockets.close()
 
 
+def test_a_spin_ends_as_soon_as_the_daemon_is_no_longer_quiet(short_tmp: Path) -> None:
+    sockets = Sockets((f"ipc://{short_tmp}/spin.sock",), 1 << 20, ("only",), "only", class_sockets=False)
+    spin, quiet = armed(5_000_000_000), [True]  # each spin polls for 10 s
+    loop = Loop("only", sockets.by_class["only"], lambda *_: None, spin=spin, quiet=lambda: quiet[0])
+    loop.start()
+    try:
+        wait_for(lambda: spin.spins == 1 and not loop.blocked, 5, "the loop to spin")
+        quiet[0] = False  # another loop woke, or a lane took work
+        wait_for(lambda: loop.blocked, 2, "the spin to end")
+    finally:
+        loop.close()
+        assert loop.join(5)
+        sockets.close()
+
+
+def armed(gap_ns: int) -> Spin:
+    """A spin armed as if requests had just come every `gap_ns`: it polls for twice that."""
+    spin = Spin(10 * gap_ns)
+    spin.gap_ns, spin.last_ns = gap_ns, time.monotonic_ns()
+    return spin
+
+
 def test_a_spin_of_zero_never_arms() -> None:
     spin = Spin(0)
     for _ in range(100):
-        spin.arrived(1)
-    assert spin.length_ns == 0
+        spin.arrived(1, 0)
+    assert spin.length_ns(0) == 0
 
 
 def test_long_pauses_disarm_the_spin_and_a_few_close_requests_arm_it_again() -> None:
     spin = Spin(250_000)
     for _ in range(100):
-        spin.arrived(100_000)
-    assert abs(spin.length_ns - 200_000) < 100  # twice the gap
-    spin.arrived(10**9)  # an idle second counts as GAP_COUNTED spins' length
-    assert spin.length_ns > 0
-    spin.arrived(10**9)
-    assert spin.length_ns == 0
+        spin.arrived(100_000, 0)
+    assert abs(spin.length_ns(0) - 200_000) < 100  # twice the gap
+    assert spin.length_ns(GAP_COUNTED * 250_000 + 1) == 0  # no request for that long: an idle loop
+    spin.arrived(10**9, 0)  # an idle second counts as GAP_COUNTED spins' length
+    assert spin.length_ns(0) > 0
+    spin.arrived(10**9, 0)
+    assert spin.length_ns(0) == 0
     for _ in range(GAP_COUNTED):
-        spin.arrived(100_000)
-    assert spin.length_ns > 0
+        spin.arrived(100_000, 0)
+    assert spin.length_ns(0) > 0
