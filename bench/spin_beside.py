@@ -25,8 +25,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 from paths import MODELS, RoundTrips, dealer, machine, machine_line
+from spin import spins
 
-from edged.client import Client
 from edged.loadgen.launch import DaemonProcess
 from edged.wire.codec import encode_request
 from edged.wire.endpoints import class_endpoint
@@ -83,16 +83,11 @@ def beside(endpoint: str, seconds: float, every_ms: float) -> dict[str, float]:
     load.start()
     time.sleep(0.3)  # the standard client's round trips under way: standard's loop armed
     try:
-        before = standard_spins(endpoint)
+        before = spins(endpoint)
         samples = realtime_samples(endpoint, seconds, every_ms)
-        return {**samples, "standard_spins": standard_spins(endpoint) - before}
+        return {**samples, "standard_spins": spins(endpoint) - before}
     finally:
         load.join()
-
-
-def standard_spins(endpoint: str) -> int:
-    with Client(endpoint) as client:
-        return client.stats()["classes"]["standard"]["spins"]
 
 
 def main() -> None:

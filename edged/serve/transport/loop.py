@@ -203,17 +203,11 @@ class Loop:
     def _wait(self, poller: zmq.Poller) -> dict[Any, int]:
         """What is ready: polled for up to the spin's length while the daemon is quiet, then slept for."""
         if (spin_ns := self.spin.length_ns(self._asleep_since_ns)) and self._quiet():
-            self.spin.spins += 1
             until_ns = self._asleep_since_ns + spin_ns
             # Awake: work handed over meanwhile woke nothing, and says nothing of what a wake-up costs.
             self._asleep_since_ns = 1 << 62
-            while True:
-                if ready := poller.poll(0):
-                    return dict(ready)
-                # A thread woken on this core (ZeroMQ's I/O thread, bringing the next request) runs now.
-                os.sched_yield()
-                if time.monotonic_ns() >= until_ns or not self._quiet():
-                    break
+            if ready := self.spin.poll(poller, until_ns, self._quiet):
+                return dict(ready)
             self._asleep_since_ns = time.monotonic_ns()
         self.blocked = True
         ready = poller.poll()

@@ -11,6 +11,13 @@ worker takes the interpreter lock from it.
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
 # A gap counts at most this many times server.spin_max_us: a client that pauses now and then (an
 # idle second) leaves the spin armed, or disarms it for a few requests, not for a hundred.
 GAP_COUNTED = 4
@@ -19,7 +26,7 @@ GAP_WEIGHT = 0.125
 
 
 class Spin:
-    """One loop's spin: written by that loop alone (`arrived`, `spins`); the stats op reads it."""
+    """One loop's spin: written by that loop alone (`arrived`, `poll`); the stats op reads it."""
 
     __slots__ = ("gap_ns", "last_ns", "most_ns", "spins")
 
@@ -41,3 +48,14 @@ class Spin:
         if self.gap_ns > self.most_ns or now_ns - self.last_ns > GAP_COUNTED * self.most_ns:
             return 0
         return int(min(2 * self.gap_ns, self.most_ns))
+
+    def poll(self, poller: zmq.Poller, until_ns: int, quiet: Callable[[], bool]) -> list[tuple[Any, int]]:
+        """Poll without sleeping until something is ready, `until_ns` passes or `quiet` says no
+        more; what is ready (empty: nothing came)."""
+        self.spins += 1
+        while not (ready := poller.poll(0)):
+            # A thread woken on this core (ZeroMQ's I/O thread, bringing the next request) runs now.
+            os.sched_yield()
+            if time.monotonic_ns() >= until_ns or not quiet():
+                break
+        return ready
