@@ -40,6 +40,7 @@ HANDOFFS_KEPT = 15
 # zmq's flags and options as plain ints: its enum members make every `&` a Python call.
 _LAST, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 _running = threading.local()  # .loop: the Loop whose thread this is
+Work = tuple[Callable[..., Any], tuple[Any, ...]]  # a callable handed to a loop, and its arguments
 
 
 class Loop:
@@ -65,8 +66,9 @@ class Loop:
         self._quiet = quiet  # whether nothing else in the daemon has work: a spin may start or go on
         self.blocked = False  # asleep in its poll (not spinning): written by this loop's thread alone
         # Work for other loops, handed over at the turn's end: one wake-up per burst, not per message.
-        self._outgoing: dict[Loop, list[tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
-        self._soon: deque[tuple[Callable[..., Any], tuple[Any, ...], int]] = deque()
+        self._outgoing: dict[Loop, list[Work]] = {}
+        # Batches as handed over, each stamped when it came: a burst's hop costs one entry, not one per message.
+        self._soon: deque[tuple[int, list[Work]]] = deque()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         # Held while work is handed over, and by the loop as it closes and `join` as it closes the
         # eventfd: work is either run, or counted lost, and no write reaches a descriptor reused.
@@ -87,19 +89,20 @@ class Loop:
     def call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
         """Run `callback(*args)` on this loop's thread soon; from another loop, after that loop's turn."""
         caller = getattr(_running, "loop", None)
-        if caller is not None and caller is not self:
-            caller._outgoing.setdefault(self, []).append((callback, args))
-        else:
+        if caller is None or caller is self:
             self._take([(callback, args)])
+        elif (batch := caller._outgoing.get(self)) is not None:
+            batch.append((callback, args))
+        else:
+            caller._outgoing[self] = [(callback, args)]
 
-    def _take(self, work: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    def _take(self, work: list[Work]) -> None:
         with self._handing:
             if self.closed.is_set():
                 self.lost += len(work)
                 log.error("loop %s: work came after its sockets closed, and was dropped", self.name)
                 return
-            now_ns = time.monotonic_ns()
-            self._soon.extend((callback, args, now_ns) for callback, args in work)
+            self._soon.append((time.monotonic_ns(), work))
             os.eventfd_write(self._wake, 1)
 
     def _hand_over(self) -> None:
@@ -109,9 +112,8 @@ class Loop:
 
     def _give_way(self) -> None:
         """Wait while the highest class's loop is awake (edged.serve.transport.turns)."""
-        if self._turns.top_awake:
-            self._hand_over()
-            self._turns.wait()
+        self._hand_over()
+        self._turns.wait()
 
     def send(self, route: Route, frames: list[Buffer]) -> bool:
         """Send a reply: now on this loop's thread, else through `call_soon`. False: sent
@@ -197,7 +199,7 @@ class Loop:
             with self._handing:
                 self.closed.set()
                 if self._soon:  # handed over after the last turn ran what it had
-                    self.lost += len(self._soon)
+                    self.lost += sum(len(work) for _, work in self._soon)
                     log.error("loop %s: work came as its sockets closed, and was dropped", self.name)
 
     def _wait(self, poller: zmq.Poller) -> dict[Any, int]:
@@ -216,18 +218,19 @@ class Loop:
 
     def _run_soon(self) -> None:
         soon = self._soon
-        if soon and soon[0][2] >= self._asleep_since_ns:  # this work woke the loop
-            self._woken_ns.append(time.monotonic_ns() - soon[0][2])
+        if soon and soon[0][0] >= self._asleep_since_ns:  # this work woke the loop
+            self._woken_ns.append(time.monotonic_ns() - soon[0][0])
             self.handoff_ns = float(statistics.median(self._woken_ns))
         self._asleep_since_ns = 1 << 62  # until the next sleep, new work did not wake the loop
+        turns = None if self._top else self._turns
         while soon:
-            if not self._top:
-                self._give_way()
-            callback, args, _ = soon.popleft()
-            try:
-                callback(*args)
-            except Exception:  # one callback's bug must not take the loop down
-                log.exception("loop %s: a callback failed", self.name)
+            for callback, args in soon.popleft()[1]:
+                if turns is not None and turns.top_awake:
+                    self._give_way()
+                try:
+                    callback(*args)
+                except Exception:  # one callback's bug must not take the loop down
+                    log.exception("loop %s: a callback failed", self.name)
 
     def when_closed(self, index: int, envelope: zmq.Frame, callback: Callable[[bytes], None], peer: bytes) -> bytes:
         """The connection `envelope` came on (its peer and its descriptor); `callback` is called with
@@ -269,8 +272,9 @@ class Loop:
         sock, handle = self.bound[index].sock, self._handle
         count = 1
         current = _read(sock)
+        turns = None if self._top else self._turns
         while current is not None:
-            if not self._top:
+            if turns is not None and turns.top_awake:
                 self._give_way()
             # Once a second message was found, a burst is being read: receive without asking first.
             following = _read(sock) if count < most and (count > 1 or _waiting(sock)) else None
