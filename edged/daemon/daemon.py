@@ -34,6 +34,7 @@ from edged.daemon.trimmer import Trimmer
 from edged.serve.contention import Contention
 from edged.serve.figures import status_line
 from edged.serve.lanes.lane import Lane
+from edged.threads import NamedThread
 
 log = logging.getLogger("edged")
 
@@ -175,7 +176,7 @@ class Daemon:
             self._news.append(("loaded", result))
             self._wake()
 
-        self._loading = threading.Thread(target=build, name="loader", daemon=True)
+        self._loading = NamedThread(target=build, name="loader", daemon=True)
         self._loading.start()
 
     def _reread(self) -> Config:

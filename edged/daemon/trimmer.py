@@ -10,6 +10,7 @@ import threading
 import time
 
 from edged.backends.host_memory import rss_bytes, trim
+from edged.threads import NamedThread
 
 TRIM_EVERY_S = 1.0  # at most one trim a second, even mid-burst
 GROWTH = 1.25  # RSS past this multiple of its value after the last trim...
@@ -25,7 +26,7 @@ class Trimmer:
         self._last = self._after  # the RSS at the last check
         self._wake = threading.Event()
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="trimmer", daemon=True)
+        self._thread = NamedThread(target=self._run, name="trimmer", daemon=True)
         self._thread.start()
 
     def check(self) -> None:

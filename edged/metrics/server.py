@@ -14,6 +14,8 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
+from edged.threads import NamedThread
+
 MAX_CONNECTIONS = 8  # served at once; one more is closed at once (a scraper asks once per interval)
 IDLE_TIMEOUT_S = 5.0  # a connection silent this long mid-request is closed
 # A connection's whole life: one that sends a byte every few seconds, never silent for
@@ -72,6 +74,6 @@ class ScrapeServer(ThreadingMixIn, WSGIServer):
 def serve_scrapes(host: str, port: int, app: Any) -> tuple[ScrapeServer, threading.Thread]:
     """Listen on host:port (OSError where it cannot) and serve `app` on a thread of its own."""
     server = ScrapeServer(host, port, app)
-    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread = NamedThread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return server, thread

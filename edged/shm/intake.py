@@ -29,6 +29,7 @@ from typing import cast
 
 from edged.config import Config
 from edged.shm.registry import Regions
+from edged.threads import NamedThread
 from edged.wire.codec import Limits, ProtocolError, Status, decode_request, encode_reply
 from edged.wire.endpoints import EndpointError, prepare_ipc_path, restrict_ipc_socket, shm_socket_path
 
@@ -61,7 +62,7 @@ class FdIntake:
             self._close_listeners()
             raise
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._thread = threading.Thread(target=self._serve, name="shm-intake", daemon=True)
+        self._thread = NamedThread(target=self._serve, name="shm-intake", daemon=True)
         self._thread.start()
         log.info("memfd regions: taken on %s", ", ".join(map(str, paths)))
 

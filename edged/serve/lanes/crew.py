@@ -19,6 +19,7 @@ from edged.serve.lanes.precedence import Precedence
 from edged.serve.lanes.watchdog import OpenCalls, Overdue
 from edged.serve.lanes.worker import STOP, Remeasure, Worker
 from edged.serve.pricing import ServiceTimes
+from edged.threads import NamedThread
 from edged.wire.codec import Status
 
 log = logging.getLogger("edged.lanes")
@@ -199,7 +200,7 @@ class Crew:
         )
         name = f"lane-{self.klass.name}-{self._started}"
         self._started += 1
-        thread = threading.Thread(target=self._work, args=(worker, ready), name=name, daemon=True)
+        thread = NamedThread(target=self._work, args=(worker, ready), name=name, daemon=True)
         thread.start()
         # Threads that ended (a failed load, a worker given up on that returned) need no STOP, nor a join.
         self._threads = [*(thread for thread in self._threads if thread.is_alive()), thread]

@@ -23,6 +23,7 @@ from edged.serve.transport import Handler, Route
 from edged.serve.transport.binding import Bound
 from edged.serve.transport.spin import Spin
 from edged.serve.transport.turns import Turns
+from edged.threads import NamedThread
 from edged.wire.codec import Buffer
 
 log = logging.getLogger("edged.server")
@@ -73,7 +74,7 @@ class Loop:
         # Held while work is handed over, and by the loop as it closes and `join` as it closes the
         # eventfd: work is either run, or counted lost, and no write reaches a descriptor reused.
         self._handing = threading.Lock()
-        self._serving = threading.Thread(target=self._run, name=f"serve-{name}", daemon=True)
+        self._serving = NamedThread(target=self._run, name=f"serve-{name}", daemon=True)
         self._ident: int | None = None
         self._closing = False  # written by this loop's thread alone (in _finish)
         self.closed = threading.Event()
