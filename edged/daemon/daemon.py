@@ -157,6 +157,8 @@ class Daemon:
             self.lifecycle.move(State.RELOADING)
             self._start_loading(self._reread)
         self._housekeeping(time.monotonic_ns())
+        # No loop spins beside a warm-up (its prices are timed) or lanes finishing their work.
+        self.serving.settling = self._busy() or bool(self._retiring)
 
     # --- loading, at start and on SIGHUP -------------------------------------
 
@@ -185,6 +187,7 @@ class Daemon:
 
     def _take_loaded(self, result: Loaded | Exception) -> None:
         """Hand what the loader built to the loops, or report why it could not be built."""
+        self._loading = None  # its result is in, though its thread may still be returning
         state = self.lifecycle.state
         if isinstance(result, Exception):
             if state is State.RELOADING:

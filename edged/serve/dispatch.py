@@ -34,7 +34,7 @@ log = logging.getLogger("edged.dispatch")
 
 @dataclass
 class Serving:
-    """What every class's dispatcher shares. `lifecycle` is the steering thread's;
+    """What every class's dispatcher shares. `lifecycle` and `settling` are the steering thread's;
     `regions` and `pending` keep their own locks; the rest is fixed at start-up."""
 
     config: Config
@@ -45,10 +45,14 @@ class Serving:
     wake_steering: Callable[[], None]  # a loop has passed a fence (Dispatcher.pass_fence)
     started_ns: int = field(default_factory=time.monotonic_ns)
     dispatchers: dict[str, Dispatcher] = field(default_factory=dict)  # by class, in class order
+    settling: bool = True  # lanes are being built and warmed, or retiring (start-up, a reload)
 
     def quiet(self, klass: str) -> bool:
         """Whether nothing but class `klass`'s loop wants the interpreter now: every other loop
-        asleep in its poll, and no lane with work queued or running (edged.serve.transport.spin)."""
+        asleep in its poll, no lane with work queued or running, and none being built or
+        retiring (edged.serve.transport.spin)."""
+        if self.settling:
+            return False
         for dispatcher in self.dispatchers.values():
             if dispatcher.klass != klass and not (dispatcher.loop is not None and dispatcher.loop.blocked):
                 return False

@@ -3,14 +3,16 @@ have lately come back that fast, and never while another part of the daemon has 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
 
 import zmq
 from support import connect, exchange, header, random_input, receive, short_dir, wait_for
-from support.models import save_sleeper, sleep_for
+from support.models import dear_warmup_repository, save_sleeper, sleep_for
 
 from edged.config.file import parse_config
 from edged.daemon.lifecycle import Lifecycle
@@ -102,13 +104,50 @@ def test_a_loop_never_spins_while_a_lane_has_work(own_daemon, context: zmq.Conte
     assert after["spins"] >= beside["spins"] + 30, (beside, after)
 
 
+def test_a_loop_never_spins_while_a_reload_warms_new_lanes(own_daemon, context: zmq.Context) -> None:
+    """A reload warms the sleeper at a dear n on each new lane, a second or more in all: standard's
+    loop, armed, sleeps after each request meanwhile (the warm-up times the new lanes' prices), and
+    spins again once the new lanes serve and the old ones are gone."""
+    repository = dear_warmup_repository(1500)  # about 0.12 s a call, five calls a lane
+    running = own_daemon(CONFIG.format(repository=f'model_repository = "{repository}"'))
+    sock = connect(context, running.ipc)
+    try:
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        armed = standard_stats(sock)
+        os.kill(running.pid, signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: re-reading" in running.log(), 10, "the reload to begin")
+        time.sleep(0.1)  # the steering thread's turn that logged it ends
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        during = standard_stats(sock)
+        # Else the reload ended within the 50 requests, and the test says nothing.
+        assert "reloaded: now serving" not in running.log(), "the reload ended too soon: warm up at a dearer n"
+        wait_for(lambda: "reloaded: now serving" in running.log(), 60, "the reload to end")
+        time.sleep(0.5)  # the old lanes, idle, end within the steering thread's next turns
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        after = standard_stats(sock)
+    finally:
+        sock.close(linger=0)
+        shutil.rmtree(repository, ignore_errors=True)
+    assert armed["spin_us"] > 0 and armed["spins"] > 0, armed
+    # At most once, after the stats request's own turn, before the SIGHUP.
+    assert during["spins"] <= armed["spins"] + 1, (armed, during)
+    assert after["spins"] >= during["spins"] + 30, (during, after)
+
+
 def test_the_daemon_is_quiet_for_a_loop_only_while_every_other_loop_sleeps(short_tmp: Path) -> None:
-    """The loops of a daemon with no lanes yet: realtime's, held inside a callable, is awake."""
+    """The loops of a daemon with no steering thread and no lanes: realtime's, held inside a
+    callable, is awake."""
     config = parse_config({"server": {"endpoints": [f"ipc://{short_tmp}/edged.sock"]}}, short_tmp)
     loops = Loops(config, Lifecycle(), lambda: None)
     serving, held = loops.serving, threading.Event()
     loops.start()
     try:
+        time.sleep(0.2)
+        assert not serving.quiet("standard"), "quiet while lanes are being built"
+        serving.settling = False  # what the steering thread says once they serve
         wait_for(lambda: serving.quiet("standard") and serving.quiet("realtime"), 5, "every loop asleep")
         loops.serving.dispatchers["realtime"].loop.call_soon(held.wait, 5)  # type: ignore[union-attr]
         wait_for(lambda: not serving.quiet("standard"), 5, "realtime's loop awake")
