@@ -22,11 +22,12 @@ from edged.serve.transport.loop import Loop
 from edged.serve.transport.sockets import Sockets
 from edged.serve.transport.spin import GAP_COUNTED, Spin
 
-# A spin of up to 5 ms: a client that sends each request as the last answer comes back is well
-# within it on any box, and one that waits 50 ms between them is well past it.
+# A spin of up to 10 ms, the most the key takes: a client that sends each request as the last answer
+# comes back is within it even on a busy box (at 5 ms, one beside a chaos run was not), and one that
+# waits 50 ms between them is past the 40 ms a gap counts at most.
 CONFIG = """
 [server]
-spin_max_us = 5000
+spin_max_us = 10000
 {repository}
 [classes.realtime]
 [classes.standard]
@@ -63,10 +64,10 @@ def test_a_loop_spins_where_requests_come_back_at_once_and_stops_once_they_come_
         sock.close(linger=0)
     # Disarmed at start: nothing measured yet.
     assert before["spin_us"] == 0 and before["spins"] == 0, before
-    assert 0 < close["spin_us"] <= 5000 and close["spins"] >= 25, close
+    assert 0 < close["spin_us"] <= 10000 and close["spins"] >= 25, close
     # Once, after the stats request's own turn; never after a fence's.
     assert close["spins"] <= idle["spins"] <= close["spins"] + 1, (close, idle)
-    assert seldom["spin_us"] == 0 and seldom["arrival_gap_us"] > 5000, seldom
+    assert seldom["spin_us"] == 0 and seldom["arrival_gap_us"] > 10000, seldom
     # The stats request right after the last one came at once, yet the average stays past it.
     assert after["spins"] == seldom["spins"], (seldom, after)
 
