@@ -30,12 +30,14 @@ compute of what it admits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -94,19 +96,26 @@ def floor_server(endpoint: str, ready: Any, stop: Any) -> None:
     context.term()
 
 
-def floor_run(folder: str, peers: int, per_peer: int) -> dict[str, Any]:
-    endpoint = f"ipc://{folder}/floor.sock"
+@contextlib.contextmanager
+def running_floor(endpoint: str) -> Iterator[Any]:
+    """The floor server in a process of its own, answering on `endpoint` until the block ends."""
     spawn = multiprocessing.get_context("spawn")
     ready, stop = spawn.Event(), spawn.Event()
     server = spawn.Process(target=floor_server, args=(endpoint, ready, stop))
     server.start()
     try:
         ready.wait(30)
-        burst, beside, _ = beside_burst(endpoint, peers, per_peer, BULK_DEADLINE_MS, None)
-        return {"burst": burst, "realtime": beside}
+        yield server
     finally:
         stop.set()
         server.join(10)
+
+
+def floor_run(folder: str, peers: int, per_peer: int) -> dict[str, Any]:
+    endpoint = f"ipc://{folder}/floor.sock"
+    with running_floor(endpoint):
+        burst, beside, _ = beside_burst(endpoint, peers, per_peer, BULK_DEADLINE_MS, None)
+    return {"burst": burst, "realtime": beside}
 
 
 def beside_burst(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from burst import floor_server
+from burst import running_floor
 from paths import machine, machine_line
 
 from edged.loadgen.burst import stampede
@@ -55,17 +54,8 @@ def bursts(endpoint: str, pid: int, args: argparse.Namespace, answer: str = "OVE
 
 def floor_path(folder: str, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     endpoint = f"ipc://{folder}/floor.sock"
-    spawn = multiprocessing.get_context("spawn")
-    ready, stop = spawn.Event(), spawn.Event()
-    server = spawn.Process(target=floor_server, args=(endpoint, ready, stop))
-    server.start()
-    try:
-        ready.wait(30)
-        assert server.pid is not None
+    with running_floor(endpoint) as server:
         return {"floor": bursts(endpoint, server.pid, args, answer="OK")}
-    finally:
-        stop.set()
-        server.join(10)
 
 
 def edged_paths(program: list[str] | None) -> Callable[[str, argparse.Namespace], dict[str, list[dict[str, Any]]]]:
