@@ -153,17 +153,19 @@ class Loop:
         for _, monitor in monitors:
             poller.register(monitor, zmq.POLLIN)
         _running.loop = self
-        turns, top = self._turns, self._top
+        turns, top, read = self._turns, self._top, False
         try:
             while not self._closing:
                 # No timeout: all work comes as a message or a callable.
                 turn_end_ns = self._asleep_since_ns = time.monotonic_ns()
+                if read:  # however long its requests took, a loop that served them is not idle
+                    self.spin.served(turn_end_ns)
                 if top:
                     turns.sleep()
                 ready = self._wait(poller)
                 if top:
                     turns.top_awake = True
-                if not ready.keys().isdisjoint(socks):
+                if read := not ready.keys().isdisjoint(socks):
                     now_ns = time.monotonic_ns()
                     self.spin.arrived(now_ns - turn_end_ns, now_ns)
                 if self._wake in ready:

@@ -26,14 +26,14 @@ GAP_WEIGHT = 0.125
 
 
 class Spin:
-    """One loop's spin: written by that loop alone (`arrived`, `poll`); the stats op reads it."""
+    """One loop's spin: written by that loop alone (`arrived`, `served`, `poll`); the stats op reads it."""
 
     __slots__ = ("gap_ns", "last_ns", "most_ns", "spins")
 
     def __init__(self, most_ns: int) -> None:
         self.most_ns = most_ns  # server.spin_max_us; 0: never
         self.gap_ns = float(GAP_COUNTED * most_ns)  # the average gap; disarmed until requests come close
-        self.last_ns = 0  # when the last request came
+        self.last_ns = 0  # when the loop last served requests: as they came, then as their turn ended
         self.spins = 0  # turns after which the loop polled rather than slept
 
     def arrived(self, gap_ns: int, now_ns: int) -> None:
@@ -41,10 +41,15 @@ class Spin:
         self.gap_ns += (min(gap_ns, GAP_COUNTED * self.most_ns) - self.gap_ns) * GAP_WEIGHT
         self.last_ns = now_ns
 
+    def served(self, now_ns: int) -> None:
+        """The turn that read requests ended: counted from here, so that a loop whose inline
+        call outlasts GAP_COUNTED spins' length still spins after it."""
+        self.last_ns = now_ns
+
     def length_ns(self, now_ns: int) -> int:
         """How long the loop polls before it sleeps, now: twice the average gap, at most
-        server.spin_max_us; 0 where the average gap is longer than that, or where no request
-        came for as long as a gap counts (an idle loop woken by the daemon's own fences)."""
+        server.spin_max_us; 0 where the average gap is longer than that, or where no turn read
+        a request for as long as a gap counts (an idle loop woken by the daemon's own fences)."""
         if self.gap_ns > self.most_ns or now_ns - self.last_ns > GAP_COUNTED * self.most_ns:
             return 0
         return int(min(2 * self.gap_ns, self.most_ns))

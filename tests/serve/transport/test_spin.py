@@ -225,3 +225,14 @@ def test_long_pauses_disarm_the_spin_and_a_few_close_requests_arm_it_again() -> 
     for _ in range(GAP_COUNTED):
         spin.arrived(100_000, 0)
     assert spin.length_ns(0) > 0
+
+
+def test_a_turn_longer_than_the_idle_horizon_still_spins_after_it() -> None:
+    """A heavy model's 2 ms inline call outlasts GAP_COUNTED spins of 250 us: its loop, served
+    requests that come back at once, spins once the call's turn ends (counted from its end)."""
+    spin = Spin(250_000)
+    turn_ns = 2_200_000  # 100 us from the last turn's end to the next request, then a 2.1 ms turn
+    for turn in range(100):
+        spin.arrived(100_000, turn * turn_ns + 100_000)
+        spin.served((turn + 1) * turn_ns)
+    assert abs(spin.length_ns(100 * turn_ns) - 200_000) < 100
