@@ -38,8 +38,8 @@ LAST_TURN_NS = 1_000_000_000
 # handoff_ns is a median over this many wake-ups: one slow wake-up does not move it, a busier box does.
 HANDOFFS_KEPT = 15
 
-# zmq's flags and options as plain ints: its enum members make every `&` a Python call.
-_LAST, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
+# zmq's flag as a plain int: its enum members make every `|` a Python call.
+_LAST = int(zmq.NOBLOCK)
 _running = threading.local()  # .loop: the Loop whose thread this is
 Work = tuple[Callable[..., Any], tuple[Any, ...]]  # a callable handed to a loop, and its arguments
 
@@ -63,6 +63,7 @@ class Loop:
         self._handle = handle
         self._turns = turns or Turns()
         self._top = top  # the highest class's loop, which the others give way to
+        self._above = None if top else self._turns  # the turns this loop gives way in
         self.spin = spin or Spin(0)
         self._quiet = quiet  # whether nothing else in the daemon has work: a spin may start or go on
         self.blocked = False  # asleep in its poll (not spinning): written by this loop's thread alone
@@ -184,7 +185,7 @@ class Loop:
                 turns.sleep()
             until_ns = time.monotonic_ns() + LAST_TURN_NS
             # In turns, a burst each: one flooded socket must not keep the others unread.
-            while (waiting := [i for i, sock in enumerate(socks) if _waiting(sock)]) and time.monotonic_ns() < until_ns:
+            while (waiting := [i for i, b in enumerate(self.bound) if b.waiting()]) and time.monotonic_ns() < until_ns:
                 for index in waiting:
                     self._receive(index, RECEIVE_BURST)
             self._run_soon()
@@ -225,10 +226,10 @@ class Loop:
             self._woken_ns.append(time.monotonic_ns() - soon[0][0])
             self.handoff_ns = float(statistics.median(self._woken_ns))
         self._asleep_since_ns = 1 << 62  # until the next sleep, new work did not wake the loop
-        turns = None if self._top else self._turns
+        above = self._above
         while soon:
             for callback, args in soon.popleft()[1]:
-                if turns is not None and turns.top_awake:
+                if above is not None and above.top_awake:
                     self._give_way()
                 try:
                     callback(*args)
@@ -272,33 +273,17 @@ class Loop:
     def _receive(self, index: int, most: int) -> None:
         """Handle up to `most` messages. Each is read before the one ahead is handled, so
         the handler knows whether another waits (a lane then batches)."""
-        sock, handle = self.bound[index].sock, self._handle
+        bound, handle, above = self.bound[index], self._handle, self._above
         count = 1
-        current = _read(sock)
-        turns = None if self._top else self._turns
+        current = bound.read()
         while current is not None:
-            if turns is not None and turns.top_awake:
+            if above is not None and above.top_awake:
                 self._give_way()
             # Once a second message was found, a burst is being read: receive without asking first.
-            following = _read(sock) if count < most and (count > 1 or _waiting(sock)) else None
+            following = bound.read() if count < most and (count > 1 or bound.waiting()) else None
             count += 1
             frames, received_ns = current
             # A REQ peer's envelope ends with an empty delimiter, and so must its reply's.
             cut = 2 if len(frames) > 1 and len(frames[1]) == 0 else 1
             handle((self, index, frames[:cut]), [f.buffer for f in frames[cut:]], received_ns, following is not None)
             current = following
-
-
-def _waiting(sock: zmq.Socket) -> bool:
-    """Whether a message waits: a third of the cost of a receive that finds none (its exception)."""
-    return bool(sock.getsockopt(_EVENTS) & _POLLIN)  # type: ignore[operator]  # an int for ZMQ_EVENTS
-
-
-def _read(sock: zmq.Socket) -> tuple[list[zmq.Frame], int] | None:
-    try:
-        frames = [sock.recv(_LAST, copy=False)]
-    except zmq.Again:
-        return None
-    while frames[-1].more:  # a message's parts arrive together
-        frames.append(sock.recv(_LAST, copy=False))
-    return frames, time.monotonic_ns()
