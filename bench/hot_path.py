@@ -35,8 +35,8 @@ from paths import RoundTrips, helper_server, write_whole
 
 STEPS: list[tuple[str, str, str]] = [  # (module, attribute, label), outermost first
     ("edged.serve.transport.loop", "Loop._receive", "read a socket and handle"),
-    ("edged.serve.transport.loop", "_read", "receive a message's frames"),
-    ("edged.serve.transport.loop", "_waiting", "look for a message behind it"),
+    ("edged.serve.transport.binding", "Bound.read", "receive a message's frames"),
+    ("edged.serve.transport.binding", "Bound.waiting", "look for a message behind it"),
     ("edged.serve.dispatch", "Dispatcher.handle", "handle"),
     ("edged.wire.fast", "decode_request", "decode"),
     ("edged.serve.lanes.lane", "Lane.offer", "admit and place (with the run)"),
