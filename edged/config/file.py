@@ -134,23 +134,15 @@ def parse_config(raw: dict[str, Any], base_dir: Path) -> Config:
     log_level = server.get("log_level", "info")
     expect(log_level in ("debug", "info", "warning", "error"), "server.log_level", log_level, SERVER["log_level"].valid)
     models = server.get("models", [])
-    expect(
-        isinstance(models, list) and all(isinstance(m, str) for m in models),
-        "server.models",
-        models,
-        SERVER["models"].valid,
-    )
+    ok = isinstance(models, list) and all(isinstance(m, str) for m in models)
+    expect(ok, "server.models", models, SERVER["models"].valid)
     backend = server.get("backend", "onnxruntime")
     from edged.backends import BACKENDS  # here: the backends' module reads the config's classes
 
     expect(isinstance(backend, str) and backend in BACKENDS, "server.backend", backend, SERVER["backend"].valid)
     fallback = server.get("fallback")
-    expect(
-        fallback is None or (fallback == "onnxruntime" and backend == "tensorrt"),
-        "server.fallback",
-        fallback,
-        SERVER["fallback"].valid,
-    )
+    ok = fallback is None or (fallback == "onnxruntime" and backend == "tensorrt")
+    expect(ok, "server.fallback", fallback, SERVER["fallback"].valid)
 
     on_model_failure = server.get("on_model_failure", "stop")
     expect(

@@ -109,9 +109,9 @@ SERVER = Section(
             "The longest a class's loop polls after answering, rather than sleep, so that a request sent back "
             "at once finds it awake. It polls only where its requests have lately come that fast (twice their "
             "average gap from its last answer, shown per class in stats as arrival_gap_us and spin_us), and only "
-            "while no other loop is awake, no lane has work and none is being built or retiring; an idle loop "
-            "never does. 0: never; a box that must save power or share its cores may want that. Applied at "
-            "start-up only.",
+            "while no other loop is awake, no lane has work, none is being built or retiring and no new worker "
+            "warms; an idle loop never does. 0: never; a box that must save power or share its cores may want "
+            "that. Applied at start-up only.",
             low=0,
             high=10_000,
         ),

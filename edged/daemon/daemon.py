@@ -119,7 +119,7 @@ class Daemon:
         """How long this thread may sleep before its next turn, unless news wakes it."""
         if self._switch is not None or self.lifecycle.stopping:
             return STEER_WAITING_S
-        if self._retiring or self._reload_asked:
+        if self._reload_asked or self.serving.settling:
             return STEER_EVERY_S
         due = min(
             self.loops.next_check_ns,
@@ -155,10 +155,10 @@ class Daemon:
             log.info("SIGHUP: re-reading the configuration and the model repository")
             self.notifier.notify(RELOADING="1", STATUS="reloading")
             self.lifecycle.move(State.RELOADING)
-            self._start_loading(self._reread)
+            self._start_loading(lambda: reloaded(self.config, self._reread_config()))  # what a reload may take
         self._housekeeping(time.monotonic_ns())
         # No loop spins beside a warm-up (its prices are timed) or lanes finishing their work.
-        self.serving.settling = self._busy() or bool(self._retiring)
+        self.serving.settling = self._busy() or bool(self._retiring) or any(lane.crew.warming for lane in self.lanes)
 
     # --- loading, at start and on SIGHUP -------------------------------------
 
@@ -180,10 +180,6 @@ class Daemon:
 
         self._loading = NamedThread(target=build, name="loader", daemon=True)
         self._loading.start()
-
-    def _reread(self) -> Config:
-        """The configuration file again, as a reload may take it (edged.config.reload)."""
-        return reloaded(self.config, self._reread_config())
 
     def _take_loaded(self, result: Loaded | Exception) -> None:
         """Hand what the loader built to the loops, or report why it could not be built."""

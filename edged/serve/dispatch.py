@@ -45,7 +45,7 @@ class Serving:
     wake_steering: Callable[[], None]  # a loop has passed a fence (Dispatcher.pass_fence)
     started_ns: int = field(default_factory=time.monotonic_ns)
     dispatchers: dict[str, Dispatcher] = field(default_factory=dict)  # by class, in class order
-    settling: bool = True  # lanes are being built and warmed, or retiring (start-up, a reload)
+    settling: bool = True  # lanes being built, warmed or retired (start-up, a reload), or a new worker warming
 
     def quiet(self, klass: str) -> bool:
         """Whether nothing but class `klass`'s loop wants the interpreter now: every other loop

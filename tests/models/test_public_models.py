@@ -298,7 +298,9 @@ def test_a_size_past_a_tiny_warmup_runs_once_in_standard_then_is_priced_by_its_m
         prices = exchange(sock, [header(id="s", op="stats")]).header["classes"]["standard"]["prices"]["ocr"]
         by_size = prices["row_ms_by_elements"]
         assert str(3 * 320 * 480) in by_size, prices
-        assert by_size[str(3 * 320 * 480)] == pytest.approx(compute_ms, rel=0.5), (prices, compute_ms)
+        # Priced by the worker's CPU time (edged.serve.pricing.price_clock): the call's wall time, or
+        # less where another process shares the cores (half of it beside a chaos run, on two).
+        assert compute_ms / 3 <= by_size[str(3 * 320 * 480)] <= compute_ms * 1.5, (prices, compute_ms)
         # The same size in realtime's 20 ms, on the realtime lane that never ran it, is still a
         # guess there; a 960x960 image is shed at once, never run.
         before = exchange(sock, [header(id="s", op="stats")]).header["classes"]["realtime"]

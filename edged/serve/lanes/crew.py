@@ -79,6 +79,11 @@ class Crew:
             return f"{self._recovery}; {len(failed)} new worker(s) failed to load ({failed[0]}), retrying"
         return self._recovery
 
+    @property
+    def warming(self) -> bool:
+        """Whether a replacement worker is loading its models and timing their prices."""
+        return any(not worker.loaded.is_set() and worker.error is None for worker in self._replacements)
+
     def reject_queued(self, message: str) -> int:
         """Answer every job still queued UNAVAILABLE, without running it; a STOP stays queued."""
         count = stops = 0

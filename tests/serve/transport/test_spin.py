@@ -138,6 +138,40 @@ def test_a_loop_never_spins_while_a_reload_warms_new_lanes(own_daemon, context: 
     assert after["spins"] >= during["spins"] + 30, (during, after)
 
 
+def test_a_loop_never_spins_while_a_replacement_worker_warms(own_daemon, context: zmq.Context) -> None:
+    """A bulk call past stuck_after_ms has its worker replaced, and the new one warms the sleeper
+    at a dear n (its prices are timed): standard's loop, armed, sleeps after each request
+    meanwhile, and spins again once the new worker serves."""
+    repository = dear_warmup_repository(1500)  # about 0.12 s a call, five calls
+    config = CONFIG.format(repository=f'model_repository = "{repository}"') + "stuck_after_ms = 300\n"
+    running = own_daemon(config)
+    sock, bulk = connect(context, running.ipc), connect(context, running.ipc)
+    try:
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        bulk.send_multipart(encode_request("hung", model="sleeper", klass="bulk", inputs=sleep_for(8000)))
+        assert receive(bulk, 10_000).status == "INTERNAL"  # answered by the watchdog, its worker replaced
+        time.sleep(0.1)  # the steering thread's turn that started the new worker ends
+        armed = standard_stats(sock)
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        during = standard_stats(sock)
+        # Else the new worker was warm within the 50 requests, and the test says nothing.
+        assert "a new worker serves" not in running.log(), "the new worker warmed too soon: warm up at a dearer n"
+        wait_for(lambda: "a new worker serves" in running.log(), 30, "the new worker to serve")
+        time.sleep(0.2)  # the steering thread looks every 50 ms while a worker warms
+        for i in range(50):
+            assert exchange(sock, light(i)).status == "OK"
+        after = standard_stats(sock)
+    finally:
+        sock.close(linger=0)
+        bulk.close(linger=0)
+        shutil.rmtree(repository, ignore_errors=True)
+    assert armed["spin_us"] > 0, armed
+    assert during["spins"] <= armed["spins"] + 1, (armed, during)
+    assert after["spins"] >= during["spins"] + 30, (during, after)
+
+
 def test_the_daemon_is_quiet_for_a_loop_only_while_every_other_loop_sleeps(short_tmp: Path) -> None:
     """The loops of a daemon with no steering thread and no lanes: realtime's, held inside a
     callable, is awake."""
