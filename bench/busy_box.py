@@ -5,9 +5,9 @@
 One busy loop per core (plain Python at the default niceness) runs for the whole
 benchmark. Each run starts a fresh daemon with the built-in classes, waits for it to
 sample the box's load, and sends 1,000 bulk requests for cnn-heavy at once from 100
-peers, each with 300 ms to live. Bulk's workers run at nice 10, so beside the loops
-they get about a tenth of a core: a request admitted beyond what they can finish in
-time expires in the queue (DEADLINE_EXCEEDED). With --baseline DIR (a worktree of an
+peers, each with 300 ms to live. Beside the loops bulk's workers get about half a core
+(a tenth at nice 10, the built-in until 2026-11-29): a request admitted beyond what they
+can finish in time expires in the queue (DEADLINE_EXCEEDED). With --baseline DIR (a worktree of an
 earlier commit), each run gives the same burst to that checkout's daemon too,
 interleaved. Prints, per daemon and run, the requests admitted and those that expired.
 """

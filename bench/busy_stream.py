@@ -6,8 +6,9 @@ expire, and whether every request is answered.
 One busy loop per core (plain Python at the default niceness) runs throughout. Each round
 starts a fresh daemon with the built-in classes, waits for it to sample the box's load, then
 16 peers each send cnn-heavy to bulk back to back for 6 s (--seconds), each with 30 ms to live.
-Bulk's workers run at nice 10, so a request admitted on the lane's ideal pace expires; the
-lane's calls in flight are where admission's estimate is most often wrong. A request with no
+Beside the loops bulk's workers get half a core (a tenth at nice 10, the built-in until
+2026-11-29), so a request admitted on the lane's ideal pace expires; the lane's calls in
+flight are where admission's estimate is most often wrong. A request with no
 reply in 10 s counts as unanswered, and its peer stops. With --baseline DIR (a worktree of an
 earlier commit), each round runs that checkout's daemon too, interleaved.
 """

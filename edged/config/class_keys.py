@@ -115,7 +115,8 @@ CLASS = Section(
         Key(
             "nice",
             "integer",
-            "Linux niceness of the lane's worker threads (below 0 needs CAP_SYS_NICE).",
+            "Linux niceness of the lane's worker threads (below 0 needs CAP_SYS_NICE). Above 0 on a busy box, "
+            "a worker set aside while it holds the interpreter lock stalls the other classes (docs/benchmarks.md).",
             low=-20,
             high=19,
         ),

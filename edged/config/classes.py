@@ -40,7 +40,9 @@ class ClassConfig:
     # None: spin where the lane has cores of its own (resolve_spin).
     threads_spin: bool | None = None
     cpu_affinity: tuple[int, ...] = ()  # cores the lane's threads run on; empty: any
-    nice: int = 0  # Linux thread niceness of the lane's workers: bulk yields the CPU to realtime
+    # Linux thread niceness of the lane's workers. 0 for every built-in class: a niced worker
+    # the kernel sets aside while it holds the interpreter lock stalls every other thread.
+    nice: int = 0
     tcp_port: int | None = None  # a socket of its own beside each tcp endpoint, on this port; None: none
     stream_priority: int = 0  # CUDA stream priority for GPU backends (lower is more urgent)
     sm_count: int = 0  # GPU backends: run the lane's kernels in a green context of this many SMs; 0: all
@@ -97,7 +99,6 @@ _BUILT_IN = (
         deadline_ms=5000.0,
         max_batch=16,
         batch_wait_us=500,
-        nice=10,
         stuck_after_ms=30_000,
         yields=True,
     ),

@@ -1,7 +1,8 @@
 """What the box's other processes take of its cores, so a lane's pace restarts after an idle
 spell (Backlog.starting_pace) at the share of a core the fair scheduler gives its workers beside
-what the others used in the last second, not a whole core: beside busy cores a niced bulk
-worker gets about a tenth, and a burst admitted as if it had a core expired in the queue.
+what the others used in the last second, not a whole core: beside busy cores a worker at
+nice 0 gets about half, one at nice 10 a tenth, and a burst admitted as if it had a core
+expired in the queue.
 
 Sampled by the steering thread (its one writer, every second); read by the loops.
 """
