@@ -43,6 +43,14 @@ def standard_stats(sock: zmq.Socket) -> dict:
     return exchange(sock, [header(id="s", op="stats")]).header["classes"]["standard"]
 
 
+def closed_loop(sock: zmq.Socket) -> dict:
+    """50 light requests, each sent as the last answer came back (armed by them, a loop
+    spins); then the standard class's stats."""
+    for i in range(50):
+        assert exchange(sock, light(i)).status == "OK"
+    return standard_stats(sock)
+
+
 def test_a_loop_spins_where_requests_come_back_at_once_and_stops_once_they_come_seldom(
     own_daemon, context: zmq.Context
 ) -> None:
@@ -50,9 +58,7 @@ def test_a_loop_spins_where_requests_come_back_at_once_and_stops_once_they_come_
     sock = connect(context, running.ipc)
     try:
         before = standard_stats(sock)
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
-        close = standard_stats(sock)
+        close = closed_loop(sock)
         time.sleep(2.5)  # idle: the daemon's fences wake the loop each second
         idle = standard_stats(sock)
         for i in range(10):
@@ -81,21 +87,16 @@ def test_a_loop_never_spins_while_a_lane_has_work(own_daemon, context: zmq.Conte
     running = own_daemon(CONFIG.format(repository=f'model_repository = "{repository}"'))
     sock, bulk = connect(context, running.ipc), connect(context, running.ipc)
     try:
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
+        closed_loop(sock)
         long_call = encode_request("long", model="sleeper", klass="bulk", deadline_ms=60_000, inputs=sleep_for(8000))
         bulk.send_multipart(long_call)
         time.sleep(0.05)  # the bulk request admitted, its call begun
         armed = standard_stats(sock)
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
-        beside = standard_stats(sock)
+        beside = closed_loop(sock)
         # Else the call ended within the 50 requests, and the test says nothing.
         assert not bulk.poll(0), "the bulk call ended before the light requests did: make it longer"
         assert receive(bulk, 60_000).status == "OK"
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
-        after = standard_stats(sock)
+        after = closed_loop(sock)
     finally:
         sock.close(linger=0)
         bulk.close(linger=0)
@@ -113,22 +114,16 @@ def test_a_loop_never_spins_while_a_reload_warms_new_lanes(own_daemon, context: 
     running = own_daemon(CONFIG.format(repository=f'model_repository = "{repository}"'))
     sock = connect(context, running.ipc)
     try:
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
-        armed = standard_stats(sock)
+        armed = closed_loop(sock)
         os.kill(running.pid, signal.SIGHUP)
         wait_for(lambda: "SIGHUP: re-reading" in running.log(), 10, "the reload to begin")
         time.sleep(0.1)  # the steering thread's turn that logged it ends
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
-        during = standard_stats(sock)
+        during = closed_loop(sock)
         # Else the reload ended within the 50 requests, and the test says nothing.
         assert "reloaded: now serving" not in running.log(), "the reload ended too soon: warm up at a dearer n"
         wait_for(lambda: "reloaded: now serving" in running.log(), 60, "the reload to end")
         time.sleep(0.5)  # the old lanes, idle, end within the steering thread's next turns
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
-        after = standard_stats(sock)
+        after = closed_loop(sock)
     finally:
         sock.close(linger=0)
         shutil.rmtree(repository, ignore_errors=True)
@@ -147,22 +142,17 @@ def test_a_loop_never_spins_while_a_replacement_worker_warms(own_daemon, context
     running = own_daemon(config)
     sock, bulk = connect(context, running.ipc), connect(context, running.ipc)
     try:
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
+        closed_loop(sock)
         bulk.send_multipart(encode_request("hung", model="sleeper", klass="bulk", inputs=sleep_for(8000)))
         assert receive(bulk, 10_000).status == "INTERNAL"  # answered by the watchdog, its worker replaced
         time.sleep(0.1)  # the steering thread's turn that started the new worker ends
         armed = standard_stats(sock)
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
-        during = standard_stats(sock)
+        during = closed_loop(sock)
         # Else the new worker was warm within the 50 requests, and the test says nothing.
         assert "a new worker serves" not in running.log(), "the new worker warmed too soon: warm up at a dearer n"
         wait_for(lambda: "a new worker serves" in running.log(), 30, "the new worker to serve")
         time.sleep(0.2)  # the steering thread looks every 50 ms while a worker warms
-        for i in range(50):
-            assert exchange(sock, light(i)).status == "OK"
-        after = standard_stats(sock)
+        after = closed_loop(sock)
     finally:
         sock.close(linger=0)
         bulk.close(linger=0)
