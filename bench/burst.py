@@ -1,7 +1,7 @@
 """A burst from many peers, with realtime beside it and the bare floor, in one run.
 
     python bench/burst.py [--runs 3] [--peers 500] [--per-peer 20] [--json FILE] [--baseline DIR]
-                          [--config FILE] [--shed-only]
+                          [--config FILE] [--shed-only] [--realtime-s 8]
 
 Each run, in turn:
 1. the floor: a bare ZeroMQ ROUTER, in a process of its own, that answers every
@@ -10,7 +10,8 @@ Each run, in turn:
 2. edged: a fresh daemon, the built-in configuration, on ipc. 500 peers (DEALER
    sockets) each pipeline 20 bulk requests for cnn-heavy (48 KiB each, a 3 s
    deadline), all at once, while 10 realtime peers, in a process of their own, each
-   send mlp-light every 20 ms through the client library.
+   send mlp-light every 20 ms through the client library, for 8 s (--realtime-s) from
+   half a second before the burst.
 Reported per run: requests lost or answered twice; admitted bulk that then expired;
 realtime OK and its round trip (with the daemon's own span beside it); the time to
 answer the whole burst against the floor's, and against the floor's plus the admitted
@@ -111,22 +112,22 @@ def running_floor(endpoint: str) -> Iterator[Any]:
         server.join(10)
 
 
-def floor_run(folder: str, peers: int, per_peer: int) -> dict[str, Any]:
+def floor_run(folder: str, peers: int, per_peer: int, realtime_s: float) -> dict[str, Any]:
     endpoint = f"ipc://{folder}/floor.sock"
     with running_floor(endpoint):
-        burst, beside, _ = beside_burst(endpoint, peers, per_peer, BULK_DEADLINE_MS, None)
+        burst, beside, _ = beside_burst(endpoint, peers, per_peer, BULK_DEADLINE_MS, None, realtime_s)
     return {"burst": burst, "realtime": beside}
 
 
 def beside_burst(
-    endpoint: str, peers: int, per_peer: int, deadline_ms: float, pid: int | None
+    endpoint: str, peers: int, per_peer: int, deadline_ms: float, pid: int | None, realtime_s: float
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
     """The burst, with realtime's peers beside it from a process of their own; and, given
     the server's `pid`, the CPU seconds each of its threads took during the burst."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as other:
         other.submit(time.sleep, 0).result()  # the process is up before the burst starts
         # Realtime's pace runs from before the burst to past its end.
-        realtime = other.submit(realtime_beside, endpoint, REALTIME_PEERS, REALTIME_PERIOD_MS, 8.0)
+        realtime = other.submit(realtime_beside, endpoint, REALTIME_PEERS, REALTIME_PERIOD_MS, realtime_s)
         time.sleep(1.0)
         cpu_before = thread_cpu_seconds(pid) if pid else {}
         burst = stampede(endpoint, peers, per_peer, deadline_ms).summary()
@@ -145,12 +146,14 @@ class Daemon(NamedTuple):
     deadline_ms: float = BULK_DEADLINE_MS
 
 
-def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon) -> dict[str, Any]:
+def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon, realtime_s: float) -> dict[str, Any]:
     endpoint = f"ipc://{folder}/edged.sock"
     with DaemonProcess([endpoint], daemon.config, Path(folder) / "daemon.log", program=daemon.program) as process:
         process.wait_serving()
         rss_before = resident_kib(process.process.pid)
-        burst, beside, cpu = beside_burst(endpoint, peers, per_peer, daemon.deadline_ms, process.process.pid)
+        burst, beside, cpu = beside_burst(
+            endpoint, peers, per_peer, daemon.deadline_ms, process.process.pid, realtime_s
+        )
         time.sleep(1.0)
         rss_after = resident_kib(process.process.pid)
         with Client(endpoint) as client:
@@ -208,6 +211,7 @@ def main() -> int:
     parser.add_argument("--baseline", help="also run another checkout's daemon, interleaved with this one's")
     parser.add_argument("--config", type=Path, help="this checkout's daemon's configuration file")
     parser.add_argument("--shed-only", action="store_true", help="also run the burst with every request shed")
+    parser.add_argument("--realtime-s", type=float, default=8.0, help="how long realtime's peers send, each run")
     args = parser.parse_args()
     daemons = {"this checkout": Daemon(config=args.config)}
     if args.baseline:
@@ -226,8 +230,10 @@ def main() -> int:
     for run in range(1, args.runs + 1):
         order = list(daemons) if run % 2 else list(reversed(daemons))
         with tempfile.TemporaryDirectory(prefix="edged-burst-") as folder:
-            floor = floor_run(folder, args.peers, args.per_peer)
-            figures = {name: edged_run(folder, args.peers, args.per_peer, daemons[name]) for name in order}
+            floor = floor_run(folder, args.peers, args.per_peer, args.realtime_s)
+            figures = {
+                name: edged_run(folder, args.peers, args.per_peer, daemons[name], args.realtime_s) for name in order
+            }
         runs.append({"floor": floor, **figures})
         for name in daemons:
             print(report(f"{run} ({name})", floor, figures[name], own), flush=True)

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 def test_the_burst_bench_prices_the_admitted_requests_compute(tmp_path: Path) -> None:
     figures = tmp_path / "burst.json"
-    done = run_bench("burst.py", "--runs", "1", "--peers", "20", "--per-peer", "5", "--json", str(figures))
+    args = ["--runs", "1", "--peers", "20", "--per-peer", "5", "--realtime-s", "2", "--json", str(figures)]
+    done = run_bench("burst.py", *args)
     result = json.loads(figures.read_text())
     own = result["own_compute"]
     # cnn-heavy takes milliseconds a row on any CPU, and a row more costs something.
