@@ -38,8 +38,6 @@ LAST_TURN_NS = 1_000_000_000
 # handoff_ns is a median over this many wake-ups: one slow wake-up does not move it, a busier box does.
 HANDOFFS_KEPT = 15
 
-# zmq's flag as a plain int: its enum members make every `|` a Python call.
-_LAST = int(zmq.NOBLOCK)
 _running = threading.local()  # .loop: the Loop whose thread this is
 Work = tuple[Callable[..., Any], tuple[Any, ...]]  # a callable handed to a loop, and its arguments
 
@@ -256,7 +254,7 @@ class Loop:
         assert bound.monitor is not None
         while True:
             try:
-                event = parse_monitor_message(bound.monitor.recv_multipart(_LAST))
+                event = parse_monitor_message(bound.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
             if event["event"] != zmq.EVENT_DISCONNECTED:
