@@ -1,13 +1,13 @@
 """A niced thread that holds the interpreter lock now and then, on a busy box: how late a
 nice-0 thread's wake-ups come beside it, with that thread at nice 10 and at nice 0.
 
-    python bench/niced_holder.py [--rounds 3] [--seconds 5] [--hogs N]
+    python bench/niced_holder.py [--rounds 3] [--seconds 5]
 
 The holder stands in for a lane's worker: hashing 8 MiB, which releases the lock (as
 ONNX Runtime's run does), then about 100 us of Python that holds it (as a worker's
 batching and answers do). The sleeper stands in for a loop: it sleeps 1 ms, again and
-again, and counts how late it runs again. N busy processes (one a core by default, nice
-0) keep the box busy throughout. Where the kernel sets the holder aside while it holds
+again, and counts how late it runs again. A busy loop on each core, at nice 0
+(edged.loadgen.launch.busy_loops), keeps the box busy throughout. Where the kernel sets the holder aside while it holds
 the lock, the sleeper waits for it to be given a core again: at nice 10, beside busy
 cores, that can take tens of milliseconds.
 """
@@ -16,22 +16,17 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import multiprocessing
 import os
 import statistics
 import sys
 import threading
 import time
-from typing import Any
+
+from edged.loadgen.launch import busy_loops
 
 SLEEP_S = 0.001
 LATE_MS = 5.0  # a wake-up this late is counted apart
 GIL_SWITCH_INTERVAL_S = 0.0005  # the daemon's (edged.daemon.daemon)
-
-
-def busy(stop: Any) -> None:
-    while not stop.is_set():
-        sum(range(10_000))
 
 
 def one_round(holder_nice: int, seconds: float) -> dict[str, float]:
@@ -77,15 +72,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="per holder niceness, per round")
-    parser.add_argument("--hogs", type=int, default=len(os.sched_getaffinity(0)), help="busy processes")
     args = parser.parse_args()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    spawn = multiprocessing.get_context("spawn")
-    stop = spawn.Event()
-    hogs = [spawn.Process(target=busy, args=(stop,)) for _ in range(args.hogs)]
-    for hog in hogs:
-        hog.start()
-    try:
+    with busy_loops():
         for round_number in range(1, args.rounds + 1):
             for nice in (10, 0):
                 late = one_round(nice, args.seconds)
@@ -95,10 +84,6 @@ def main() -> int:
                     f"{late['past_5ms']} of {late['wake_ups']} wake-ups past {LATE_MS:.0f} ms",
                     flush=True,
                 )
-    finally:
-        stop.set()
-        for hog in hogs:
-            hog.join()
     return 0
 
 
