@@ -1,7 +1,7 @@
 """A burst from many peers, with realtime beside it and the bare floor, in one run.
 
     python bench/burst.py [--runs 3] [--peers 500] [--per-peer 20] [--json FILE] [--baseline DIR]
-                          [--config FILE] [--shed-only] [--realtime-s 8]
+                          [--config FILE] [--shed-only] [--realtime-apart] [--realtime-s 8]
 
 Each run, in turn:
 1. the floor: a bare ZeroMQ ROUTER, in a process of its own, that answers every
@@ -25,7 +25,10 @@ run to run: before and after, interleaved. With --config FILE, this checkout's d
 runs with that configuration. With --shed-only, each run also gives this checkout's
 daemon the burst with a deadline shorter than cnn-heavy's own run, so that every bulk
 request is shed and none computes: the time edged's ingest alone takes, apart from the
-compute of what it admits.
+compute of what it admits. With --realtime-apart, each run also gives this checkout's
+daemon the burst while realtime's peers send to a floor server of their own, in a process
+of its own: no part of edged on their path, their round trip is what this box, busy with
+edged's burst, gives a request that nothing else queues behind.
 """
 
 from __future__ import annotations
@@ -120,14 +123,23 @@ def floor_run(folder: str, peers: int, per_peer: int, realtime_s: float) -> dict
 
 
 def beside_burst(
-    endpoint: str, peers: int, per_peer: int, deadline_ms: float, pid: int | None, realtime_s: float
+    endpoint: str,
+    peers: int,
+    per_peer: int,
+    deadline_ms: float,
+    pid: int | None,
+    realtime_s: float,
+    realtime_endpoint: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
-    """The burst, with realtime's peers beside it from a process of their own; and, given
-    the server's `pid`, the CPU seconds each of its threads took during the burst."""
+    """The burst, with realtime's peers beside it from a process of their own, sending to
+    `realtime_endpoint` (None: `endpoint`); and, given the server's `pid`, the CPU seconds
+    each of its threads took during the burst."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as other:
         other.submit(time.sleep, 0).result()  # the process is up before the burst starts
         # Realtime's pace runs from before the burst to past its end.
-        realtime = other.submit(realtime_beside, endpoint, REALTIME_PEERS, REALTIME_PERIOD_MS, realtime_s)
+        realtime = other.submit(
+            realtime_beside, realtime_endpoint or endpoint, REALTIME_PEERS, REALTIME_PERIOD_MS, realtime_s
+        )
         time.sleep(1.0)
         cpu_before = thread_cpu_seconds(pid) if pid else {}
         burst = stampede(endpoint, peers, per_peer, deadline_ms).summary()
@@ -139,20 +151,31 @@ def beside_burst(
 
 class Daemon(NamedTuple):
     """One daemon a run gives the burst to: its program (None: this checkout's), its
-    configuration (None: the built-in one) and the bulk requests' deadline."""
+    configuration (None: the built-in one), the bulk requests' deadline, and whether
+    realtime's peers send to a floor server of their own instead (`realtime_apart`)."""
 
     program: list[str] | None = None
     config: Path | None = None
     deadline_ms: float = BULK_DEADLINE_MS
+    realtime_apart: bool = False
 
 
 def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon, realtime_s: float) -> dict[str, Any]:
-    endpoint = f"ipc://{folder}/edged.sock"
-    with DaemonProcess([endpoint], daemon.config, Path(folder) / "daemon.log", program=daemon.program) as process:
+    endpoint, apart = f"ipc://{folder}/edged.sock", f"ipc://{folder}/apart.sock"
+    with (
+        DaemonProcess([endpoint], daemon.config, Path(folder) / "daemon.log", program=daemon.program) as process,
+        running_floor(apart) if daemon.realtime_apart else contextlib.nullcontext(),
+    ):
         process.wait_serving()
         rss_before = resident_kib(process.process.pid)
         burst, beside, cpu = beside_burst(
-            endpoint, peers, per_peer, daemon.deadline_ms, process.process.pid, realtime_s
+            endpoint,
+            peers,
+            per_peer,
+            daemon.deadline_ms,
+            process.process.pid,
+            realtime_s,
+            apart if daemon.realtime_apart else None,
         )
         time.sleep(1.0)
         rss_after = resident_kib(process.process.pid)
@@ -177,6 +200,12 @@ def report(run: str, floor: dict[str, Any], edged: dict[str, Any], own: OwnCompu
     shed_took = burst["seconds_to_answer_shed"]
     calls = edged["bulk_calls"]
     target = floor_took + own.of(calls["calls"], calls["rows"])
+    # A floor's replies carry no timing_us: realtime's peers were sent to one of their own (--realtime-apart).
+    span = (
+        f"inside the daemon p50 {inside['p50']:.2f} / p99 {inside['p99']:.2f} ms"
+        if inside
+        else "sent to a floor server of their own, beside this burst"
+    )
     return "\n".join(
         [
             f"run {run}: {burst['sent']} bulk requests from the peers; statuses {burst['statuses']}",
@@ -185,8 +214,7 @@ def report(run: str, floor: dict[str, Any], edged: dict[str, Any], own: OwnCompu
             f"({burst['expired_of_admitted']:.1%})",
             f"  realtime OK {ok:.1%} of {rt['sent']} {rt['statuses']} (shed: {rt['shed']}); "
             f"round trip p50 {trip.get('p50', 0):.2f} / p99 "
-            f"{trip.get('p99', 0):.2f} / max {trip.get('max', 0):.2f} ms (inside the daemon p50 "
-            f"{inside.get('p50', 0):.2f} / p99 {inside.get('p99', 0):.2f} ms); beside the floor's burst "
+            f"{trip.get('p99', 0):.2f} / max {trip.get('max', 0):.2f} ms ({span}); beside the floor's burst "
             f"p50 {floor_trip.get('p50', 0):.2f} / p99 {floor_trip.get('p99', 0):.2f} ms",
             *(f"  realtime refused {count}x: {why}" for why, count in rt.get("refusals", {}).items()),
             f"  whole burst answered in {took:.2f} s, the floor's in {floor_took:.2f} s: {took / floor_took:.2f}x; "
@@ -211,6 +239,9 @@ def main() -> int:
     parser.add_argument("--baseline", help="also run another checkout's daemon, interleaved with this one's")
     parser.add_argument("--config", type=Path, help="this checkout's daemon's configuration file")
     parser.add_argument("--shed-only", action="store_true", help="also run the burst with every request shed")
+    parser.add_argument(
+        "--realtime-apart", action="store_true", help="also run the burst with realtime sent to a floor of its own"
+    )
     parser.add_argument("--realtime-s", type=float, default=8.0, help="how long realtime's peers send, each run")
     args = parser.parse_args()
     daemons = {"this checkout": Daemon(config=args.config)}
@@ -218,6 +249,8 @@ def main() -> int:
         daemons["baseline"] = Daemon(checkout_program(args.baseline))
     if args.shed_only:
         daemons["shed only"] = Daemon(config=args.config, deadline_ms=SHED_ONLY_DEADLINE_MS)
+    if args.realtime_apart:
+        daemons["realtime apart"] = Daemon(config=args.config, realtime_apart=True)
     where = machine()
     print(machine_line(where), flush=True)
     own = OwnCompute.measure()

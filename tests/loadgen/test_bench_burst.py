@@ -1,6 +1,7 @@
 """bench/burst.py gives a small burst to the floor and to edged, and sets the whole burst
 beside the floor's time plus the admitted requests' own compute: the bulk lane's calls
-and rows from `stats`, priced by cnn-heavy timed in the bench's own process."""
+and rows from `stats`, priced by cnn-heavy timed in the bench's own process. With
+--realtime-apart, realtime's peers are answered by a floor of their own beside edged's burst."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.slow
 
 def test_the_burst_bench_prices_the_admitted_requests_compute(tmp_path: Path) -> None:
     figures = tmp_path / "burst.json"
-    args = ["--runs", "1", "--peers", "20", "--per-peer", "5", "--realtime-s", "2", "--json", str(figures)]
+    args = ["--runs", "1", "--peers", "20", "--per-peer", "5", "--realtime-s", "2", "--realtime-apart"]
+    args += ["--json", str(figures)]
     done = run_bench("burst.py", *args)
     result = json.loads(figures.read_text())
     own = result["own_compute"]
@@ -30,3 +32,9 @@ def test_the_burst_bench_prices_the_admitted_requests_compute(tmp_path: Path) ->
     admitted = burst["admitted"]
     assert admitted > 0 and calls["rows"] == admitted and 1 <= calls["calls"] <= admitted
     assert "against the floor's time plus the admitted requests' own compute" in done.stdout
+    # Realtime sent apart, to a floor of its own: every request answered there, none by the daemon.
+    apart = run["realtime apart"]
+    assert apart["burst"]["lost"] == 0 and apart["realtime"]["sent"] > 0
+    assert apart["realtime"]["statuses"] == {"OK": apart["realtime"]["sent"]}, apart["realtime"]
+    assert apart["realtime"]["daemon_total_ms"] == {}, "a floor's replies carry no timing_us"
+    assert "sent to a floor server of their own" in done.stdout
