@@ -1,7 +1,8 @@
 """A burst from many peers, with realtime beside it and the bare floor, in one run.
 
     python bench/burst.py [--runs 3] [--peers 500] [--per-peer 20] [--json FILE] [--baseline DIR]
-                          [--config FILE] [--shed-only] [--realtime-apart] [--realtime-s 8]
+                          [--config FILE] [--shed-only] [--realtime-apart] [--class-socket]
+                          [--realtime-s 8]
 
 Each run, in turn:
 1. the floor: a bare ZeroMQ ROUTER, in a process of its own, that answers every
@@ -28,7 +29,9 @@ request is shed and none computes: the time edged's ingest alone takes, apart fr
 compute of what it admits. With --realtime-apart, each run also gives this checkout's
 daemon the burst while realtime's peers send to a floor server of their own, in a process
 of its own: no part of edged on their path, their round trip is what this box, busy with
-edged's burst, gives a request that nothing else queues behind.
+edged's burst, gives a request that nothing else queues behind. With --class-socket, the
+peers send the burst to bulk's own socket, as edged.client sends bulk's requests beside an ipc
+endpoint, rather than to the shared endpoint (the floor has one socket: it takes it there).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from paths import InProcess, machine, machine_line
 from edged.client import Client
 from edged.loadgen.burst import realtime_beside, stampede
 from edged.loadgen.launch import DaemonProcess, checkout_program, resident_kib, thread_cpu_seconds
+from edged.wire.endpoints import class_endpoint
 
 REALTIME_PEERS = 10
 REALTIME_PERIOD_MS = 20.0
@@ -160,8 +164,11 @@ class Daemon(NamedTuple):
     realtime_apart: bool = False
 
 
-def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon, realtime_s: float) -> dict[str, Any]:
+def edged_run(
+    folder: str, peers: int, per_peer: int, daemon: Daemon, realtime_s: float, class_socket: bool
+) -> dict[str, Any]:
     endpoint, apart = f"ipc://{folder}/edged.sock", f"ipc://{folder}/apart.sock"
+    burst_endpoint = (class_endpoint(endpoint, "bulk") if class_socket else None) or endpoint
     with (
         DaemonProcess([endpoint], daemon.config, Path(folder) / "daemon.log", program=daemon.program) as process,
         running_floor(apart) if daemon.realtime_apart else contextlib.nullcontext(),
@@ -169,13 +176,13 @@ def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon, realtime_s
         process.wait_serving()
         rss_before = resident_kib(process.process.pid)
         burst, beside, cpu = beside_burst(
-            endpoint,
+            burst_endpoint,
             peers,
             per_peer,
             daemon.deadline_ms,
             process.process.pid,
             realtime_s,
-            apart if daemon.realtime_apart else None,
+            apart if daemon.realtime_apart else endpoint,
         )
         time.sleep(1.0)
         rss_after = resident_kib(process.process.pid)
@@ -183,7 +190,7 @@ def edged_run(folder: str, peers: int, per_peer: int, daemon: Daemon, realtime_s
             classes = client.stats()["classes"]
     bulk = classes["bulk"]
     return {
-        "burst": burst,
+        "burst": {**burst, "endpoint": burst_endpoint},
         "bulk_calls": {"calls": bulk["backend_calls"], "rows": bulk["backend_rows"]},
         # Why realtime's OVERLOADED were shed, by the daemon's own count (a new daemon each run).
         "realtime": {**beside, "shed": classes["realtime"]["shed"]},
@@ -242,6 +249,7 @@ def main() -> int:
     parser.add_argument(
         "--realtime-apart", action="store_true", help="also run the burst with realtime sent to a floor of its own"
     )
+    parser.add_argument("--class-socket", action="store_true", help="send edged the burst on bulk's own socket")
     parser.add_argument("--realtime-s", type=float, default=8.0, help="how long realtime's peers send, each run")
     args = parser.parse_args()
     daemons = {"this checkout": Daemon(config=args.config)}
@@ -265,7 +273,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="edged-burst-") as folder:
             floor = floor_run(folder, args.peers, args.per_peer, args.realtime_s)
             figures = {
-                name: edged_run(folder, args.peers, args.per_peer, daemons[name], args.realtime_s) for name in order
+                name: edged_run(folder, args.peers, args.per_peer, daemons[name], args.realtime_s, args.class_socket)
+                for name in order
             }
         runs.append({"floor": floor, **figures})
         for name in daemons:

@@ -1,7 +1,8 @@
 """bench/burst.py gives a small burst to the floor and to edged, and sets the whole burst
 beside the floor's time plus the admitted requests' own compute: the bulk lane's calls
 and rows from `stats`, priced by cnn-heavy timed in the bench's own process. With
---realtime-apart, realtime's peers are answered by a floor of their own beside edged's burst."""
+--realtime-apart, realtime's peers are answered by a floor of their own beside edged's burst;
+with --class-socket, edged takes the burst on bulk's own socket."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_the_burst_bench_prices_the_admitted_requests_compute(tmp_path: Path) -> None:
     figures = tmp_path / "burst.json"
     args = ["--runs", "1", "--peers", "20", "--per-peer", "5", "--realtime-s", "2", "--realtime-apart"]
-    args += ["--json", str(figures)]
+    args += ["--class-socket", "--json", str(figures)]
     done = run_bench("burst.py", *args)
     result = json.loads(figures.read_text())
     own = result["own_compute"]
@@ -27,6 +28,7 @@ def test_the_burst_bench_prices_the_admitted_requests_compute(tmp_path: Path) ->
     edged = run["this checkout"]
     burst, calls = edged["burst"], edged["bulk_calls"]
     assert burst["lost"] == 0 and burst["duplicated"] == 0
+    assert burst["endpoint"].endswith("-bulk.sock"), burst["endpoint"]  # --class-socket: bulk's own
     # 100 requests of one row with a 3 s deadline: the daemon ran every one it admitted,
     # each row in exactly one call, and the lane's counts say so.
     admitted = burst["admitted"]

@@ -41,8 +41,10 @@ class Sockets:
         tcp_ports = tcp_ports or {}
         _check_tcp_ports(endpoints, tcp_ports)
         options = SocketOptions(max_message_bytes, ipc_mode, ipc_group, curve)
-        # A second I/O thread carries the class sockets: the first may be busy copying a burst.
-        self._context = zmq.Context(io_threads=2 if class_sockets else 1)
+        # ZeroMQ's I/O thread 0 carries the shared endpoints, and each class's own sockets have one of
+        # their own: a burst on bulk's socket, in one thread with realtime's, kept realtime's messages
+        # waiting behind it (realtime's p99 46-48 ms against 9-11: docs/benchmarks.md, "I/O threads").
+        self._context = zmq.Context(io_threads=1 + len(classes) if class_sockets else 1)
         self._authenticator: ThreadAuthenticator | None = None
         self.by_class: dict[str, list[Bound]] = {name: [] for name in classes}
         self._files: list[tuple[Path, int]] = []  # the ipc socket files bound, by inode: removed at close
@@ -50,10 +52,10 @@ class Sockets:
             if curve is not None:
                 # Before any bind: a CURVE socket with no ZAP handler refuses every client.
                 self._authenticator = start_authenticator(self._context, curve.allowed_clients_dir)
-            for klass in classes if class_sockets else ():
+            for io_thread, klass in enumerate(classes if class_sockets else (), start=1):
                 for shared in endpoints:
                     if (own := class_endpoint(shared, klass, tcp_ports.get(klass))) is not None:
-                        sock = bind(self._context, own, options, io_thread=1)
+                        sock = bind(self._context, own, options, io_thread)
                         self.by_class[klass].append(Bound(sock, klass, own))
                         self._remember(own)
             for endpoint in endpoints:

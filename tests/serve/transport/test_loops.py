@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import zmq
-from support import bounded
+from support import bounded, free_tcp_port
 
 from edged.serve.transport import Route, peer, reply, when_closed
 from edged.serve.transport.binding import Bound
@@ -140,6 +140,26 @@ def test_a_class_socket_is_read_while_the_shared_sockets_loop_is_busy(short_tmp:
             assert loop.join(5)
         busy.close(linger=0)
         fast.close(linger=0)
+        sockets.close()
+
+
+def test_each_classs_sockets_have_a_zeromq_io_thread_of_their_own(short_tmp: Path) -> None:
+    """ZeroMQ's I/O threads move every message between the kernel and a socket. Realtime's
+    sockets share one with no other class's, nor with the shared endpoints: where they shared
+    bulk's, a burst on bulk's socket kept realtime's messages waiting behind it (docs/benchmarks.md,
+    "I/O threads")."""
+    shared = (f"ipc://{short_tmp}/io.sock", f"tcp://127.0.0.1:{free_tcp_port()}")
+    names = ("realtime", "standard", "bulk")
+    sockets = Sockets(shared, 1 << 20, names, "standard", tcp_ports={"realtime": free_tcp_port()})
+    try:
+        by_thread: dict[int, set[str]] = {}
+        for one in (one for bound in sockets.by_class.values() for one in bound):
+            # ZMQ_AFFINITY: a bit for each I/O thread that may serve the socket's connections.
+            by_thread.setdefault(one.sock.getsockopt(zmq.AFFINITY), set()).add(one.klass or "shared")
+        assert sorted(map(sorted, by_thread.values())) == [["bulk"], ["realtime"], ["shared"], ["standard"]]
+        assert all(bin(affinity).count("1") == 1 for affinity in by_thread), by_thread
+        assert len(sockets.by_class["realtime"]) == 2  # beside the ipc endpoint and on its tcp port
+    finally:
         sockets.close()
 
 
