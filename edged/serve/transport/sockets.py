@@ -43,7 +43,7 @@ class Sockets:
         options = SocketOptions(max_message_bytes, ipc_mode, ipc_group, curve)
         # ZeroMQ's I/O thread 0 carries the shared endpoints, and each class's own sockets have one of
         # their own: a burst on bulk's socket, in one thread with realtime's, kept realtime's messages
-        # waiting behind it (realtime's p99 46-48 ms against 9-11: docs/benchmarks.md, "I/O threads").
+        # waiting behind it (realtime's p99 36-47 ms against 6-8: docs/benchmarks.md, "I/O threads").
         self._context = zmq.Context(io_threads=1 + len(classes) if class_sockets else 1)
         self._authenticator: ThreadAuthenticator | None = None
         self.by_class: dict[str, list[Bound]] = {name: [] for name in classes}
