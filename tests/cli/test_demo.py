@@ -3,6 +3,7 @@ answering, and stops cleanly."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -38,6 +39,22 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def stuck(pid: int, daemons: set[int], output: str | bytes | None) -> str:
+    """What a demo that does not end shows: its output so far, where each of its threads and
+    its daemon's waits in the kernel, and its daemon's log."""
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+    lines = [text]
+    for process in (pid, *daemons):
+        for task in Path(f"/proc/{process}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                name, wchan = (task / "comm").read_text().strip(), (task / "wchan").read_text()
+                lines.append(f"pid {process} thread {task.name} {name}: waits in {wchan or 'nothing (running)'}")
+    if (folder := re.search(r"ipc://(\S+)/edged\.sock", text)) is not None:
+        with contextlib.suppress(OSError):
+            lines.append((Path(folder.group(1)) / "daemon.log").read_text())
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)])
 def test_a_demo_ended_by_a_signal_stops_its_daemon_and_leaves_nothing(signum: int, code: int) -> None:
     """SIGTERM (a terminal closed, a job manager) ended the demo and left its daemon serving
@@ -56,7 +73,10 @@ def test_a_demo_ended_by_a_signal_stops_its_daemon_and_leaves_nothing(signum: in
         assert daemons, "the demo started no daemon"
         time.sleep(2.0)  # serving, its requests under way
         demo.send_signal(signum)
-        out, err = demo.communicate(timeout=60)
+        try:
+            out, err = demo.communicate(timeout=60)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"the demo ran on 60 s after the signal:\n{stuck(demo.pid, daemons, exc.output)}")
     finally:
         demo.kill()
     assert demo.returncode == code and "Traceback" not in err, err
