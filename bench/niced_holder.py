@@ -22,11 +22,11 @@ import sys
 import threading
 import time
 
+from edged.daemon.daemon import GIL_SWITCH_INTERVAL_S
 from edged.loadgen.launch import busy_loops
 
 SLEEP_S = 0.001
 LATE_MS = 5.0  # a wake-up this late is counted apart
-GIL_SWITCH_INTERVAL_S = 0.0005  # the daemon's (edged.daemon.daemon)
 
 
 def one_round(holder_nice: int, seconds: float) -> dict[str, float]:
@@ -73,7 +73,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="per holder niceness, per round")
     args = parser.parse_args()
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # the daemon's own
     with busy_loops():
         for round_number in range(1, args.rounds + 1):
             for nice in (10, 0):
